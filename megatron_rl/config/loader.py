@@ -1,0 +1,157 @@
+"""YAML + dotted ``key=value`` overrides -> the validated :class:`Config` tree.
+
+Everything here is cheap (no torch, no Megatron import) so that a bad key or layout fails
+in well under two seconds, before any process group exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, Iterable, Optional, Union
+
+import yaml
+
+from megatron_rl.config.schema import Config, ConfigError
+from megatron_rl.parallel.config import LayoutError, ParallelConfig
+
+
+def _fields(cls) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+
+
+def _is_section(tp: Any) -> bool:
+    return dataclasses.is_dataclass(tp)
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Convert a YAML/CLI value to the field's type, or raise naming the key."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        return _coerce(key, value, options[0])
+    try:
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+                return value.lower() in ("true", "1", "yes")
+            raise ValueError
+        if tp is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if tp is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if tp is str:
+            if not isinstance(value, (str, int, float)):
+                raise ValueError
+            return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}={value!r} is not a valid {getattr(tp, '__name__', tp)}") from None
+    return value
+
+
+def _build(cls, data: dict, prefix: str):
+    fields = _fields(cls)
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(
+            f"unknown config key '{where}{unknown[0]}'; allowed in {prefix or 'the top level'}: {sorted(fields)}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else name
+        tp = fields[name]
+        if _is_section(tp):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key} must be a mapping of its keys, got {value!r}")
+            kwargs[name] = _build(tp, value, key)
+        else:
+            kwargs[name] = _coerce(key, value, tp)
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict, dotted: str, value: str) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted}: {part} is not a section")
+    node[parts[-1]] = yaml.safe_load(value) if value != "" else ""
+
+
+def load_config(path: Optional[str | Path] = None, overrides: Iterable[str] = ()) -> Config:
+    """Read YAML (optional), apply ``key=value`` overrides, build and validate the tree."""
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. trainer.max_steps=3)")
+        key, value = item.split("=", 1)
+        _set_dotted(data, key.strip(), value)
+    try:
+        return _build(Config, data, "")
+    except LayoutError as err:
+        raise ConfigError(f"parallel: {err}") from None
+    except TypeError as err:  # a dataclass rejected its arguments
+        raise ConfigError(str(err)) from None
+
+
+def model_arch(config: Config):
+    """The ModelArch for ``config.model``, read without importing transformers."""
+    from megatron_rl.models.hf_config import arch_from_hf
+    from megatron_rl.testing.tiny import TINY_ARCHS
+
+    if config.model.hf_path is None:
+        return TINY_ARCHS[config.model.preset.removeprefix("tiny-")]
+    cfg_file = Path(config.model.hf_path) / "config.json"
+    if not cfg_file.is_file():
+        raise ConfigError(f"model.hf_path={config.model.hf_path}: no config.json there")
+    raw = json.loads(cfg_file.read_text())
+    return arch_from_hf(types.SimpleNamespace(**raw))
+
+
+def validate(config: Config, world_size: int) -> Config:
+    """The cross-section check: the layout fits the model and the world size."""
+    try:
+        config.parallel.validate(world_size, model_arch(config).shape())
+    except LayoutError as err:
+        raise ConfigError(f"parallel: {err}") from None
+    if config.trainer.global_batch_size % (config.trainer.micro_batch_size * config.parallel.dp(world_size)):
+        raise ConfigError(
+            f"trainer.global_batch_size={config.trainer.global_batch_size} must be a multiple of "
+            f"micro_batch_size x data-parallel size = {config.trainer.micro_batch_size}x{config.parallel.dp(world_size)}"
+        )
+    return config
+
+
+def to_dict(config: Config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def dump_yaml(config: Config) -> str:
+    """The resolved config, as YAML that load_config reads back to an equal tree."""
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
+
+
+__all__ = ["Config", "ConfigError", "ParallelConfig", "dump_yaml", "load_config", "model_arch", "to_dict", "validate"]

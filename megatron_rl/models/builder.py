@@ -1,0 +1,151 @@
+"""Build Megatron-Core GPT actors and critics from a :class:`ModelArch` and a layout.
+
+The actor is Megatron's ``GPTModel`` (LM head). The critic is the same backbone with the
+LM head swapped for a scalar value head (:mod:`.value_head`). Under virtual pipeline
+parallelism a rank holds several model chunks, so builders return a list of modules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Optional
+
+import torch
+import torch.nn.functional as F
+
+from megatron_rl import platform
+from megatron_rl.models.hf_config import ModelArch
+from megatron_rl.models.layer_spec import block_spec
+from megatron_rl.parallel.config import ParallelConfig
+
+Role = Literal["actor", "critic"]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BuildOptions:
+    """Numerics and MoE knobs that are not part of the HF architecture."""
+
+    dtype: str = "fp32"
+    """Parameter dtype: fp32 | bf16 | fp16."""
+    moe_token_dispatcher_type: str = "alltoall"
+    """Megatron MoE dispatcher: alltoall | allgather."""
+    moe_aux_loss_coeff: float = 0.0
+    """Load-balancing loss weight (0 = off, the usual choice for RL fine-tuning)."""
+    vocab_size_divisible_by: int = 1
+    """Pad the vocabulary to a multiple of this times TP (padded logits are masked out)."""
+    init_method_std: float = 0.02
+    """Std of the random init (real runs load weights through the bridge)."""
+    recompute_activations: bool = False
+    """Full activation recomputation of each layer (memory for compute)."""
+
+
+def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 1) -> int:
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+def transformer_config(arch: ModelArch, parallel: ParallelConfig, options: BuildOptions):
+    """The Megatron ``TransformerConfig`` for this architecture and layout."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    dtype = DTYPES[options.dtype]
+    moe = {}
+    if arch.is_moe:
+        moe = dict(
+            num_moe_experts=arch.num_moe_experts,
+            moe_router_topk=arch.moe_router_topk,
+            moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
+            moe_shared_expert_intermediate_size=arch.moe_shared_expert_intermediate_size,
+            moe_shared_expert_gate=arch.moe_shared_expert_gate,
+            moe_router_pre_softmax=arch.moe_router_pre_softmax,
+            moe_token_dispatcher_type=options.moe_token_dispatcher_type,
+            moe_router_load_balancing_type="aux_loss" if options.moe_aux_loss_coeff else "none",
+            moe_aux_loss_coeff=options.moe_aux_loss_coeff,
+            moe_grouped_gemm=False,
+            moe_router_dtype="fp32",
+        )
+    recompute = (
+        dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        if options.recompute_activations
+        else {}
+    )
+    with platform.megatron_scope():
+        return TransformerConfig(
+            num_layers=arch.num_layers,
+            hidden_size=arch.hidden_size,
+            num_attention_heads=arch.num_attention_heads,
+            num_query_groups=arch.num_query_groups,
+            kv_channels=arch.head_dim,
+            ffn_hidden_size=arch.ffn_hidden_size,
+            normalization="RMSNorm",
+            layernorm_epsilon=arch.norm_epsilon,
+            gated_linear_unit=True,
+            activation_func=F.silu,
+            add_bias_linear=False,
+            add_qkv_bias=arch.qkv_bias,
+            qk_layernorm=arch.qk_layernorm,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            init_method_std=options.init_method_std,
+            tensor_model_parallel_size=parallel.tp,
+            pipeline_model_parallel_size=parallel.pp,
+            virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
+            context_parallel_size=parallel.cp,
+            expert_model_parallel_size=parallel.ep,
+            expert_tensor_parallel_size=parallel.etp,
+            sequence_parallel=parallel.sequence_parallel_enabled,
+            params_dtype=dtype,
+            pipeline_dtype=dtype,
+            bf16=dtype == torch.bfloat16,
+            fp16=dtype == torch.float16,
+            **moe,
+            **recompute,
+            **platform.transformer_config_overrides(),
+        )
+
+
+def build_model(
+    role: Role,
+    arch: ModelArch,
+    parallel: ParallelConfig,
+    options: Optional[BuildOptions] = None,
+    pg_collection=None,
+) -> list[torch.nn.Module]:
+    """The model chunks this rank holds (one per virtual pipeline stage)."""
+    from megatron.core import parallel_state as ps
+
+    options = options or BuildOptions()
+    config = transformer_config(arch, parallel, options)
+    pp_rank, pp_size = ps.get_pipeline_model_parallel_rank(), parallel.pp
+    chunks = []
+    with platform.megatron_scope():
+        for vp_stage in range(parallel.vpp):
+            vp = vp_stage if parallel.virtual_pipeline_model_parallel_size else None
+            first = pp_rank == 0 and vp_stage == 0
+            last = pp_rank == pp_size - 1 and vp_stage == parallel.vpp - 1
+            chunks.append(_build_chunk(role, arch, parallel, options, config, first, last, vp, pg_collection))
+    return chunks
+
+
+def _build_chunk(role, arch, parallel, options, config, pre_process, post_process, vp_stage, pg_collection):
+    from megatron.core.models.gpt import GPTModel
+
+    from megatron_rl.models.value_head import CriticGPTModel
+
+    cls = GPTModel if role == "actor" else CriticGPTModel
+    kwargs = {"pg_collection": pg_collection} if pg_collection is not None else {}
+    return cls(
+        config=config,
+        transformer_layer_spec=block_spec(config, arch, vp_stage),
+        vocab_size=padded_vocab_size(arch.vocab_size, parallel.tp, options.vocab_size_divisible_by),
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=arch.tie_word_embeddings and role == "actor",
+        position_embedding_type="rope",
+        rotary_base=int(arch.rope_theta),
+        vp_stage=vp_stage,
+        **kwargs,
+    )

@@ -1,0 +1,114 @@
+"""Run a test body under torchrun on gloo, many cases per launch.
+
+A launch costs 6-15 s of imports and process-group setup, so a body script runs a whole
+list of cases (layouts) in one launch and reports each case's result; the pytest side
+launches once per module and turns each case into its own test.
+
+Body side::
+
+    from megatron_rl.testing.torchrun import run_cases
+    if __name__ == "__main__":
+        run_cases({"tp2": case_tp2, "pp2": case_pp2})   # each returns a JSON-able dict
+
+Pytest side::
+
+    results = launch(BODY, world_size=4)     # {case: {"ok": bool, "result"|"error": ...}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+RESULT_ENV = "MEGATRON_RL_TEST_RESULT"
+CASES_ENV = "MEGATRON_RL_TEST_CASES"
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(
+    script: Path,
+    world_size: int,
+    args: Sequence[str] = (),
+    timeout_s: float = 600,
+    cases: Optional[Sequence[str]] = None,
+) -> dict:
+    """Run ``script`` with torchrun at ``world_size``; return rank 0's case results."""
+    with tempfile.TemporaryDirectory(prefix="mrl-torchrun-") as tmp:
+        result_path = Path(tmp) / "result.json"
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **{RESULT_ENV: str(result_path)})
+        if cases is not None:
+            env[CASES_ENV] = ",".join(cases)
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run",
+            f"--nproc-per-node={world_size}", f"--master-port={_free_port()}",
+            str(script), *args,
+        ]
+        start = time.time()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        if not result_path.exists():
+            tail = (proc.stdout + proc.stderr)[-6000:]
+            raise LaunchError(f"torchrun exited {proc.returncode} with no result after {time.time() - start:.0f} s:\n{tail}")
+        results = json.loads(result_path.read_text())
+        for err in sorted(Path(tmp).glob("*.err")):  # failures seen by ranks other than 0
+            case, _, error = err.read_text().partition("\n")
+            if results.get(case, {}).get("ok") is not True:
+                results[case] = {"ok": False, "error": error}
+        if proc.returncode != 0:
+            results["__launch__"] = {"ok": False, "error": (proc.stdout + proc.stderr)[-6000:]}
+        return results
+
+
+def run_cases(cases: dict[str, Callable[[], dict]]) -> None:
+    """Body side: run each case on every rank; rank 0 records results as they finish.
+
+    A case that raises on one rank would leave the others blocked in a collective, so the
+    first failure is recorded and the launch stops (the remaining cases report 'not run').
+    """
+    import torch.distributed as dist
+
+    from megatron_rl import platform
+
+    platform.init_distributed(timeout_s=300)
+    wanted = os.environ.get(CASES_ENV)
+    names = [n for n in cases if not wanted or n in wanted.split(",")]
+    rank = dist.get_rank()
+    results: dict = {n: {"ok": False, "error": "not run (an earlier case failed)"} for n in names}
+
+    def write() -> None:
+        if rank == 0:
+            path = Path(os.environ[RESULT_ENV])
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(results, indent=1, default=str))
+            tmp.replace(path)
+
+    for name in names:
+        start = time.time()
+        try:
+            result = cases[name]()
+            results[name] = {"ok": True, "result": result, "seconds": round(time.time() - start, 2)}
+            write()
+        except Exception:
+            error = f"rank {rank}: {traceback.format_exc()}"
+            results[name] = {"ok": False, "error": error}
+            Path(f"{os.environ[RESULT_ENV]}.{rank}.err").write_text(f"{name}\n{error}")
+            write()
+            raise
+    write()
+    dist.destroy_process_group()

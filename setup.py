@@ -1,0 +1,31 @@
+"""megatron_rl: RL for reasoning LLMs (dense and MoE) on Megatron-Core with vLLM rollouts."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+
+
+def requirements(name: str) -> list[str]:
+    lines = (HERE / "requirements" / name).read_text().splitlines()
+    return [l.strip() for l in lines if l.strip() and not l.startswith(("#", "-r"))]
+
+
+setup(
+    name="megatron_rl",
+    version="0.1.0",
+    description="Reinforcement learning for reasoning LLMs on Megatron-Core with vLLM rollouts",
+    long_description=(HERE / "README.md").read_text() if (HERE / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11,<3.12",
+    packages=find_packages(include=["megatron_rl", "megatron_rl.*"]),
+    install_requires=requirements("base.txt"),
+    extras_require={
+        "cpu": requirements("cpu.txt"),
+        # CUDA clusters: vLLM's CUDA build and Transformer Engine (CP>1, fused kernels).
+        "gpu": ["vllm", "transformer-engine[pytorch]", "nvidia-ml-py"],
+        "test": requirements("test.txt"),
+    },
+    entry_points={"console_scripts": ["megatron-rl=megatron_rl.cli:main"]},
+)

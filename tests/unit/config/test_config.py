@@ -1,0 +1,83 @@
+"""Config tree: YAML + dotted overrides, clear errors, fast failures, round trip."""
+
+import subprocess
+import sys
+
+import pytest
+
+from megatron_rl.config import ConfigError, dump_yaml, load_config, validate
+
+
+def test_overrides_are_typed_and_applied(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("trainer:\n  max_steps: 5\nparallel:\n  tensor_model_parallel_size: 2\n")
+    cfg = load_config(path, ["trainer.max_steps=7", "trainer.lr=0.5", "parallel.sequence_parallel=false",
+                             "parallel.virtual_pipeline_model_parallel_size=none"])
+    assert cfg.trainer.max_steps == 7 and cfg.trainer.lr == 0.5
+    assert cfg.parallel.tensor_model_parallel_size == 2 and cfg.parallel.sequence_parallel is False
+    assert cfg.parallel.virtual_pipeline_model_parallel_size is None
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["parallel.expert_model_parallel_size=2", "model.dtype=bf16"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(dump_yaml(cfg))
+    assert load_config(path) == cfg
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("parallel.foo=1", "unknown config key 'parallel.foo'; allowed in parallel: ["),
+        ("nosection.x=1", "unknown config key 'nosection'"),
+        ("trainer.max_steps=abc", "trainer.max_steps='abc' is not a valid int"),
+        ("trainer.max_steps=0", "trainer.max_steps=0 must be >= 1"),
+        ("model.dtype=fp8", "model.dtype='fp8' is not allowed; choose one of ['bf16', 'fp16', 'fp32']"),
+        ("parallel.sequence_parallel=maybe", "is not a valid bool"),
+        ("trainer.max_steps", "must look like key=value"),
+    ],
+)
+def test_bad_keys_and_values_name_the_key(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert message in str(err.value)
+
+
+def test_layout_checked_against_model_and_world():
+    cfg = load_config(None, ["parallel.expert_model_parallel_size=3"])
+    with pytest.raises(ConfigError, match="expert_model_parallel_size=3 does not divide num_moe_experts=4"):
+        validate(cfg, 3)
+    with pytest.raises(ConfigError, match="global_batch_size=8 must be a multiple"):
+        validate(load_config(None, ["trainer.micro_batch_size=4"]), 4)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "megatron_rl", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_cli_help_lists_commands():
+    proc = _cli("--help")
+    assert proc.returncode == 0
+    for word in ("train", "layout", "config", "monitor", "key=value"):
+        assert word in proc.stdout
+
+
+def test_cli_bad_layout_fails_before_torch_is_imported():
+    code = (
+        "import sys\nfrom megatron_rl.cli import main\n"
+        "rc = main(['train', 'parallel.expert_model_parallel_size=3'])\n"
+        "assert 'torch' not in sys.modules, 'torch was imported before the config was rejected'\n"
+        "sys.exit(rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "config error: parallel: world size 1 is not divisible by expert_tensor_parallel_size" in proc.stderr
+
+
+def test_cli_layout_prints_rank_map():
+    proc = _cli("layout", "--world-size", "8", "parallel.tensor_model_parallel_size=2",
+                "parallel.pipeline_model_parallel_size=2", "parallel.expert_model_parallel_size=4",
+                "parallel.expert_tensor_parallel_size=1")
+    assert proc.returncode == 0, proc.stderr
+    assert "dense TP2·CP1·DP2·PP2 | MoE ETP1·EP4·EDP1·PP2" in proc.stdout
+    assert "    7 |  1  0  1  1 |   0  3   0" in proc.stdout

@@ -1,0 +1,109 @@
+"""Each part of the CPU layer is needed: Megatron fails without it and works with it.
+
+Global patches of Megatron functions are checked in-process; device-scope rules are checked
+by running one step of the model smoke job in a subprocess with the rule switched off;
+patches only reached with several ranks are checked in tests/distributed/test_cpu_patches.py.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from megatron_rl import platform
+from megatron_rl.platform import cpu_compat
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU layer only")
+
+
+@pytest.fixture
+def layer():
+    platform.current()  # installs everything
+    yield
+    cpu_compat.install()
+
+
+def test_every_patch_documents_what_it_covers():
+    for patch in cpu_compat.PATCHES:
+        assert patch.covers and patch.module.startswith("megatron.core")
+    assert cpu_compat.MEGATRON_CORE_VERSION == "0.16.1"
+
+
+def test_rng_tracker_forks_cpu_generator(layer):
+    from megatron.core import tensor_parallel
+
+    tensor_parallel.model_parallel_cuda_manual_seed(5, tp_rank=1, ep_rank=0, etp_rank=0, force_reset_rng=True)
+    torch.manual_seed(99)
+    before = torch.get_rng_state()
+    with tensor_parallel.get_cuda_rng_tracker().fork():
+        drawn = torch.rand(4)
+    # Megatron's TP seed is seed + 2718 + tp_rank; the fork must draw from exactly that.
+    expected = torch.Generator().manual_seed(5 + 2718 + 1)
+    assert torch.equal(drawn, torch.rand(4, generator=expected))
+    assert torch.equal(torch.get_rng_state(), before), "fork must restore the default state"
+    with tensor_parallel.get_cuda_rng_tracker().fork():
+        second = torch.rand(4)
+    assert not torch.equal(second, drawn), "the forked state must advance between forks"
+
+
+def test_rng_tracker_fails_without_patch(layer):
+    from megatron.core import tensor_parallel
+
+    cpu_compat.uninstall()
+    with pytest.raises((RuntimeError, AssertionError), match="CUDA"):
+        tensor_parallel.model_parallel_cuda_manual_seed(5, tp_rank=0, ep_rank=0, etp_rank=0, force_reset_rng=True)
+
+
+def test_all_rng_states_round_trip(layer):
+    from megatron.core import tensor_parallel
+    from megatron.core.tensor_parallel import random as mrandom
+
+    tensor_parallel.model_parallel_cuda_manual_seed(3, tp_rank=0, ep_rank=0, etp_rank=0, force_reset_rng=True)
+    states = mrandom._get_all_rng_states()  # what activation recompute saves
+    first = torch.rand(3)
+    mrandom._set_all_rng_states(*states)
+    assert torch.equal(torch.rand(3), first)
+    cpu_compat.install(exclude=("rng_get_state",))
+    with pytest.raises((RuntimeError, AssertionError), match="CUDA"):
+        mrandom._get_all_rng_states()
+
+
+def test_type_strings_rule_inside_scope_only(layer):
+    with platform.megatron_scope():
+        assert torch.zeros(1).type() == "torch.cuda.FloatTensor"
+        assert torch.zeros(1, device="cuda").device.type == "cpu"
+        assert torch.cuda.current_device() == torch.device("cpu")
+    assert torch.zeros(1).type() == "torch.FloatTensor"
+    with pytest.raises((RuntimeError, AssertionError)):
+        torch.cuda.current_device()
+
+
+def test_unknown_patch_name_is_refused():
+    with pytest.raises(ValueError, match="unknown CPU patch"):
+        cpu_compat.install(exclude=("no_such_patch",))
+    cpu_compat.install()
+
+
+def _smoke_step(exclude: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, MEGATRON_RL_CPU_PATCHES_EXCLUDE=exclude, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "megatron_rl", "train", "--config", "examples/smoke.yaml",
+           "trainer.max_steps=1", "trainer.run_dir=/tmp/mrl-scope-test"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "rule, error",
+    [
+        ("cuda.current_device", "not compiled with CUDA"),
+        ("cuda.current_stream", "not compiled with CUDA"),
+        ("cuda.Stream", "requires CUDA support"),
+        ("mode.device_args", "not compiled with CUDA"),
+        ("mode.type_strings", "Wrapped parameters must be one of torch.cuda.FloatTensor"),
+    ],
+)
+def test_scope_rule_is_needed(rule, error):
+    proc = _smoke_step(rule)
+    assert proc.returncode != 0 and error in proc.stderr, proc.stderr[-2000:]
