@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron_rl import platform
-from megatron_rl.models.hf_config import ModelArch
+from megatron_rl.models.hf_config import MOE_FIELDS, ModelArch
 from megatron_rl.models.layer_spec import block_spec
 from megatron_rl.parallel.config import ParallelConfig
 
@@ -53,12 +53,7 @@ def transformer_config(arch: ModelArch, parallel: ParallelConfig, options: Build
     moe = {}
     if arch.is_moe:
         moe = dict(
-            num_moe_experts=arch.num_moe_experts,
-            moe_router_topk=arch.moe_router_topk,
-            moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
-            moe_shared_expert_intermediate_size=arch.moe_shared_expert_intermediate_size,
-            moe_shared_expert_gate=arch.moe_shared_expert_gate,
-            moe_router_pre_softmax=arch.moe_router_pre_softmax,
+            **{name: getattr(arch, name) for name in MOE_FIELDS},
             moe_token_dispatcher_type=options.moe_token_dispatcher_type,
             moe_router_load_balancing_type="aux_loss" if options.moe_aux_loss_coeff else "none",
             moe_aux_loss_coeff=options.moe_aux_loss_coeff,
@@ -88,12 +83,7 @@ def transformer_config(arch: ModelArch, parallel: ParallelConfig, options: Build
             hidden_dropout=0.0,
             attention_dropout=0.0,
             init_method_std=options.init_method_std,
-            tensor_model_parallel_size=parallel.tp,
-            pipeline_model_parallel_size=parallel.pp,
-            virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
-            context_parallel_size=parallel.cp,
-            expert_model_parallel_size=parallel.ep,
-            expert_tensor_parallel_size=parallel.etp,
+            **parallel.megatron_sizes(),
             sequence_parallel=parallel.sequence_parallel_enabled,
             params_dtype=dtype,
             pipeline_dtype=dtype,

@@ -36,6 +36,17 @@ FAMILIES: dict[str, FamilyTraits] = {
 }
 
 
+#: ModelArch fields that are TransformerConfig fields of the same name (MoE models only).
+MOE_FIELDS = (
+    "num_moe_experts",
+    "moe_router_topk",
+    "moe_ffn_hidden_size",
+    "moe_shared_expert_intermediate_size",
+    "moe_shared_expert_gate",
+    "moe_router_pre_softmax",
+)
+
+
 class UnsupportedModelError(ValueError):
     pass
 

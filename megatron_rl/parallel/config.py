@@ -83,6 +83,18 @@ class ParallelConfig:
         """Expert-data-parallel size of the MoE mapping: W / (ETP * EP * PP)."""
         return world_size // (self.etp * self.ep * self.pp)
 
+    def megatron_sizes(self) -> dict:
+        """The six sizes under Megatron's own argument names (initialize_model_parallel and
+        TransformerConfig take the same ones), ETP resolved."""
+        return dict(
+            tensor_model_parallel_size=self.tp,
+            pipeline_model_parallel_size=self.pp,
+            virtual_pipeline_model_parallel_size=self.virtual_pipeline_model_parallel_size,
+            context_parallel_size=self.cp,
+            expert_model_parallel_size=self.ep,
+            expert_tensor_parallel_size=self.etp,
+        )
+
     @property
     def sequence_parallel_enabled(self) -> bool:
         return self.sequence_parallel and self.tp > 1

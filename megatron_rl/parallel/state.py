@@ -92,12 +92,7 @@ def initialize(config: ParallelConfig, seed: int = 1234, model=None) -> Parallel
         parallel_state.destroy_model_parallel()
     with megatron_scope():
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=config.tp,
-            pipeline_model_parallel_size=config.pp,
-            virtual_pipeline_model_parallel_size=config.virtual_pipeline_model_parallel_size,
-            context_parallel_size=config.cp,
-            expert_model_parallel_size=config.ep,
-            expert_tensor_parallel_size=config.etp,
+            **config.megatron_sizes(),
             order=RANK_ORDER,
             create_gloo_process_groups=True,
         )

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from megatron_rl import platform
 from megatron_rl.models import build_model
 from megatron_rl.parallel import ParallelConfig, destroy, initialize
+from megatron_rl.parallel.state import check_coordinates
 from megatron_rl.parallel.full_tensors import gather_full, load_full, main_grad, params_as
 from megatron_rl.testing.tiny import TINY_ARCHS
 from megatron_rl.testing.torchrun import run_cases
@@ -55,6 +56,8 @@ def run(role, arch, parallel, weights=None, micro_batch_size=1):
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     ctx = initialize(parallel, seed=42, model=arch.shape())
+    mismatch = check_coordinates(ctx)  # computed rank map == Megatron's live groups
+    assert mismatch is None, mismatch
     chunks = build_model(role, arch, parallel)
     if weights is not None:
         load_full(chunks, weights)
