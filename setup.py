@@ -20,6 +20,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11,<3.12",
     packages=find_packages(include=["megatron_rl", "megatron_rl.*"]),
+    package_data={"megatron_rl.monitor": ["weights/*.safetensors"]},
     install_requires=requirements("base.txt"),
     extras_require={
         "cpu": requirements("cpu.txt"),

@@ -1,0 +1,239 @@
+"""Minder-style detection: windows -> denoise -> dissimilarity -> priority -> continuity.
+
+`score_grid` does the array work, vectorised over metrics, machines and windows;
+`declare` walks the windows in time order and turns per-window candidates into alerts.
+They are separate so that evaluation can sweep the threshold without re-scoring.
+
+Dissimilarity: a machine's score for one metric and window is the mean absolute distance
+of its (denoised) window to the cross-machine median window. The spec sums each
+machine's distances to all others; for Manhattan distance (which the spec reports did
+as well as Euclidean) the median is the point that sum is built around, and using it is
+O(machines) instead of O(machines^2), which is what keeps 1024 machines under a second.
+Scores are normalised across machines: (score - median) / spread, the spread being the
+larger of this window's robust spread and the metric's typical one over the call.
+
+Candidates: `mode="top1"` is the spec's rule (one machine per window: the top scorer of
+the first metric, in priority order, whose top scorer passes the threshold).
+`mode="any"` (default) makes every machine above the threshold in some metric a
+candidate, the metric reported being the first such in priority order. With hundreds
+of machines some machine is nearly always briefly odd (a data-loader burst, a slow
+step), and under "top1" those brief outliers keep taking the single candidate slot
+from a faulty machine and break its continuity; docs/monitor.md measures both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .denoise import Denoiser, WindowMedian
+from .trace import Trace
+from .windows import Grid, cut_windows, nanmedian, normalise, to_grid, window_times
+
+MODES = ("any", "top1")
+
+
+@dataclass(frozen=True)
+class DetectConfig:
+    """Detector settings; times are in the trace's seconds."""
+
+    window_s: float = 8.0
+    """Length of one window (8 s in the published system)."""
+    stride_s: float = 8.0
+    """Step between windows; equal to window_s means non-overlapping windows."""
+    threshold: float = 4.5
+    """A machine is a candidate when its normalised score exceeds this. Tuned for the
+    packaged denoiser (docs/monitor.md); re-tune with `monitor eval` after retraining."""
+    continuity_s: float = 240.0
+    """Declare a machine only after it has been the candidate this long (~4 min published)."""
+    max_gap_s: float = 24.0
+    """A run of candidacy survives this many seconds without the machine being the
+    candidate (0 = strictly consecutive, as in the spec); lets flapping faults through."""
+    min_fraction: float = 0.75
+    """... but the machine must be the candidate in at least this fraction of the run's windows."""
+    max_fill_s: float = 3.0
+    """Missing samples are forward-filled for at most this long; longer gaps void a window."""
+    min_machines: int = 3
+    """A metric window is scored only if at least this many machines have it."""
+    step_s: float = 1.0
+    """Sampling period the trace is resampled to."""
+    mode: str = "any"
+    """Candidate rule: "any" (every machine above threshold) or "top1" (the spec's
+    single top scorer per window); see the module docstring."""
+
+    def __post_init__(self):
+        checks = [
+            (self.mode in MODES, f"mode must be one of {', '.join(MODES)}"),
+            (self.step_s > 0, "step_s must be > 0"),
+            (self.window_s >= 2 * self.step_s, "window_s must cover at least 2 samples"),
+            (self.step_s <= self.stride_s, "stride_s must be >= step_s"),
+            (self.threshold > 0, "threshold must be > 0"),
+            (self.continuity_s >= 0 and self.max_gap_s >= 0 and self.max_fill_s >= 0,
+             "continuity_s, max_gap_s and max_fill_s must be >= 0"),
+            (0 < self.min_fraction <= 1, "min_fraction must be in (0, 1]"),
+            (self.min_machines >= 3, "min_machines must be >= 3 (two machines cannot outvote each other)"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(f"DetectConfig: {msg}; got {self}")
+
+    @property
+    def window(self) -> int:
+        return int(round(self.window_s / self.step_s))
+
+    @property
+    def stride(self) -> int:
+        return int(round(self.stride_s / self.step_s))
+
+
+@dataclass
+class Alert:
+    """One declared machine. Times are trace seconds; `score` is its mean normalised score."""
+
+    machine: str
+    metric: str
+    first_seen: float
+    declared_at: float
+    score: float
+
+    def to_json(self) -> str:
+        return json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
+                           for k, v in asdict(self).items()})
+
+
+@dataclass
+class Scores:
+    """Normalised scores z[metric, machine, window] (NaN = not scored) and window times."""
+
+    z: np.ndarray
+    metrics: list[str]
+    machines: list[str]
+    win_start: np.ndarray
+    win_end: np.ndarray
+
+
+@dataclass
+class Detection:
+    alerts: list[Alert]
+    scores: Scores
+    candidates: list[tuple[float, str, str, float]] = field(default_factory=list)
+    """(window end, machine, metric, z) for every window that had a candidate."""
+
+
+def median_distance(rec: np.ndarray) -> np.ndarray:
+    """Mean |window - cross-machine median window| per machine.
+
+    rec: [..., machines, window], NaN rows for machines to leave out -> [..., machines].
+    """
+    med = nanmedian(rec, axis=-2, keepdims=True)
+    return np.abs(rec - med).mean(-1)  # NaN rows stay NaN
+
+
+def normalise_scores(s: np.ndarray, min_machines: int) -> np.ndarray:
+    """(s - median) / spread across machines; s: [metrics, machines, windows]."""
+    n = (~np.isnan(s)).sum(1, keepdims=True)
+    med = nanmedian(s, axis=1, keepdims=True)
+    mad = 1.4826 * nanmedian(np.abs(s - med), axis=1, keepdims=True)
+    typical = nanmedian(mad, axis=2, keepdims=True)  # the metric's usual spread
+    denom = np.fmax(mad, typical)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = (s - med) / np.where(denom > 0, denom, np.nan)
+    z[np.broadcast_to(n < min_machines, z.shape)] = np.nan
+    return z.astype(np.float32, copy=False)
+
+
+def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
+               denoiser: Denoiser | WindowMedian | None = None) -> Scores:
+    """Normalised dissimilarity of every machine, metric and window of a grid.
+
+    `denoiser`: anything with `reconstruct(metric, windows)`; None compares raw windows.
+    """
+    if abs(grid.step_s - cfg.step_s) > 1e-9:
+        raise ValueError(f"grid step {grid.step_s} s differs from DetectConfig.step_s {cfg.step_s} s")
+    resid, _ = normalise(grid.values, int(cfg.max_fill_s / cfg.step_s))
+    win = cut_windows(resid, cfg.window, cfg.stride)  # [metrics, machines, windows, window]
+    n_k, n_m, n_w, w = win.shape
+    rec = np.full((n_k, n_w, n_m, w), np.nan, np.float32)  # machines next to last
+    for k, metric in enumerate(grid.metrics):
+        wk = win[k].transpose(1, 0, 2)  # [windows, machines, window]
+        valid = ~np.isnan(wk).any(-1)
+        if denoiser is None:
+            rec[k][valid] = wk[valid]
+        else:
+            rec[k][valid] = denoiser.reconstruct(metric, wk[valid])
+    s = median_distance(rec).transpose(0, 2, 1)  # [metrics, machines, windows]
+    z = normalise_scores(s, cfg.min_machines)
+    start, end = window_times(grid, cfg.window, cfg.stride)
+    return Scores(z, list(grid.metrics), list(grid.machines), start, end)
+
+
+def _top1(z_win: np.ndarray, threshold: float, excluded: np.ndarray) -> list[tuple[int, int, float]]:
+    """Spec rule for one window: [(machine, metric, z)] of the top scorer of the first
+    metric (priority order) whose top non-excluded scorer exceeds the threshold."""
+    zz = np.where(excluded[None, :] | np.isnan(z_win), -np.inf, z_win)
+    best = zz.argmax(1)
+    best_z = zz[np.arange(zz.shape[0]), best]
+    hit = np.flatnonzero(best_z > threshold)
+    if hit.size == 0:
+        return []
+    k = int(hit[0])
+    return [(int(best[k]), k, float(best_z[k]))]
+
+
+def _any(z_win: np.ndarray, threshold: float, excluded: np.ndarray) -> list[tuple[int, int, float]]:
+    """Every non-excluded machine above threshold in some metric, with its first such metric."""
+    above = (z_win > threshold) & ~excluded[None, :]  # NaN compares False
+    machines = np.flatnonzero(above.any(0))
+    metric = above[:, machines].argmax(0)  # first True in priority order
+    return [(int(i), int(k), float(z_win[k, i])) for i, k in zip(machines, metric)]
+
+
+CANDIDATE_RULES = {"any": _any, "top1": _top1}
+
+
+@dataclass
+class _Run:
+    start: int  # window index where the run began
+    last_hit: int
+    hits: int = 0
+    z_sum: float = 0.0
+    metrics: Counter = field(default_factory=Counter)
+
+
+def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
+            already: set[str] | None = None) -> Detection:
+    """Turn per-window candidates into alerts with the continuity rule.
+
+    Machines in `already` (declared by an earlier call) are never candidates again, so a
+    second faulty machine is not hidden behind the first one.
+    """
+    z, machines, pick = scores.z, scores.machines, CANDIDATE_RULES[cfg.mode]
+    excluded = np.array([m in (already or set()) for m in machines], bool)
+    runs: dict[int, _Run] = {}
+    alerts, candidates = [], []
+    for w in range(z.shape[2]):
+        now = scores.win_end[w]
+        for i, k, zi in pick(z[:, :, w], cfg.threshold, excluded):
+            candidates.append((float(now), machines[i], scores.metrics[k], zi))
+            run = runs.setdefault(i, _Run(start=w, last_hit=w))
+            run.hits, run.last_hit, run.z_sum = run.hits + 1, w, run.z_sum + zi
+            run.metrics[scores.metrics[k]] += 1
+            span = now - scores.win_start[run.start]
+            if span >= cfg.continuity_s and run.hits >= cfg.min_fraction * (w - run.start + 1):
+                alerts.append(Alert(machines[i], run.metrics.most_common(1)[0][0],
+                                    float(scores.win_start[run.start]), float(now), run.z_sum / run.hits))
+                excluded[i] = True
+                del runs[i]
+        for j in [j for j, r in runs.items() if now - scores.win_end[r.last_hit] > cfg.max_gap_s]:
+            del runs[j]  # out of candidacy for too long: the run is broken
+    return Detection(alerts, scores, candidates)
+
+
+def detect(trace: Trace | Grid, cfg: DetectConfig = DetectConfig(),
+           denoiser: Denoiser | WindowMedian | None = None, already: set[str] | None = None) -> Detection:
+    """Score a trace (or an already resampled grid) and declare faulty machines."""
+    grid = trace if isinstance(trace, Grid) else to_grid(trace, cfg.step_s)
+    return declare(score_grid(grid, cfg, denoiser), cfg, already)

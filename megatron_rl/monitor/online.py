@@ -1,0 +1,172 @@
+"""Online mode: sample on every machine, detect on one rank, beside training.
+
+The trainer owns the timing: it calls `on_step` after every step on every rank. Every
+`detect_every_steps` steps the ranks hand their new samples to a gather function (a
+collective, so all ranks must call it at the same step, which is why this is driven by
+steps and not by a timer thread), and the detector rank runs the same detector as the
+offline command over the last `lookback_s` seconds, appends alerts to
+`<run_dir>/monitor/alerts.jsonl` and the machines to the exclude file.
+
+torch.distributed is optional: `gather` is any function taking this rank's samples (a
+column-wise `Trace`, cheap to pickle) and returning every rank's on the detector rank
+(None elsewhere); `torch_gather` builds one from a process group. Without one the
+monitor runs single-process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .actions import append_exclude, write_alerts
+from .collect import Collector, Row, default_hostname
+from .denoise import Denoiser
+from .detect import Alert, DetectConfig, detect
+from .trace import Trace
+from .windows import to_grid
+
+log = logging.getLogger(__name__)
+Gather = Callable[[Trace], "list[Trace] | None"]
+
+
+@dataclass(frozen=True)
+class OnlineConfig:
+    """Settings of the monitor that runs beside training."""
+
+    enabled: bool = False
+    """Whether the trainer starts the monitor (`monitor.enabled=true`)."""
+    interval_s: float = 1.0
+    """Sampling period on every machine."""
+    detect_every_steps: int = 5
+    """Gather samples and run the detector every this many training steps (RL steps
+    take tens of seconds to minutes, so this adds that much to the detection delay)."""
+    lookback_s: float = 900.0
+    """Seconds of history the detector looks at on each run."""
+    exclude_file: str | None = None
+    """Hostnames declared faulty are appended here; default <run_dir>/monitor/exclude_hosts.txt."""
+    model_dir: str | None = None
+    """Denoiser weights (train-denoiser output); None: the packaged default; "none": raw windows."""
+    stop_on_alert: bool = False
+    """Set `stop_requested` on the detector rank when a machine is declared."""
+    write_traces: bool = True
+    """Each sampling machine also writes <run_dir>/monitor/traces/<host>.csv."""
+    detect: DetectConfig = field(default_factory=DetectConfig)
+
+    def __post_init__(self):
+        if self.interval_s <= 0 or self.detect_every_steps < 1 or self.lookback_s <= 0:
+            raise ValueError(f"OnlineConfig: interval_s and lookback_s must be > 0 and "
+                             f"detect_every_steps >= 1; got {self}")
+
+
+def torch_gather(group=None, dst: int = 0) -> Gather:
+    """A gather over a torch.distributed group (gloo recommended: rows are Python objects)."""
+    import torch.distributed as dist
+
+    def gather(samples: Trace) -> list[Trace] | None:
+        me = dist.get_rank(group)
+        out = [None] * dist.get_world_size(group) if me == dst else None
+        dist.gather_object(samples, out, dst=dst, group=group)
+        return out
+
+    return gather
+
+
+class OnlineMonitor:
+    """One per rank. `sample_here` on one rank per machine; `is_detector` on one rank.
+
+    `denoiser` overrides `cfg.model_dir` on the detector rank when given.
+    """
+
+    def __init__(self, cfg: OnlineConfig, run_dir: str | os.PathLike, *, is_detector: bool = True,
+                 sample_here: bool = True, gather: Gather | None = None,
+                 collector: Collector | None = None, denoiser: Denoiser | None = None):
+        self.cfg = cfg
+        self.dir = Path(run_dir) / "monitor"
+        self.is_detector = is_detector
+        self.exclude_file = Path(cfg.exclude_file) if cfg.exclude_file else self.dir / "exclude_hosts.txt"
+        self.alerts_file = self.dir / "alerts.jsonl"
+        self._gather = gather or (lambda samples: [samples])
+        self.collector = collector
+        if sample_here and collector is None:
+            host = default_hostname()
+            trace = str(self.dir / "traces" / f"{host}.csv") if cfg.write_traces else None
+            self.collector = Collector(host, cfg.interval_s, trace_path=trace)
+        self.denoiser = denoiser if denoiser is not None or not is_detector else _load_denoiser(cfg.model_dir)
+        self._chunks: list[Trace] = []
+        self.declared: set[str] = set()
+        self.alerts: list[Alert] = []
+        self.stop_requested = False
+        self._steps = 0
+
+    def start(self) -> "OnlineMonitor":
+        if self.collector is not None:
+            self.collector.start()
+        return self
+
+    def stop(self) -> None:
+        if self.collector is not None:
+            self.collector.stop()
+
+    def on_step(self, step_time_s: float | None = None) -> list[Alert]:
+        """Call on every rank after each training step; returns new alerts (detector rank)."""
+        self._steps += 1
+        if step_time_s is not None and self.collector is not None:
+            self.collector.record_step_time(step_time_s)
+        if self._steps % self.cfg.detect_every_steps:
+            return []
+        rows = self.collector.drain() if self.collector is not None else []
+        gathered = self._gather(Trace.from_rows(rows))  # collective: all ranks, same step
+        if not self.is_detector or gathered is None:
+            return []
+        self._chunks += [t for t in gathered if t is not None and len(t)]
+        return self.detect_now()
+
+    def add_rows(self, rows: list[Row]) -> None:
+        """Feed samples directly (tests, or a deployment that ships rows another way)."""
+        if rows:
+            self._chunks.append(Trace.from_rows(rows))
+
+    def detect_now(self) -> list[Alert]:
+        """Run the detector over the last lookback_s seconds and act on new alerts."""
+        if not self._chunks:
+            return []
+        trace = Trace.concat(self._chunks)
+        end = float(trace.timestamps.max())
+        trace = trace.select(trace.timestamps >= end - self.cfg.lookback_s)
+        self._chunks = [trace]  # older rows are dropped for good
+        grid = to_grid(trace, self.cfg.detect.step_s)
+        if grid.values.shape[1] < self.cfg.detect.min_machines:
+            return []
+        new = detect(grid, self.cfg.detect, self.denoiser, already=self.declared).alerts
+        if new:
+            self._act(new)
+        return new
+
+    def _act(self, alerts: list[Alert]) -> None:
+        write_alerts(self.alerts_file, alerts, append=True)
+        added = append_exclude(self.exclude_file, [a.machine for a in alerts])
+        for a in alerts:
+            log.warning("monitor: %s declared faulty (metric %s, score %.1f, first seen %.0f)",
+                        a.machine, a.metric, a.score, a.first_seen)
+        if added:
+            log.warning("monitor: excluded on requeue: %s (%s)", ", ".join(added), self.exclude_file)
+        self.declared.update(a.machine for a in alerts)
+        self.alerts.extend(alerts)
+        self.stop_requested = self.stop_requested or self.cfg.stop_on_alert
+
+
+def _load_denoiser(model_dir: str | None) -> Denoiser | None:
+    from .denoise import default_model_dir
+    if model_dir == "none":
+        return None
+    path = model_dir or default_model_dir()
+    if path is None:
+        return None
+    try:
+        return Denoiser.load(path)
+    except (OSError, KeyError, ValueError) as e:
+        log.warning("monitor: denoiser at %s not loaded (%s); comparing raw windows", path, e)
+        return None

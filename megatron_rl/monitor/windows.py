@@ -1,0 +1,154 @@
+"""From trace rows to the arrays the detector and the denoiser see.
+
+Three steps, shared by detection and denoiser training so both see the same inputs:
+`to_grid` resamples rows onto a dense [metric, machine, second] array (NaN = absent);
+`normalise` fills short gaps, subtracts the cross-machine median at every second and
+divides by the metric's robust spread; `cut_windows` slices fixed-length windows.
+Normalising against the other machines at the same second removes everything the
+machines share (diurnal drift, checkpoint pauses, the phase of the training step), so
+what is left is each machine's deviation, in comparable units for every metric.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .trace import Trace, metric_order
+
+
+@dataclass
+class Grid:
+    """Dense samples: `values[k, i, t]` is metric k of machine i at `start + t*step_s`."""
+
+    values: np.ndarray  # float32 [metrics, machines, T], NaN where absent
+    metrics: list[str]  # priority order (see trace.metric_order)
+    machines: list[str]
+    start: float
+    step_s: float = 1.0
+
+    @property
+    def duration_s(self) -> float:
+        return self.values.shape[-1] * self.step_s
+
+    def times(self) -> np.ndarray:
+        return self.start + np.arange(self.values.shape[-1]) * self.step_s
+
+
+def to_grid(trace: Trace, step_s: float = 1.0, start: float | None = None,
+            end: float | None = None) -> Grid:
+    """Resample onto a 1/step_s Hz grid: nearest bin, duplicates averaged, NaNs dropped."""
+    metrics = metric_order(trace.metrics)
+    remap = np.array([metrics.index(k) for k in trace.metrics] or [0], np.int64)
+    ts = trace.timestamps
+    start = float(ts.min()) if start is None and len(ts) else float(start or 0.0)
+    end = float(ts.max()) if end is None and len(ts) else float(end if end is not None else start)
+    n_t = int(np.floor((end - start) / step_s + 0.5)) + 1
+    keep = np.isfinite(trace.values) & (ts >= start) & (ts <= end)
+    b = np.floor((ts[keep] - start) / step_s + 0.5).astype(np.int64)
+    b = np.minimum(b, n_t - 1)
+    n_m, n_k = len(trace.machines), len(metrics)
+    flat = (remap[trace.metric_idx[keep]] * n_m + trace.machine_idx[keep]) * n_t + b
+    size = n_k * n_m * n_t
+    sums = np.bincount(flat, weights=trace.values[keep], minlength=size)
+    counts = np.bincount(flat, minlength=size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        values = (sums / counts).astype(np.float32)
+    return Grid(values.reshape(n_k, n_m, n_t), metrics, list(trace.machines), start, step_s)
+
+
+def fill_gaps(x: np.ndarray, max_gap: int) -> np.ndarray:
+    """Forward-fill runs of at most `max_gap` NaNs along the last axis; longer runs (a
+    machine that is away) stay NaN entirely, and so do NaNs before the first value.
+
+    Works on the NaN positions only (a few percent of a trace), not on the whole array.
+    """
+    flat = x.reshape(-1)
+    pos = np.flatnonzero(np.isnan(flat))
+    if max_gap <= 0 or pos.size == 0:
+        return x
+    n_t = x.shape[-1]
+    new_run = np.ones(pos.size, bool)
+    new_run[1:] = (np.diff(pos) != 1) | (pos[1:] % n_t == 0)  # runs do not cross rows
+    run = np.cumsum(new_run) - 1
+    starts = pos[new_run]
+    fillable = (np.bincount(run) <= max_gap) & (starts % n_t != 0)  # short, and a value before it
+    ok = fillable[run]
+    out = flat.copy()
+    out[pos[ok]] = flat[starts[run[ok]] - 1]
+    return out.reshape(x.shape)
+
+
+def nanmedian(x: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
+    """Median ignoring NaNs (NaN where all are NaN); sort-based, ~8x faster than np.nanmedian."""
+    s = np.sort(np.moveaxis(x, axis, -1), axis=-1)  # NaNs sort last
+    n = (~np.isnan(s)).sum(-1, keepdims=True)
+    lo = np.take_along_axis(s, np.maximum((n - 1) // 2, 0), -1)
+    hi = np.take_along_axis(s, np.maximum(n // 2, 0), -1)
+    med = np.where(n > 0, 0.5 * (lo + hi), np.nan)[..., 0]
+    return np.expand_dims(med, axis) if keepdims else med
+
+
+def normalise(values: np.ndarray, max_gap: int = 3, floor_frac: float = 1e-3
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Deviation from the cross-machine median, in units of the metric's robust spread.
+
+    values: [metrics, machines, T]. Returns (residuals of the same shape, scale [metrics]).
+    The scale is 1.4826 * MAD of all residuals of the metric, floored at `floor_frac` of
+    the metric's typical magnitude so that metrics which are almost identical everywhere
+    do not turn rounding into huge scores.
+    """
+    x = fill_gaps(values, max_gap)
+    centre = nanmedian(x, axis=1, keepdims=True)
+    resid = x - centre
+    scale = np.empty(x.shape[0], np.float32)
+    for k in range(x.shape[0]):
+        r = np.abs(resid[k]).ravel()[::_subsample(resid[k].size)]  # a spread needs no 10^6 samples
+        r = r[np.isfinite(r)]
+        level = np.abs(centre[k]).ravel()
+        level = level[np.isfinite(level)]
+        mad = 1.4826 * float(np.median(r)) if r.size else 0.0
+        typical = float(np.median(level)) if level.size else 0.0
+        scale[k] = max(mad, floor_frac * typical, 1e-9)
+    resid /= scale[:, None, None]
+    return resid.astype(np.float32, copy=False), scale
+
+
+def _subsample(size: int, target: int = 100_000) -> int:
+    """Stride that leaves about `target` of `size` samples; 7 is coprime to common shapes."""
+    return 1 if size <= target else 7 * max(1, size // (7 * target))
+
+
+def window_layout(n_t: int, window: int, stride: int) -> tuple[int, int]:
+    """(first sample offset, number of windows); the last window ends at the last sample."""
+    if n_t < window:
+        return 0, 0
+    n_win = (n_t - window) // stride + 1
+    return n_t - window - (n_win - 1) * stride, n_win
+
+
+def cut_windows(x: np.ndarray, window: int, stride: int) -> np.ndarray:
+    """[..., T] -> [..., n_windows, window] (a view when possible), aligned to the end."""
+    offset, n_win = window_layout(x.shape[-1], window, stride)
+    if n_win == 0:
+        return np.empty(x.shape[:-1] + (0, window), x.dtype)
+    view = np.lib.stride_tricks.sliding_window_view(x[..., offset:], window, axis=-1)
+    return view[..., ::stride, :][..., :n_win, :]
+
+
+def window_times(grid: Grid, window: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) time of each window; `end` is the time of its last sample."""
+    offset, n_win = window_layout(grid.values.shape[-1], window, stride)
+    first = offset + np.arange(n_win) * stride
+    return grid.start + first * grid.step_s, grid.start + (first + window - 1) * grid.step_s
+
+
+def normal_windows(grid: Grid, window: int, max_gap: int = 3) -> dict[str, np.ndarray]:
+    """Complete, non-overlapping normalised windows per metric: denoiser training data."""
+    resid, _ = normalise(grid.values, max_gap)
+    out = {}
+    for k, metric in enumerate(grid.metrics):
+        w = cut_windows(resid[k], window, window).reshape(-1, window)
+        out[metric] = np.ascontiguousarray(w[~np.isnan(w).any(axis=1)])
+    return out

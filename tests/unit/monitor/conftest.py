@@ -1,0 +1,30 @@
+"""Hand-built grids with known faults, independent of the synth module under test."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from megatron_rl.monitor.windows import Grid
+
+METRICS = ["cpu_util", "gpu_duty_cycle", "gpu_power"]  # already in priority order
+
+
+def build_grid(machines: int = 16, duration: int = 600, seed: int = 0,
+               faults: tuple = (), metrics: list[str] = METRICS, noise: float = 1.0) -> Grid:
+    """Common signal + per-machine Gaussian noise; each fault is
+    (machine, metric, start_s, end_s, offset) added to that machine's metric."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(duration)
+    common = 50 + 10 * np.sin(2 * np.pi * t / 97)  # machines move together
+    values = np.empty((len(metrics), machines, duration), np.float32)
+    for k in range(len(metrics)):
+        values[k] = common[None] * (k + 1) + rng.normal(0, noise, (machines, duration))
+    for machine, metric, start, end, offset in faults:
+        values[metrics.index(metric), machine, start:end] += offset
+    return Grid(values, list(metrics), [f"node{i:02d}" for i in range(machines)], start=0.0)
+
+
+@pytest.fixture
+def make_grid():
+    return build_grid

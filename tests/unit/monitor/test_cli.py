@@ -1,0 +1,79 @@
+"""`python -m megatron_rl.monitor`: detect end to end, exit codes, config files."""
+
+import argparse
+import json
+
+import numpy as np
+
+from megatron_rl.monitor.actions import read_exclude
+from megatron_rl.monitor.cli import add_monitor_subcommands, main
+from megatron_rl.monitor.trace import Trace, write_trace
+
+
+def grid_to_csv(grid, path):
+    k, i, t = np.nonzero(~np.isnan(grid.values))
+    write_trace(Trace(t.astype(float), i.astype(np.int32), k.astype(np.int32),
+                      grid.values[k, i, t].astype(float), grid.machines, grid.metrics), path)
+
+
+def test_detect_finds_the_machine_and_writes_alerts(tmp_path, make_grid, capsys):
+    trace = tmp_path / "trace.csv"
+    grid_to_csv(make_grid(machines=8, duration=400, faults=[(6, "gpu_power", 50, 400, -9.0)]), trace)
+    out, ex = tmp_path / "alerts.jsonl", tmp_path / "exclude.txt"
+    rc = main(["detect", "--trace", str(trace), "--out", str(out), "--model", "none",
+               "--continuity-s", "120", "--threshold", "5", "--exclude-file", str(ex)])
+    assert rc == 0
+    alerts = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert [(a["machine"], a["metric"]) for a in alerts] == [("node06", "gpu_power")]
+    assert set(alerts[0]) == {"machine", "metric", "first_seen", "declared_at", "score"}
+    assert read_exclude(ex) == ["node06"]
+    printed = capsys.readouterr().out
+    assert "8 machines" in printed and "node06" in printed
+
+
+def test_detect_exits_0_when_nothing_is_found(tmp_path, make_grid):
+    trace = tmp_path / "trace.csv"
+    grid_to_csv(make_grid(machines=8, duration=300), trace)
+    rc = main(["detect", "--trace", str(trace), "--out", str(tmp_path / "a.jsonl"), "--model", "none"])
+    assert rc == 0 and (tmp_path / "a.jsonl").read_text() == ""
+
+
+def test_bad_input_exits_2_with_the_reason(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("timestamp,machine,value\n0,a,1\n")
+    assert main(["detect", "--trace", str(bad), "--model", "none"]) == 2
+    assert "missing column(s) 'metric'" in capsys.readouterr().err
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("threshold: 4\nwindow: 8\n")
+    good = tmp_path / "good.csv"
+    good.write_text("timestamp,machine,metric,value\n0,a,cpu_util,1\n")
+    assert main(["detect", "--trace", str(good), "--config", str(cfg), "--model", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key(s) window" in err and "window_s" in err
+
+
+def test_config_file_is_applied(tmp_path, make_grid):
+    trace = tmp_path / "trace.csv"
+    grid_to_csv(make_grid(machines=8, duration=400, faults=[(6, "gpu_power", 50, 400, -9.0)]), trace)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("detect:\n  threshold: 1000\n")  # nothing can pass this
+    out = tmp_path / "a.jsonl"
+    assert main(["detect", "--trace", str(trace), "--config", str(cfg), "--out", str(out), "--model", "none"]) == 0
+    assert out.read_text() == ""
+
+
+def test_subcommands_register_on_another_parser(tmp_path):
+    parser = argparse.ArgumentParser(prog="megatron-rl")
+    top = parser.add_subparsers(dest="cmd")
+    add_monitor_subcommands(top.add_parser("monitor").add_subparsers(dest="monitor_cmd", required=True))
+    args = parser.parse_args(["monitor", "detect", "--trace", "x.csv"])
+    assert args.out == "alerts.jsonl" and args.func.__name__ == "cmd_detect"
+
+
+def test_synth_writes_trace_and_labels(tmp_path):
+    out = tmp_path / "s.csv"
+    assert main(["synth", "--out", str(out), "--machines", "4", "--fault", "cpu_spike", "--duration-s", "120",
+                 "--seed", "3"]) == 0
+    labels = json.loads((tmp_path / "s.labels.json").read_text())
+    assert labels[0]["kind"] == "cpu_spike" and labels[0]["machine"].startswith("node")
+    assert main(["synth", "--out", str(out), "--fault", "meteor"]) == 2

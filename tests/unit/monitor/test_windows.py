@@ -1,0 +1,100 @@
+"""Resampling to a grid, gap filling, normalisation and windowing."""
+
+import numpy as np
+
+from megatron_rl.monitor.trace import Trace
+from megatron_rl.monitor.windows import (cut_windows, fill_gaps, nanmedian, normal_windows, normalise,
+                                         to_grid, window_times)
+
+
+def test_to_grid_bins_to_nearest_second_averages_duplicates_and_orders_metrics():
+    rows = [(10.0, "a", "gpu_power", 100.0), (10.9, "a", "gpu_power", 110.0),  # 10.9 -> second 11
+            (11.1, "a", "gpu_power", 130.0),  # also second 11: averaged with 110
+            (10.0, "b", "cpu_util", 5.0), (12.0, "b", "cpu_util", float("nan")),  # NaN = absent
+            (12.2, "a", "cpu_util", 7.0)]
+    g = to_grid(Trace.from_rows(rows))
+    assert g.metrics == ["cpu_util", "gpu_power"] and g.machines == ["a", "b"] and g.start == 10.0
+    assert g.values.shape == (2, 2, 3)
+    np.testing.assert_array_equal(g.values[1, 0], [100.0, 120.0, np.nan])
+    np.testing.assert_array_equal(g.values[0, 1], [5.0, np.nan, np.nan])
+    np.testing.assert_array_equal(g.values[0, 0], [np.nan, np.nan, 7.0])
+    np.testing.assert_array_equal(g.times(), [10.0, 11.0, 12.0])
+
+
+def test_fill_gaps_fills_short_holes_only():
+    x = np.array([[1, np.nan, np.nan, 4, np.nan, np.nan, np.nan, np.nan, 9]], np.float32)
+    np.testing.assert_array_equal(fill_gaps(x, 2), [[1, 1, 1, 4, np.nan, np.nan, np.nan, np.nan, 9]])
+    lead = np.array([[np.nan, 2.0, np.nan]], np.float32)
+    np.testing.assert_array_equal(fill_gaps(lead, 3), [[np.nan, 2.0, 2.0]])  # nothing to carry at the start
+    tail = np.array([[5.0, np.nan, np.nan, np.nan, np.nan]], np.float32)
+    np.testing.assert_array_equal(fill_gaps(tail, 2), tail)  # a machine that left stays absent
+
+
+def test_nanmedian_matches_numpy():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 9, 6)).astype(np.float32)
+    x[rng.random(x.shape) < 0.3] = np.nan
+    x[0, :, 0] = np.nan  # an all-NaN column
+    for axis in (0, 1, 2):
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            want = np.nanmedian(x, axis=axis)
+        np.testing.assert_allclose(nanmedian(x, axis=axis), want, rtol=1e-6, equal_nan=True)
+
+
+def test_normalise_removes_common_movement_and_scales_by_spread():
+    rng = np.random.default_rng(1)
+    common = np.linspace(0, 1000, 200)  # a huge shared trend
+    noise = rng.normal(0, 2.0, (1, 50, 200))
+    resid, scale = normalise((common[None, None] + noise).astype(np.float32))
+    assert abs(scale[0] - 2.0) < 0.2  # the spread of the machines, not of the trend
+    assert abs(np.median(resid)) < 0.05 and 0.9 < np.median(np.abs(resid)) * 1.4826 < 1.1
+
+
+def test_normalise_floors_the_scale_of_identical_machines():
+    x = np.full((1, 5, 20), 100.0, np.float32)
+    x[0, 2, 10] = 101.0
+    resid, scale = normalise(x)
+    assert abs(scale[0] - 0.1) < 1e-6  # 0.1 % of the level, not 0
+    assert abs(resid[0, 2, 10] - 10.0) < 1e-4 and np.isfinite(resid).all()
+
+
+def test_windows_align_to_the_end():
+    x = np.arange(20, dtype=np.float32)[None]
+    w = cut_windows(x, 8, 8)
+    np.testing.assert_array_equal(w[0, 0], np.arange(4, 12))  # 20 = 4 + 2*8: the first 4 are dropped
+    np.testing.assert_array_equal(w[0, -1], np.arange(12, 20))
+    w2 = cut_windows(x, 8, 4)
+    assert w2.shape == (1, 4, 8) and w2[0, -1, -1] == 19
+
+    class G:
+        values, start, step_s = np.zeros((1, 1, 20)), 100.0, 1.0
+    start, end = window_times(G, 8, 8)
+    np.testing.assert_array_equal(start, [104.0, 112.0])
+    np.testing.assert_array_equal(end, [111.0, 119.0])
+
+
+def test_normal_windows_drop_incomplete_ones(make_grid):
+    g = make_grid(machines=4, duration=64, metrics=["cpu_util"])
+    g.values[0, 1, 5:20] = np.nan  # 15 s hole: longer than the 3 s fill, voids 2-3 windows
+    w = normal_windows(g, 8)["cpu_util"]
+    assert w.shape[1] == 8 and not np.isnan(w).any()
+    assert 4 * 8 - 3 <= w.shape[0] <= 4 * 8 - 2
+
+
+def test_fill_gaps_matches_a_brute_force_reference():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 5, 50)).astype(np.float32)
+    x[rng.random(x.shape) < 0.3] = np.nan
+    want = x.copy()
+    for idx in np.ndindex(x.shape[:-1]):
+        row, t = x[idx], 0
+        while t < row.size:
+            end = t
+            while end < row.size and np.isnan(row[end]):
+                end += 1
+            if end > t and t > 0 and end - t <= 2:
+                want[idx][t:end] = row[t - 1]
+            t = max(end, t + 1)
+    np.testing.assert_array_equal(fill_gaps(x, 2), want)
