@@ -1,0 +1,38 @@
+"""RL losses as extensions of Megatron-Core's schedules.
+
+`batch` (the [N, S] training batch and its alignment), `vocab_parallel` (logprobs and
+entropy without gathering the vocabulary), `objectives` (the recipe's actor and critic
+losses as exact shares of the mini-batch loss) and `runner` (compute_logprobs,
+compute_values, forward_backward, train_step through `get_forward_backward_func`).
+"""
+
+from megatron_rl.schedules.batch import TrainBatch, gather_response, pack_sequences, scatter_response
+from megatron_rl.schedules.objectives import ActorLoss, CriticLoss, LossOutput
+from megatron_rl.schedules.runner import (
+    compute_logprobs,
+    compute_values,
+    forward_backward,
+    gather_data_parallel,
+    local_batch,
+    model_groups,
+    train_step,
+)
+from megatron_rl.schedules.vocab_parallel import vocab_parallel_logprobs
+
+__all__ = [
+    "TrainBatch",
+    "pack_sequences",
+    "scatter_response",
+    "gather_response",
+    "vocab_parallel_logprobs",
+    "LossOutput",
+    "ActorLoss",
+    "CriticLoss",
+    "model_groups",
+    "local_batch",
+    "gather_data_parallel",
+    "compute_logprobs",
+    "compute_values",
+    "forward_backward",
+    "train_step",
+]

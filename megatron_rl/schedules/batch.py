@@ -1,0 +1,165 @@
+"""The training batch: [N, S] tensors padded to a fixed sequence length, and its splits.
+
+Alignment ("prediction-aligned"): position t of every per-token tensor belongs to the
+prediction made AT position t, i.e. to token t + 1. `loss_mask[n, t] = 1` means
+tokens[n, t + 1] is a response token to train on; `old_logprobs[n, t]` is
+log π_old(tokens[n, t + 1] | tokens[n, ≤ t]); `old_values[n, t]` is the critic's value
+of the prefix tokens[n, ≤ t]. The model reads `tokens` and is scored on
+`labels` = tokens shifted left by one, so the last position has no label and
+`loss_mask[:, -1]` must be 0. `pack_sequences` / `scatter_response` build this layout
+from per-response lists and `gather_response` reads it back.
+
+Every microbatch has the same S: Megatron's pipeline schedules exchange fixed-shape
+activations (variable_seq_lengths hangs the interleaved schedule on gloo).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+Tensor = torch.Tensor
+
+__all__ = ["TrainBatch", "pack_sequences", "scatter_response", "gather_response"]
+
+_TOKEN_FIELDS = ("old_logprobs", "ref_logprobs", "advantages", "returns", "old_values",
+                 "temperature", "h_hat")
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """One mini-batch (or one rank's slice of it); every tensor has N rows."""
+
+    tokens: Tensor
+    """[N, S] int64: prompt + response, right-padded with any valid id."""
+    loss_mask: Tensor
+    """[N, S] bool: position t predicts a response token (see the module docstring)."""
+    old_logprobs: Optional[Tensor] = None
+    """[N, S] float: log-probabilities of the behaviour policy (PPO ratio denominator)."""
+    ref_logprobs: Optional[Tensor] = None
+    """[N, S] float: reference-policy log-probabilities (KL penalty only)."""
+    advantages: Optional[Tensor] = None
+    """[N, S] float: per-token advantages (sequence advantages broadcast by the caller)."""
+    returns: Optional[Tensor] = None
+    """[N, S] float: critic targets."""
+    old_values: Optional[Tensor] = None
+    """[N, S] float: critic values at rollout time (value clipping)."""
+    temperature: Optional[Tensor] = None
+    """[N, S] float > 0: temperature token t + 1 was sampled at; None = 1."""
+    h_hat: Optional[Tensor] = None
+    """[N, S] float in [−1, 1]: HAPO normalised entropy (clip bounds, redistribution)."""
+    is_positive: Optional[Tensor] = None
+    """[N] bool: the response was correct (VAPO positive-example NLL)."""
+
+    def __post_init__(self) -> None:
+        if self.tokens.dim() != 2 or self.tokens.dtype != torch.long:
+            raise ValueError(f"tokens must be a [N, S] int64 tensor, got "
+                             f"{tuple(self.tokens.shape)} {self.tokens.dtype}")
+        shape = tuple(self.tokens.shape)
+        for name in ("loss_mask", *_TOKEN_FIELDS):
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) != shape:
+                raise ValueError(f"{name} must have the shape of tokens {shape}, "
+                                 f"got {tuple(value.shape)}")
+        if self.is_positive is not None and tuple(self.is_positive.shape) != shape[:1]:
+            raise ValueError(f"is_positive must be [N] = [{shape[0]}], "
+                             f"got {tuple(self.is_positive.shape)}")
+        if shape[1] and bool(self.loss_mask[:, -1].bool().any()):
+            raise ValueError("loss_mask[:, -1] must be 0: the last position has no next token")
+
+    @property
+    def num_rows(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def seq_length(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def labels(self) -> Tensor:
+        """tokens shifted left by one; the last column repeats the last token (never in the
+        loss: loss_mask[:, -1] is 0) so that it stays a valid vocabulary id."""
+        return torch.cat([self.tokens[:, 1:], self.tokens[:, -1:]], dim=1)
+
+    def rows(self, start: int, stop: int) -> "TrainBatch":
+        """Rows [start, stop) of every tensor."""
+        return self._map(lambda x: x[start:stop])
+
+    def to(self, device: torch.device) -> "TrainBatch":
+        return self._map(lambda x: x.to(device, non_blocking=True))
+
+    def data_parallel_slice(self, dp_rank: int, dp_size: int) -> "TrainBatch":
+        """The contiguous block of rows data-parallel rank `dp_rank` trains on."""
+        if self.num_rows % dp_size:
+            raise ValueError(f"mini-batch of {self.num_rows} rows does not split over "
+                             f"data_parallel_size={dp_size}; use a multiple of it")
+        per_rank = self.num_rows // dp_size
+        return self.rows(dp_rank * per_rank, (dp_rank + 1) * per_rank)
+
+    def microbatches(self, micro_batch_size: int) -> list["TrainBatch"]:
+        """Consecutive microbatches of `micro_batch_size` rows."""
+        if micro_batch_size < 1 or self.num_rows % micro_batch_size:
+            raise ValueError(f"micro_batch_size={micro_batch_size} must be >= 1 and divide "
+                             f"this rank's {self.num_rows} rows")
+        return [self.rows(i, i + micro_batch_size)
+                for i in range(0, self.num_rows, micro_batch_size)]
+
+    def require(self, *names: str) -> None:
+        """Raise naming the fields a loss needs that this batch lacks."""
+        missing = [n for n in names if getattr(self, n) is None]
+        if missing:
+            raise ValueError(f"this loss needs batch fields {missing}; they are None")
+
+    def _map(self, fn) -> "TrainBatch":
+        changes = {f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self)
+                   if getattr(self, f.name) is not None}
+        return dataclasses.replace(self, **changes)
+
+
+def pack_sequences(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    seq_length: int,
+    pad_token_id: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """(tokens [N, S], loss_mask [N, S]) for prompt + response rows, right-padded.
+
+    A row longer than seq_length raises (truncating would silently drop the tokens the
+    loss is about).
+    """
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+    tokens = torch.full((len(prompts), seq_length), pad_token_id, dtype=torch.long)
+    loss_mask = torch.zeros((len(prompts), seq_length), dtype=torch.bool)
+    for n, (prompt, response) in enumerate(zip(prompts, responses)):
+        length = len(prompt) + len(response)
+        if not prompt or length > seq_length:
+            raise ValueError(f"row {n}: prompt {len(prompt)} + response {len(response)} tokens "
+                             f"must be non-empty and fit seq_length={seq_length}")
+        tokens[n, :length] = torch.tensor([*prompt, *response], dtype=torch.long)
+        loss_mask[n, len(prompt) - 1 : length - 1] = True
+    return tokens, loss_mask
+
+
+def scatter_response(
+    per_response: Sequence[Tensor], prompt_lengths: Sequence[int], seq_length: int,
+    fill: float = 0.0,
+) -> Tensor:
+    """Place per-response-token values (e.g. vLLM logprobs, temperatures) into the
+    prediction-aligned [N, S] layout: response token i of row n goes to position
+    prompt_lengths[n] − 1 + i."""
+    out = torch.full((len(per_response), seq_length), fill, dtype=torch.float32)
+    for n, (values, prompt_len) in enumerate(zip(per_response, prompt_lengths)):
+        values = torch.as_tensor(values, dtype=torch.float32)
+        out[n, prompt_len - 1 : prompt_len - 1 + values.numel()] = values
+    return out
+
+
+def gather_response(
+    x: Tensor, prompt_lengths: Sequence[int], response_lengths: Sequence[int]
+) -> list[Tensor]:
+    """The inverse of `scatter_response`: row n's response-token values as a 1-D tensor."""
+    return [x[n, p - 1 : p - 1 + r] for n, (p, r) in enumerate(zip(prompt_lengths, response_lengths))]

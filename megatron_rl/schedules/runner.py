@@ -1,0 +1,273 @@
+"""Drive Megatron's `get_forward_backward_func` for RL: logprobs, values, and one update.
+
+Every function takes this data-parallel rank's slice of the mini-batch (`local_batch`)
+and works unchanged under PP and VPP: the schedule owns microbatching and pipelining,
+results that live on the last pipeline stage are broadcast over the PP group so every
+rank of the model ends up with them.
+
+Exact normalisation (why the loss is pre-scaled). Megatron 0.16.1 offers two contracts
+for the loss function: (a) return (loss, metrics): the schedule multiplies the loss by the
+CP size and divides it by num_microbatches, and DDP scales gradients by 1/(DP·CP) before
+summing them; (b) return (loss, num_tokens, metrics) with `calculate_per_token_loss`:
+nothing is divided and finalize_model_grads divides every gradient by the total token
+count. (b) has a single denominator, but a recipe's loss can need several (VAPO: policy
+tokens and positive-example tokens; seq-mean modes count sequences, not tokens). So we use
+(a): the denominators of the WHOLE mini-batch are summed over DP before it starts and
+each microbatch returns its exact share ℓ_mb of the mini-batch loss, times
+num_microbatches·DP (the CP factor the schedule applies cancels with DDP's). The gradient
+is then Σ_ranks Σ_mb ∇ℓ_mb = ∇(mini-batch loss) for any microbatch count, DP or PP split,
+with the default DDP config (average_in_collective either way).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, Protocol, Union
+
+import torch
+import torch.distributed as dist
+
+from megatron_rl import platform
+from megatron_rl.schedules.batch import TrainBatch
+from megatron_rl.schedules.objectives import ActorLoss, CriticLoss, LossOutput
+from megatron_rl.schedules.vocab_parallel import vocab_parallel_logprobs
+
+Tensor = torch.Tensor
+
+__all__ = [
+    "model_groups",
+    "local_batch",
+    "gather_data_parallel",
+    "compute_logprobs",
+    "compute_values",
+    "forward_backward",
+    "train_step",
+]
+
+
+class MicrobatchLoss(Protocol):
+    prefix: str
+
+    def required_fields(self) -> tuple[str, ...]: ...
+    def metric_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]: ...
+    def local_norms(self, batch: TrainBatch) -> dict[str, Tensor]: ...
+    def __call__(self, output: Tensor, mb: TrainBatch, norms, tp_group) -> LossOutput: ...
+
+
+def model_groups(model_chunks: list[torch.nn.Module]):
+    """The ProcessGroupCollection the model was built with (tp, pp, dp, dp_cp, cp, ...)."""
+    from megatron.core.utils import get_attr_wrapped_model
+
+    return get_attr_wrapped_model(model_chunks[0], "pg_collection")
+
+
+def local_batch(model_chunks: list[torch.nn.Module], batch: TrainBatch) -> TrainBatch:
+    """This rank's data-parallel slice of a mini-batch every rank holds in full."""
+    groups = model_groups(model_chunks)
+    return batch.data_parallel_slice(groups.dp.rank(), groups.dp.size())
+
+
+def gather_data_parallel(model_chunks: list[torch.nn.Module], local: Tensor) -> Tensor:
+    """Concatenate every DP rank's [n_local, ...] result in rank order -> [N, ...]."""
+    group = model_groups(model_chunks).dp
+    if group.size() == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(group.size())]
+    dist.all_gather(parts, local.contiguous(), group=group)
+    return torch.cat(parts)
+
+
+def compute_logprobs(
+    model_chunks: list[torch.nn.Module],
+    batch: TrainBatch,
+    micro_batch_size: int,
+    vocab_size: int,
+) -> tuple[Tensor, Tensor]:
+    """Forward only: (logprobs [n, S], entropy [n, S]) of `batch`'s labels under the model,
+    at each token's temperature, on every rank of the model (n = this DP rank's rows).
+    vocab_size is the real vocabulary; padded rows of the LM head are masked."""
+    _check_tokens(batch, vocab_size)
+    groups = model_groups(model_chunks)
+
+    def collect(mb: TrainBatch, logits: Tensor):
+        logp, entropy = vocab_parallel_logprobs(logits, mb.labels, vocab_size, groups.tp,
+                                                mb.temperature)
+        return logits.new_zeros(()), {"out": torch.stack([logp, entropy], dim=-1)}
+
+    out = _forward_only(model_chunks, batch, micro_batch_size, collect, channels=2)
+    return out[..., 0], out[..., 1]
+
+
+def compute_values(
+    critic_chunks: list[torch.nn.Module], batch: TrainBatch, micro_batch_size: int
+) -> Tensor:
+    """Forward only: the critic's values [n, S] (prediction-aligned) on every rank."""
+
+    def collect(mb: TrainBatch, values: Tensor):
+        return values.new_zeros(()), {"out": values.float()}
+
+    return _forward_only(critic_chunks, batch, micro_batch_size, collect, channels=1)[..., 0]
+
+
+def forward_backward(
+    model_chunks: list[torch.nn.Module],
+    batch: TrainBatch,
+    loss: Union[ActorLoss, CriticLoss, MicrobatchLoss],
+    micro_batch_size: int,
+) -> dict[str, float]:
+    """Accumulate the gradient of `loss` over the whole mini-batch (no zeroing, no step).
+
+    Returns the mini-batch metrics "<prefix>/<name>", identical on every rank.
+    """
+    from megatron.core.utils import get_model_config
+
+    groups = model_groups(model_chunks)
+    config = get_model_config(model_chunks[0])
+    _check_layout(groups, config, training=True)
+    batch.require(*loss.required_fields())
+    if isinstance(loss, ActorLoss):
+        _check_tokens(batch, loss.vocab_size)
+    norms = _global_norms(loss.local_norms(batch), groups)
+    microbatches = batch.microbatches(micro_batch_size)
+    scale = len(microbatches) * groups.dp_cp.size() / groups.cp.size()
+    sum_names, max_names = loss.metric_names()
+
+    def loss_func(mb: TrainBatch, output: Tensor):
+        result = loss(output, mb, norms, groups.tp)
+        metrics = {
+            "sums": torch.stack([result.sums[n].double() for n in sum_names]),
+            "maxes": torch.stack([result.maxes[n].double() for n in max_names])
+            if max_names else torch.zeros(0, dtype=torch.float64),
+        }
+        return result.loss * scale, metrics  # the schedule divides by len(microbatches)
+
+    store = _run(model_chunks, microbatches, loss_func, forward_only=False)
+    metrics = _reduce_metrics(store, len(sum_names), len(max_names), groups)
+    names = [*sum_names, *max_names]
+    return {f"{loss.prefix}/{name}": float(v) for name, v in zip(names, metrics)}
+
+
+def train_step(
+    model_chunks: list[torch.nn.Module],
+    optimizer,
+    batch: TrainBatch,
+    loss: Union[ActorLoss, CriticLoss, MicrobatchLoss],
+    micro_batch_size: int,
+) -> dict[str, float]:
+    """One optimizer update on one mini-batch: zero, forward/backward, step.
+
+    Returns forward_backward's metrics plus "<prefix>/grad_norm" (before clipping) and
+    "<prefix>/update_skipped" (1 when a mixed-precision overflow skipped the step).
+    """
+    with platform.megatron_scope():
+        for chunk in model_chunks:
+            chunk.zero_grad_buffer()
+        optimizer.zero_grad()
+    metrics = forward_backward(model_chunks, batch, loss, micro_batch_size)
+    with platform.megatron_scope():
+        updated, grad_norm, _ = optimizer.step()
+    metrics[f"{loss.prefix}/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+    metrics[f"{loss.prefix}/update_skipped"] = float(not updated)
+    return metrics
+
+
+# ---------------------------------------------------------------- internals
+
+
+def _check_layout(groups, config, training: bool) -> None:
+    if groups.cp.size() > 1:
+        raise ValueError("context_parallel_size > 1 is not supported by megatron_rl.schedules: "
+                         "the batch is not split over CP ranks (and Megatron's local layer spec "
+                         "has no CP attention); use context_parallel_size=1")
+    if training and config.calculate_per_token_loss:
+        raise ValueError("TransformerConfig.calculate_per_token_loss must be False: the "
+                         "schedules pass exact mini-batch denominators themselves")
+    if training and config.finalize_model_grads_func is None:
+        raise ValueError("config.finalize_model_grads_func is None: set it to Megatron's "
+                         "finalize_model_grads after wrapping the chunks in DDP, or DP/PP "
+                         "gradients are never reduced")
+
+
+def _check_tokens(batch: TrainBatch, vocab_size: int) -> None:
+    low, high = int(batch.tokens.min()), int(batch.tokens.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"token ids must lie in [0, vocab_size={vocab_size}); "
+                         f"got [{low}, {high}]")
+
+
+def _global_norms(local: dict[str, Tensor], groups) -> dict[str, Tensor]:
+    """Sum each additive denominator over DP (and CP); an empty mini-batch gives 1 (loss 0)."""
+    names = sorted(local)
+    device = platform.current().device
+    counts = torch.stack([local[n].to(torch.long) for n in names]).to(device)
+    if groups.dp_cp.size() > 1:
+        dist.all_reduce(counts, group=groups.dp_cp)
+    return {n: c.clamp_min(1) for n, c in zip(names, counts)}
+
+
+def _forward_step(loss_func, data_iterator, model):
+    mb = next(data_iterator).to(platform.current().device)
+    positions = torch.arange(mb.seq_length, device=mb.tokens.device).expand_as(mb.tokens)
+    output = model(mb.tokens, positions, None)  # last stage: [b, s, V/tp] or [b, s, 1]
+    return output, partial(loss_func, mb)
+
+
+def _run(model_chunks, microbatches: list[TrainBatch], loss_func: Callable, forward_only: bool):
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    chunks = list(model_chunks)
+    with platform.megatron_scope():
+        return get_forward_backward_func()(
+            forward_step_func=partial(_forward_step, loss_func),
+            data_iterator=[iter(microbatches) for _ in chunks] if len(chunks) > 1 else iter(microbatches),
+            model=chunks if len(chunks) > 1 else chunks[0],
+            num_microbatches=len(microbatches),
+            seq_length=microbatches[0].seq_length,
+            micro_batch_size=microbatches[0].num_rows,
+            forward_only=forward_only,
+        )
+
+
+def _forward_only(model_chunks, batch: TrainBatch, micro_batch_size: int, collect: Callable,
+                  channels: int) -> Tensor:
+    """Run `collect` on every microbatch's last-stage output; [n, S, channels] everywhere."""
+    groups = model_groups(model_chunks)
+    _check_layout(groups, None, training=False)
+    with torch.no_grad():
+        store = _run(model_chunks, batch.microbatches(micro_batch_size), collect, forward_only=True)
+    device = platform.current().device
+    if _is_last_stage(groups):
+        out = torch.cat([record["out"] for record in store]).reshape(
+            batch.num_rows, batch.seq_length, channels).float()
+    else:
+        out = torch.empty(batch.num_rows, batch.seq_length, channels, device=device)
+    _broadcast_from_last_stage(out, groups)
+    return out
+
+
+def _is_last_stage(groups) -> bool:
+    return groups.pp.rank() == groups.pp.size() - 1
+
+
+def _broadcast_from_last_stage(x: Tensor, groups) -> None:
+    if groups.pp.size() > 1:
+        last = dist.get_process_group_ranks(groups.pp)[-1]
+        dist.broadcast(x, src=last, group=groups.pp)
+
+
+def _reduce_metrics(store: list[dict], num_sums: int, num_maxes: int, groups) -> Tensor:
+    """Sum/max over microbatches, then over DP (last stage), then broadcast over PP."""
+    device = platform.current().device
+    sums = torch.zeros(num_sums, dtype=torch.float64, device=device)
+    maxes = torch.full((num_maxes,), float("-inf"), dtype=torch.float64, device=device)
+    if _is_last_stage(groups):
+        for record in store:
+            sums += record["sums"].to(device)
+            maxes = torch.maximum(maxes, record["maxes"].to(device))
+        if groups.dp_cp.size() > 1:
+            dist.all_reduce(sums, group=groups.dp_cp)
+            if num_maxes:
+                dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=groups.dp_cp)
+    packed = torch.cat([sums, maxes])
+    _broadcast_from_last_stage(packed, groups)
+    return packed

@@ -1,0 +1,275 @@
+"""torchrun body (world 4): RL losses through Megatron's schedules vs plain single-process torch.
+
+Reference: the whole mini-batch through the unwrapped single-rank model, logprobs from
+torch.log_softmax over the full (unpadded) vocabulary, the recipe's loss composed from
+`megatron_rl.algorithms` on the whole batch, plain autograd. Each case loads the
+reference weights into a layout, runs `megatron_rl.schedules` on its DP slice in
+microbatches (DDP + finalize_model_grads), and compares logprobs / entropy / values
+(every rank), mini-batch metrics and the full gradients.
+
+The vocabulary (96) is padded to 100 (vocab_size_divisible_by=5) in every layout, so the
+4 padded LM-head rows carry random weights that must be masked (under TP2 they all sit on
+TP rank 1).
+"""
+
+import dataclasses
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+from megatron_rl import platform
+from megatron_rl.algorithms import (
+    aggregate,
+    asymmetric_clip_bounds,
+    entropy_from_logits,
+    get_recipe,
+    kl_penalty,
+    policy_loss,
+    positive_example_nll,
+    redistribute_advantages,
+    value_loss,
+)
+from megatron_rl.models import build_model
+from megatron_rl.models.builder import BuildOptions
+from megatron_rl.parallel import ParallelConfig, destroy, initialize
+from megatron_rl.parallel.full_tensors import gather_full, load_full, main_grad, params_as
+from megatron_rl.schedules import (
+    ActorLoss,
+    CriticLoss,
+    TrainBatch,
+    compute_logprobs,
+    compute_values,
+    forward_backward,
+    gather_data_parallel,
+    local_batch,
+    pack_sequences,
+    train_step,
+)
+from megatron_rl.testing.tiny import TINY_ARCHS
+from megatron_rl.testing.torchrun import run_cases
+
+GLOBAL_BATCH, SEQ = 8, 16
+OPTIONS = BuildOptions(vocab_size_divisible_by=5)
+RECIPES = {
+    "dapo": get_recipe("dapo"),  # token-mean, clip 0.2 / 0.28
+    "grpo": get_recipe("grpo"),  # seq-mean-token-mean
+    # every actor-loss piece at once: HAPO bounds + redistribution + dual clip, KL, NLL
+    "hapo_kl_nll": get_recipe("hapo", kl={"kind": "k3", "coef": 0.04}, positive_nll_coef=0.1),
+}
+CRITIC = CriticLoss(value_clip=0.2)
+
+
+def rollout_batch(vocab):
+    """Realistic shapes: prompts of 2-5 tokens, responses of 1 to all remaining positions."""
+    g = torch.Generator().manual_seed(2024)
+    prompts, responses = [], []
+    for n in range(GLOBAL_BATCH):
+        p = int(torch.randint(2, 6, (), generator=g))
+        r = SEQ - p if n == 3 else int(torch.randint(1, SEQ - p + 1, (), generator=g))
+        prompts.append(torch.randint(0, vocab, (p,), generator=g).tolist())
+        responses.append(torch.randint(0, vocab, (r,), generator=g).tolist())
+    tokens, mask = pack_sequences(prompts, responses, SEQ)
+    seq_adv = torch.randn(GLOBAL_BATCH, 1, generator=g)
+    return TrainBatch(
+        tokens=tokens,
+        loss_mask=mask,
+        advantages=seq_adv * (1 + 0.3 * torch.randn(GLOBAL_BATCH, SEQ, generator=g)),
+        returns=torch.randn(GLOBAL_BATCH, SEQ, generator=g),
+        old_values=0.3 * torch.randn(GLOBAL_BATCH, SEQ, generator=g),
+        temperature=0.7 + 0.6 * torch.rand(GLOBAL_BATCH, SEQ, generator=g),
+        h_hat=2 * torch.rand(GLOBAL_BATCH, SEQ, generator=g) - 1,
+        is_positive=torch.rand(GLOBAL_BATCH, generator=g) > 0.5,
+    ), g
+
+
+def plain_logprobs(model, batch, vocab):
+    positions = torch.arange(SEQ).expand_as(batch.tokens)
+    with platform.megatron_scope():
+        logits = model(batch.tokens, positions, None)  # [N, S, 100]
+    z = logits[..., :vocab] / batch.temperature.unsqueeze(-1)
+    logp = torch.log_softmax(z, -1).gather(-1, batch.labels.unsqueeze(-1)).squeeze(-1)
+    return logp, entropy_from_logits(z)
+
+
+def plain_actor_loss(logp, b, r):
+    mask, adv, low, high = b.loss_mask, b.advantages, r.clip_low, r.clip_high
+    if r.entropy_clip_alpha:
+        low, high = asymmetric_clip_bounds(b.h_hat, low, high, r.entropy_clip_alpha)
+    if r.redistribution_beta:
+        ratio = torch.exp(logp.detach() - b.old_logprobs)
+        adv = redistribute_advantages(adv, ratio, b.h_hat, low, high, r.redistribution_beta)
+    loss, stats = policy_loss(logp, b.old_logprobs, adv, mask, low, high, r.clip_c, r.loss_agg)
+    pg_loss = loss.detach().clone()
+    if r.kl:
+        loss = loss + r.kl.coef * aggregate(kl_penalty(logp, b.ref_logprobs, r.kl.kind), mask, r.loss_agg)
+    if r.positive_nll_coef:
+        loss = loss + r.positive_nll_coef * positive_example_nll(logp, mask, b.is_positive)
+    return loss, {"pg_loss": float(pg_loss), "clipfrac": float(stats["clipfrac"]), "loss": float(loss)}
+
+
+REFERENCES = {}
+
+
+def reference(kind, role):
+    """(weights, batch, {recipe: (metrics, grads)}, logp, entropy) or values, single process."""
+    if (kind, role) in REFERENCES:
+        return REFERENCES[kind, role]
+    arch = TINY_ARCHS[kind]
+    initialize(ParallelConfig(), seed=42, model=arch.shape())
+    chunks = build_model(role, arch, ParallelConfig(), OPTIONS)
+    model, weights = chunks[0], gather_full(chunks)
+    batch, g = rollout_batch(arch.vocab_size)
+    out = {"weights": weights}
+    if role == "actor":
+        logp, entropy = plain_logprobs(model, batch, arch.vocab_size)
+        logp, entropy = logp.detach(), entropy.detach()
+        noise = lambda scale: scale * torch.randn(GLOBAL_BATCH, SEQ, generator=g)
+        batch = dataclasses.replace(batch, old_logprobs=logp + noise(0.2), ref_logprobs=logp + noise(0.1))
+        runs = {}
+        for name, recipe in RECIPES.items():
+            model.zero_grad()
+            loss, metrics = plain_actor_loss(plain_logprobs(model, batch, arch.vocab_size)[0], batch, recipe)
+            loss.backward()
+            metrics["entropy"] = float(entropy[batch.loss_mask].mean())
+            with params_as(chunks, main_grad):
+                runs[name] = (metrics, gather_full(chunks))
+        out.update(batch=batch, logp=logp, entropy=entropy, runs=runs)
+    else:
+        positions = torch.arange(SEQ).expand_as(batch.tokens)
+        with platform.megatron_scope():
+            values = model(batch.tokens, positions, None).squeeze(-1)
+        loss = value_loss(values, batch.old_values, batch.returns, batch.loss_mask, CRITIC.value_clip)
+        loss.backward()
+        with params_as(chunks, main_grad):
+            out.update(batch=batch, values=values.detach(), loss=float(loss), grads=gather_full(chunks))
+    destroy()
+    REFERENCES[kind, role] = out
+    return out
+
+
+def setup(role, kind, layout, weights, distributed_optimizer=False):
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    arch, parallel = TINY_ARCHS[kind], ParallelConfig(**layout)
+    initialize(parallel, seed=42, model=arch.shape())
+    chunks = build_model(role, arch, parallel, OPTIONS)
+    load_full(chunks, weights)
+    config = chunks[0].config
+    optimizer = None
+    with platform.megatron_scope():
+        ddp = DistributedDataParallelConfig(use_distributed_optimizer=distributed_optimizer)
+        chunks = [DistributedDataParallel(config, ddp, c) for c in chunks]
+        if distributed_optimizer:
+            optimizer = get_megatron_optimizer(
+                OptimizerConfig(optimizer="adam", lr=1e-4, use_distributed_optimizer=True,
+                                clip_grad=1.0, weight_decay=0.0), chunks)
+    config.finalize_model_grads_func = finalize_model_grads
+    return chunks, optimizer
+
+
+def max_over_world(value):
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def grad_report(grads, ref_grads):
+    assert set(grads) == set(ref_grads), set(grads) ^ set(ref_grads)
+    diff = {k: float((grads[k] - ref_grads[k]).abs().max()) for k in ref_grads}
+    return {
+        "max_grad_diff": max(diff.values()),
+        "worst_key": max(diff, key=diff.get),
+        "max_grad": max(float(g.abs().max()) for g in ref_grads.values()),
+        "params_without_grad": sorted(k for k, g in ref_grads.items() if not g.abs().max() > 0),
+    }
+
+
+def actor_case(kind, layout, recipe_name, micro_batch_size, whole_batch_per_rank=False):
+    ref = reference(kind, "actor")
+    vocab = TINY_ARCHS[kind].vocab_size
+    chunks, _ = setup("actor", kind, layout, ref["weights"])
+    batch = ref["batch"] if whole_batch_per_rank else local_batch(chunks, ref["batch"])
+    logp, entropy = compute_logprobs(chunks, batch, micro_batch_size, vocab)
+    if not whole_batch_per_rank:
+        logp, entropy = gather_data_parallel(chunks, logp), gather_data_parallel(chunks, entropy)
+    metrics = forward_backward(chunks, batch, ActorLoss(RECIPES[recipe_name], vocab), micro_batch_size)
+    with params_as(chunks, main_grad):
+        grads = gather_full(chunks)
+    destroy()
+    ref_metrics, ref_grads = ref["runs"][recipe_name]
+    return {
+        "logprob_diff": max_over_world((logp - ref["logp"]).abs().max()),
+        "entropy_diff": max_over_world((entropy - ref["entropy"]).abs().max()),
+        "metric_diff": {k: abs(metrics[f"actor/{k}"] - v) for k, v in ref_metrics.items()},
+        "metrics": metrics,
+        **grad_report(grads, ref_grads),
+    }
+
+
+def critic_case(kind, layout, micro_batch_size):
+    ref = reference(kind, "critic")
+    chunks, _ = setup("critic", kind, layout, ref["weights"])
+    batch = local_batch(chunks, ref["batch"])
+    values = gather_data_parallel(chunks, compute_values(chunks, batch, micro_batch_size))
+    metrics = forward_backward(chunks, batch, CRITIC, micro_batch_size)
+    with params_as(chunks, main_grad):
+        grads = gather_full(chunks)
+    destroy()
+    return {
+        "value_diff": max_over_world((values - ref["values"]).abs().max()),
+        "metric_diff": {"value_loss": abs(metrics["critic/value_loss"] - ref["loss"])},
+        **grad_report(grads, ref["grads"]),
+    }
+
+
+def train_step_case(kind, layout, recipe_name, micro_batch_size):
+    """train_step with the distributed optimizer: its grad norm is the reference's."""
+    ref = reference(kind, "actor")
+    vocab = TINY_ARCHS[kind].vocab_size
+    chunks, optimizer = setup("actor", kind, layout, ref["weights"], distributed_optimizer=True)
+    batch = local_batch(chunks, ref["batch"])
+    metrics = train_step(chunks, optimizer, batch, ActorLoss(RECIPES[recipe_name], vocab), micro_batch_size)
+    moved = max(float((w - ref["weights"][k]).abs().max()) for k, w in gather_full(chunks).items())
+    destroy()
+    ref_metrics, ref_grads = ref["runs"][recipe_name]
+    ref_norm = float(torch.sqrt(sum(g.double().square().sum() for g in ref_grads.values())))
+    return {
+        "grad_norm": metrics["actor/grad_norm"],
+        "ref_grad_norm": ref_norm,
+        "pg_loss_diff": abs(metrics["actor/pg_loss"] - ref_metrics["pg_loss"]),
+        "weights_moved": moved,
+        "update_skipped": metrics["actor/update_skipped"],
+    }
+
+
+LAYOUTS = {
+    "single": {},  # every size 1; each rank runs the whole mini-batch as one microbatch
+    "dp4": {},
+    "pp2": dict(pipeline_model_parallel_size=2),
+    "pp2_vpp2": dict(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2),
+    "tp2": dict(tensor_model_parallel_size=2),
+    "tp2_ep2": dict(tensor_model_parallel_size=2, expert_model_parallel_size=2),
+}
+
+
+def cases():
+    out = {}
+    for recipe in ("dapo", "grpo"):
+        out[f"dense-actor-single-{recipe}"] = partial(actor_case, "dense", LAYOUTS["single"], recipe, GLOBAL_BATCH, True)
+        out[f"dense-actor-dp4-{recipe}"] = partial(actor_case, "dense", LAYOUTS["dp4"], recipe, 1)
+        out[f"dense-actor-pp2-{recipe}"] = partial(actor_case, "dense", LAYOUTS["pp2"], recipe, 1)
+        out[f"moe-actor-tp2_ep2-{recipe}"] = partial(actor_case, "moe", LAYOUTS["tp2_ep2"], recipe, 2)
+    out["dense-actor-pp2_vpp2-dapo"] = partial(actor_case, "dense", LAYOUTS["pp2_vpp2"], "dapo", 1)
+    out["dense-actor-tp2-hapo_kl_nll"] = partial(actor_case, "dense", LAYOUTS["tp2"], "hapo_kl_nll", 1)
+    out["moe-actor-pp2-hapo_kl_nll"] = partial(actor_case, "moe", LAYOUTS["pp2"], "hapo_kl_nll", 2)
+    out["dense-critic-pp2"] = partial(critic_case, "dense", LAYOUTS["pp2"], 1)
+    out["dense-critic-tp2"] = partial(critic_case, "dense", LAYOUTS["tp2"], 2)
+    out["moe-train_step-tp2_ep2-dapo"] = partial(train_step_case, "moe", LAYOUTS["tp2_ep2"], "dapo", 2)
+    return out
+
+
+if __name__ == "__main__":
+    run_cases(cases())
