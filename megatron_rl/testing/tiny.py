@@ -32,3 +32,17 @@ TINY_MOE = ModelArch(
 )
 
 TINY_ARCHS = {"dense": TINY_DENSE, "moe": TINY_MOE}
+
+# Qwen3-MoE takes head_dim explicitly, so this one also exists as a transformers/vLLM model
+# (megatron_rl.testing.hf_models); qwen2_moe derives head_dim = hidden / heads.
+TINY_QWEN3_MOE = ModelArch(
+    family="qwen3_moe",
+    ffn_hidden_size=128,
+    qkv_bias=False,
+    qk_layernorm=True,
+    num_moe_experts=4,
+    moe_router_topk=2,
+    moe_ffn_hidden_size=32,
+    moe_router_pre_softmax=False,
+    **_COMMON,
+)

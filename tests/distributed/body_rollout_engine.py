@@ -1,0 +1,137 @@
+"""torchrun body: the colocated vLLM engine (external_launcher, ExternalDP) against transformers.
+
+Arguments: WORKDIR TP KIND. Every rank builds one engine (vLLM allows one per process:
+its parallel groups are global) for the tiny KIND model with vLLM TP = TP; prompts differ
+per replica. transformers computes the reference logprobs and greedy continuations.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from megatron_rl import platform
+from megatron_rl.rollout import EngineConfig, RolloutEngine, Sampling
+from megatron_rl.testing.hf_models import load_reference, save_tiny_model, token_logprobs
+from megatron_rl.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
+from megatron_rl.testing.torchrun import run_cases
+
+WORK = Path(sys.argv[1])
+TP, KIND = int(sys.argv[2]), sys.argv[3]
+ENGINES, REFERENCES = {}, {}
+
+
+def model_dir(kind):
+    path = WORK / kind
+    if dist.get_rank() == 0:
+        save_tiny_model(TINY_DENSE if kind == "dense" else TINY_QWEN3_MOE, path, seed=3)
+    dist.barrier()
+    return path
+
+
+def engine(kind):
+    if kind not in ENGINES:
+        ENGINES[kind] = RolloutEngine(
+            model_dir(kind),
+            EngineConfig(tensor_parallel_size=TP, max_model_len=128, seed=11, load_tokenizer=False,
+                         cache_dir=str(WORK / "cache")),
+        )
+        REFERENCES[kind] = load_reference(model_dir(kind))
+    return ENGINES[kind], REFERENCES[kind]
+
+
+def prompts_of_replica(eng, count=3):
+    g = torch.Generator().manual_seed(100 + eng.replica)
+    return [torch.randint(3, 96, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist() for _ in range(count)]
+
+
+def sampled_logprobs_match_transformers(kind):
+    eng, ref = engine(kind)
+    temperature = 0.7
+    groups = eng.generate(prompts_of_replica(eng), Sampling(n=3, max_tokens=12, temperature=temperature))
+    worst, reasons = 0.0, set()
+    for group in groups:
+        assert len(group) == 3
+        for s in group:
+            assert 1 <= len(s.token_ids) <= 12 and len(s.logprobs) == len(s.token_ids)
+            reasons.add(s.finish_reason)
+            seq = s.prompt_ids + s.token_ids
+            with torch.no_grad():
+                logits = ref(torch.tensor([seq])).logits[0, len(s.prompt_ids) - 1 : -1] / temperature
+            expect = torch.log_softmax(logits, -1).gather(1, torch.tensor(s.token_ids)[:, None])[:, 0]
+            worst = max(worst, float((expect - torch.tensor(s.logprobs)).abs().max()))
+    assert worst < 1e-4, worst
+    assert reasons <= {"stop", "length"}, reasons
+    # The same prompts on every replica: replicas must not sample identically.
+    same = eng.generate([[5, 6, 7]], Sampling(n=4, max_tokens=8, temperature=1.0))[0]
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, [s.token_ids for s in same])
+    distinct_replicas = len({str(x) for x in everyone})
+    assert distinct_replicas == eng.num_replicas, (distinct_replicas, eng.num_replicas)
+    return {"max_abs_diff": worst, "finish_reasons": sorted(reasons), "build_s": eng.build_s}
+
+
+def greedy_reference(ref, prompt, max_tokens):
+    seq = list(prompt)
+    for _ in range(max_tokens):
+        with torch.no_grad():
+            nxt = int(ref(torch.tensor([seq])).logits[0, -1].argmax())
+        seq.append(nxt)
+        if nxt == 2:  # eos
+            break
+    return seq[len(prompt):]
+
+
+def windows_continue_to_the_one_shot_answer(kind):
+    eng, ref = engine(kind)
+    prompts = prompts_of_replica(eng, 4)
+    greedy = Sampling(max_tokens=20, temperature=0.0)
+    one_shot = [g[0] for g in eng.generate(prompts, greedy)]
+    windowed = Sampling(max_tokens=20, temperature=0.0, window=6)
+    samples = [g[0] for g in eng.generate(prompts, windowed)]
+    calls = 1
+    assert any(s.finish_reason == "window" for s in samples)
+    while not all(s.finished for s in samples):
+        samples = eng.continue_(samples, windowed)
+        calls += 1
+    for a, b, p in zip(one_shot, samples, prompts):
+        assert a.token_ids == b.token_ids, (a.token_ids, b.token_ids)
+        assert a.finish_reason == b.finish_reason
+        assert b.token_ids == greedy_reference(ref, p, 20)
+        assert len(b.logprobs) == len(b.token_ids)
+    return {"calls": calls, "lengths": [len(s.token_ids) for s in samples]}
+
+
+def reloaded_weights_serve_new_logprobs(kind):
+    eng, ref = engine(kind)
+    g = torch.Generator().manual_seed(7)
+    new = {name: t + 0.05 * torch.randn(t.shape, generator=g) for name, t in ref.state_dict().items()}
+    ref.load_state_dict(new)
+    seqs = [p + [9, 10, 11] for p in prompts_of_replica(eng)]
+    before = eng.prompt_logprobs(seqs)
+    # Two buckets, split between decoder layers: vLLM processes a layer once all of
+    # its weights arrived in one reload, so a bucket must never split a layer.
+    first = {k: v for k, v in new.items() if ".layers." not in k or ".layers.0." in k}
+    eng.load_weights(first.items())
+    eng.load_weights((k, v) for k, v in new.items() if k not in first)
+    eng.finish_weight_update()
+    after = eng.prompt_logprobs(seqs)
+    expect = [token_logprobs(ref, s) for s in seqs]
+    diff = max(abs(a - e) for row_a, row_e in zip(after, expect) for a, e in zip(row_a, row_e))
+    moved = max(abs(a - b) for row_a, row_b in zip(after, before) for a, b in zip(row_a, row_b))
+    assert diff < 1e-4, diff
+    assert moved > 1e-2, moved  # the update did change the served model
+    return {"max_abs_diff": diff, "moved": moved}
+
+
+CASES = {
+    "sampled_logprobs": lambda: sampled_logprobs_match_transformers(KIND),
+    "windows": lambda: windows_continue_to_the_one_shot_answer(KIND),
+    "reload": lambda: reloaded_weights_serve_new_logprobs(KIND),
+}
+
+if __name__ == "__main__":
+    platform.init_distributed()
+    run_cases(CASES)
