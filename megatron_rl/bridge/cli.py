@@ -1,0 +1,113 @@
+"""`megatron-rl convert`: HF directory <-> megatron_rl checkpoint.
+
+    megatron-rl convert hf-to-megatron --hf DIR --out DIR [--tp N --pp N --ep N --etp N]
+    megatron-rl convert megatron-to-hf --ckpt DIR --out DIR [--step N] [--dtype bf16]
+
+hf-to-megatron runs alone (one process converts for any layout) or under torchrun with
+the layout's world size (each rank then reads only its own slices of the HF files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Optional, Sequence
+
+BAD_INPUT = 2
+_DTYPES = ("fp32", "bf16", "fp16")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="megatron-rl convert",
+        description="Convert between HF safetensors directories and megatron_rl checkpoints.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    to_m = sub.add_parser(
+        "hf-to-megatron",
+        help="HF directory -> megatron_rl checkpoint for a parallel layout",
+        description="Alone, one process converts for any layout (the stored tensors are "
+        "layout-free; the vocabulary is padded as --tp needs). Under torchrun with a world "
+        "size that fits the layout, that layout is built and each rank reads its own slices.",
+    )
+    to_m.add_argument("--hf", required=True, type=Path, help="HF model directory (config.json + *.safetensors)")
+    to_m.add_argument("--out", required=True, type=Path, help="checkpoint root to write")
+    to_m.add_argument("--step", type=int, default=0, help="step number to save as (default 0)")
+    for flag, name in (("--tp", "tensor"), ("--pp", "pipeline"), ("--ep", "expert")):
+        to_m.add_argument(flag, type=int, default=1, help=f"{name} model parallel size of the target layout")
+    to_m.add_argument("--etp", type=int, default=None, help="expert tensor parallel size (default: = --tp)")
+    to_hf = sub.add_parser("megatron-to-hf", help="megatron_rl checkpoint -> HF directory (one process)")
+    to_hf.add_argument("--ckpt", required=True, type=Path, help="checkpoint root (written by hf-to-megatron or training)")
+    to_hf.add_argument("--out", required=True, type=Path, help="new HF directory to write")
+    to_hf.add_argument("--step", type=int, default=None, help="step to export (default: newest committed)")
+    to_hf.add_argument("--dtype", choices=_DTYPES, default=None, help="dtype to write (default: the HF config's)")
+    to_hf.add_argument(
+        "--expert-style", choices=("per_expert", "fused"), default=None,
+        help="MoE expert names (default: those of the HF checkpoint the model came from)",
+    )
+    return parser
+
+
+def _progress(desc: str, enabled: bool = True):
+    from tqdm import tqdm
+
+    return partial(tqdm, desc=desc, unit="tensor", disable=not enabled, file=sys.stderr)
+
+
+def _hf_to_megatron(args) -> int:
+    from megatron_rl.bridge.convert import hf_to_megatron
+    from megatron_rl.parallel import ParallelConfig
+
+    target = ParallelConfig(
+        tensor_model_parallel_size=args.tp,
+        pipeline_model_parallel_size=args.pp,
+        expert_model_parallel_size=args.ep,
+        expert_tensor_parallel_size=args.etp,
+    )
+    from megatron_rl.models.hf_config import arch_from_hf
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    # Layout errors (e.g. EP not dividing the experts) before any process group exists;
+    # alone, check against the smallest world the layout fits.
+    smallest = math.lcm(target.tp * target.pp, target.etp * target.ep * target.pp)
+    target.validate(world if world > 1 else smallest, arch_from_hf(args.hf).shape())
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    hf_to_megatron(args.hf, args.out, target, step=args.step, progress=_progress("hf -> megatron", rank0))
+    if rank0:
+        layout = f"TP{target.tp} PP{target.pp} EP{target.ep} ETP{target.etp}"
+        print(f"wrote {args.out} (step {args.step}) for layout {layout}")
+    return 0
+
+
+def _megatron_to_hf(args) -> int:
+    import torch
+
+    from megatron_rl.bridge.convert import megatron_to_hf
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(args.dtype)
+    out = megatron_to_hf(args.ckpt, args.out, step=args.step, dtype=dtype, style=args.expert_style,
+                         progress=_progress("megatron -> hf"))
+    print(f"wrote {out}")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    from megatron_rl.bridge.mapping import BridgeError
+    from megatron_rl.checkpoint.format import CheckpointError
+    from megatron_rl.models.hf_config import UnsupportedModelError
+    from megatron_rl.parallel import LayoutError
+
+    try:
+        return _hf_to_megatron(args) if args.command == "hf-to-megatron" else _megatron_to_hf(args)
+    except (BridgeError, CheckpointError, UnsupportedModelError, LayoutError, FileNotFoundError, FileExistsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

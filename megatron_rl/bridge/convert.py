@@ -1,0 +1,147 @@
+"""Whole-checkpoint conversion between HF directories and megatron_rl checkpoints.
+
+- HF -> Megatron: build the actor for the target layout, :func:`load_hf` (each rank reads
+  its slices), and save with :mod:`megatron_rl.checkpoint`. Stored tensors are
+  layout-free except for the vocabulary padding, which depends on TP; so a single
+  process converts for any layout by padding the vocabulary as that TP would, and under
+  torchrun with a matching world size the target layout itself is built.
+- Megatron -> HF: one process, no Megatron model: read each group of canonical tensors
+  from the checkpoint, map them to HF tensors and stream them into safetensors files.
+  The HF config travels in the checkpoint's ``extra["hf_config"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from megatron_rl.bridge.export import DEFAULT_MAX_FILE_BYTES, assemble_hf, config_dtype, config_with_dtype, hf_groups
+from megatron_rl.bridge.families import PER_EXPERT, canonical
+from megatron_rl.bridge.hf_files import write_checkpoint
+from megatron_rl.bridge.load import load_hf, tensor_map
+from megatron_rl.bridge.mapping import BridgeError
+from megatron_rl.models.hf_config import ModelArch, arch_from_hf
+from megatron_rl.parallel import ParallelConfig
+
+Progress = Optional[Callable[[Iterable], Iterable]]
+_BUILD_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def hf_config_dict(hf_dir: str | os.PathLike) -> dict:
+    return json.loads((Path(hf_dir) / "config.json").read_text())
+
+
+def arch_from_dict(hf_config: dict) -> ModelArch:
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in hf_config.items() if k != "model_type"}
+    return arch_from_hf(AutoConfig.for_model(hf_config.get("model_type"), **fields))
+
+
+def hf_to_megatron(
+    hf_dir: str | os.PathLike,
+    out_root: str | os.PathLike,
+    target: ParallelConfig,
+    step: int = 0,
+    progress: Progress = None,
+) -> dict:
+    """Collective (world 1 alone): convert ``hf_dir`` into a megatron_rl checkpoint at
+    ``out_root``/step_``step`` meant for layout ``target``; returns the stored ``extra``."""
+    import torch.distributed as dist
+
+    from megatron_rl import checkpoint, platform
+    from megatron_rl.models.builder import BuildOptions, build_model
+    from megatron_rl.parallel import destroy, initialize
+
+    hf_config = hf_config_dict(hf_dir)
+    arch = arch_from_hf(hf_dir)
+    platform.init_distributed()
+    world = dist.get_world_size()
+    if world == 1:
+        build = ParallelConfig()  # same tensors; pad the vocabulary as target's TP does
+        divisible_by = target.tp
+    else:
+        build, divisible_by = target, 1
+    build.validate(world, arch.shape())
+    dtype = config_dtype(hf_config) or torch.float32
+    options = BuildOptions(dtype=_BUILD_DTYPES[dtype], vocab_size_divisible_by=divisible_by)
+    initialize(build, model=arch.shape())
+    chunks = build_model("actor", arch, build, options)
+    style = load_hf(chunks, hf_dir, arch, progress=progress)
+    extra = {
+        "hf_config": hf_config,
+        "hf_expert_style": style,
+        "converted_for_layout": target.megatron_sizes(),
+    }
+    checkpoint.save(out_root, step, model=chunks, extra=extra).wait()
+    destroy()
+    return extra
+
+
+def megatron_to_hf(
+    ckpt_root: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    step: Optional[int] = None,
+    dtype: Optional[torch.dtype] = None,
+    style: Optional[str] = None,
+    progress: Progress = None,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+) -> Path:
+    """One process: write the model of a megatron_rl checkpoint as an HF directory.
+
+    Tensors are written in ``dtype``, else the dtype the stored HF config names, else as
+    stored; experts in ``style``, else the style of the HF checkpoint it came from.
+    """
+    from megatron_rl.checkpoint import format as fmt
+    from megatron_rl.checkpoint.reader import Reader
+
+    root = Path(ckpt_root)
+    step = fmt.latest_step(root) if step is None else step
+    if step is None:
+        raise fmt.CheckpointError(f"no committed checkpoint under {root}")
+    metadata = fmt.read_metadata(root, step)
+    hf_config = metadata.extra.get("hf_config")
+    if not hf_config:
+        raise BridgeError(
+            f"{root} step {step} has no extra['hf_config'] (it was not written by hf-to-megatron "
+            "or a trainer that records the HF config), so the HF architecture is unknown"
+        )
+    arch = arch_from_dict(hf_config)
+    style = style or metadata.extra.get("hf_expert_style", PER_EXPERT)
+    stored = {canonical(n): n for n in metadata.tensors if not n.startswith("optimizer.")}
+    vocab_rows = metadata.tensors[stored["embedding.word_embeddings.weight"]].shape[0]
+    tmap = tensor_map(arch, style, vocab_rows)
+    _check_stored(stored, metadata, tmap, arch)
+    groups = hf_groups(tmap)
+    dtype = dtype or config_dtype(hf_config)
+
+    def dtype_of(megatron_names) -> torch.dtype:
+        return dtype or fmt.DTYPES[metadata.tensors[stored[megatron_names[0]]].dtype]
+
+    specs = [(h, tmap.hf_shapes[h], dtype_of(names)) for names, hf in groups for h in hf]
+    with Reader(fmt.step_dir(root, step), metadata) as reader:
+
+        def stream():
+            for names, hf in (progress or iter)(groups):
+                full = {m: reader.full_tensor(stored[m]) for m in names}
+                for h in hf:
+                    yield h, assemble_hf(h, tmap, full).to(dtype_of(names))
+
+        return write_checkpoint(out_dir, specs, stream(), config_with_dtype(hf_config, specs[0][2]), max_file_bytes)
+
+
+def _check_stored(stored: dict, metadata, tmap, arch: ModelArch) -> None:
+    missing = sorted(set(tmap.megatron_shapes) - set(stored))
+    unexpected = sorted(set(stored) - set(tmap.megatron_shapes))
+    if missing:
+        raise BridgeError(f"checkpoint lacks {arch.family} tensors: {missing[:8]}")
+    if unexpected:
+        raise BridgeError(f"checkpoint has tensors a {arch.family} HF model has no place for: {unexpected[:8]}")
+    for name, shape in tmap.megatron_shapes.items():
+        found = tuple(metadata.tensors[stored[name]].shape)
+        if found != shape:
+            raise BridgeError(f"checkpoint tensor {stored[name]} has shape {found}, expected {shape}")
