@@ -1,0 +1,19 @@
+"""ByteCheckpoint-style checkpoints for Megatron-Core (see shared specs/checkpoint.md).
+
+Data and metadata apart, parallelism-free tensor names, replicated chunks written once by a
+balanced choice of writer, async save that blocks only for the host copy, atomic commit,
+and loading into any TP/PP/EP/ETP/DP layout (distributed optimizer included)::
+
+    h = checkpoint.save(root, step, model=chunks, optimizer=opt, extra={...}, async_save=True)
+    extra = checkpoint.load(root, model=chunks, optimizer=opt)       # newest committed step
+    for name, tensor in checkpoint.iter_model_tensors(root): ...      # one process, for export
+"""
+
+from megatron_rl.checkpoint.format import CheckpointError, committed_steps, latest_step
+from megatron_rl.checkpoint.store import iter_model_tensors, load, save, wait_pending
+from megatron_rl.checkpoint.writer import SaveHandle
+
+__all__ = [
+    "CheckpointError", "SaveHandle", "committed_steps", "iter_model_tensors", "latest_step",
+    "load", "save", "wait_pending",
+]

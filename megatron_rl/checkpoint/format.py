@@ -1,0 +1,224 @@
+"""The on-disk format: directory names, the metadata schema and the commit protocol's files.
+
+    root/
+      latest                  text: the newest committed step (for people; loading scans)
+      step_<N>/               one committed checkpoint
+        COMMIT                JSON {step, metadata_crc32}: written last; no COMMIT, no checkpoint
+        metadata.json         every tensor's chunks (file, byte range, checksums) + state
+        data_<rank>.bin       raw tensor bytes, row-major, no pickle
+      .tmp_step_<N>/          a save in progress (or one that died): never read
+
+Tensor names are the canonical, parallelism-free names of ``megatron_rl.parallel.shards``;
+the saving layout is recorded for information only.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import re
+import zlib
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+FORMAT = "megatron_rl.checkpoint/1"
+COMMIT = "COMMIT"
+METADATA = "metadata.json"
+LATEST = "latest"
+BLOCK_BYTES = 1 << 20
+"""Checksum granularity: a partial read verifies only the 1 MiB blocks it touches."""
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_DATA_FILE = re.compile(r"^data_\d+\.bin$")
+
+DTYPES = {
+    str(t).removeprefix("torch."): t
+    for t in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+              torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+}
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, corrupt or does not fit the model."""
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return Path(root) / f"step_{int(step)}"
+
+
+def tmp_dir(root: Path, step: int) -> Path:
+    return Path(root) / f".tmp_step_{int(step)}"
+
+
+def data_file_name(rank: int) -> str:
+    return f"data_{rank}.bin"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise CheckpointError(f"dtype {dtype} cannot be stored; allowed: {sorted(DTYPES)}")
+    return name
+
+
+def confined(directory: Path, relative: str) -> Path:
+    """``directory / relative`` after checking that it names a data file inside it."""
+    if not _DATA_FILE.match(relative) or Path(relative).name != relative:
+        raise CheckpointError(f"metadata names file {relative!r}: only data_<rank>.bin inside the checkpoint is allowed")
+    return directory / relative
+
+
+@dataclasses.dataclass
+class Chunk:
+    """One saved box of one tensor: where it lies in the tensor and on disk."""
+
+    offsets: list[int]
+    shape: list[int]
+    file: str
+    byte_offset: int
+    nbytes: int
+    crc32: list[int]
+    """zlib.crc32 of each BLOCK_BYTES block of the chunk's bytes."""
+
+
+@dataclasses.dataclass
+class TensorEntry:
+    dtype: str
+    shape: list[int]
+    chunks: list[Chunk]
+
+
+@dataclasses.dataclass
+class Metadata:
+    step: int
+    tensors: dict[str, TensorEntry]
+    extra: dict
+    layout: dict
+    """The saving layout (world size and Megatron parallel sizes): information only."""
+    rng: dict[str, dict]
+    """Per saving rank (str key): RNG states, see :mod:`.rng`."""
+    optimizer: Optional[dict] = None
+    """Non-tensor optimizer state: param groups (with step) and grad scaler."""
+    format: str = FORMAT
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Metadata":
+        raw = json.loads(text)
+        if raw.get("format") != FORMAT:
+            raise CheckpointError(f"unknown checkpoint format {raw.get('format')!r}; this reader knows {FORMAT!r}")
+        raw["tensors"] = {
+            name: TensorEntry(e["dtype"], e["shape"], [Chunk(**c) for c in e["chunks"]])
+            for name, e in raw["tensors"].items()
+        }
+        return cls(**raw)
+
+
+def block_crcs(data: memoryview) -> list[int]:
+    return [zlib.crc32(data[i : i + BLOCK_BYTES]) for i in range(0, max(len(data), 1), BLOCK_BYTES)]
+
+
+# --- JSON for small non-tensor state (RNG states, grad scaler): tensors as base64 --------
+
+
+def encode(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        return {"__tensor__": base64.b64encode(raw).decode(), "dtype": dtype_name(t.dtype), "shape": list(t.shape)}
+    if isinstance(value, dict):
+        return {"__dict__": [[encode(k), encode(v)] for k, v in value.items()]}
+    if isinstance(value, tuple):
+        return {"__tuple__": [encode(v) for v in value]}
+    if isinstance(value, list):
+        return [encode(v) for v in value]
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):  # numpy arrays and scalars
+        return {"__numpy__": value.tolist(), "dtype": str(value.dtype)}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise CheckpointError(f"cannot store a {type(value).__name__} in checkpoint metadata")
+
+
+def decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "__tensor__" in value:
+        raw = bytearray(base64.b64decode(value["__tensor__"]))
+        flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        return flat.view(DTYPES[value["dtype"]]).reshape(value["shape"]).clone()
+    if "__dict__" in value:
+        return {_hashable(decode(k)): decode(v) for k, v in value["__dict__"]}
+    if "__tuple__" in value:
+        return tuple(decode(v) for v in value["__tuple__"])
+    if "__numpy__" in value:
+        import numpy as np
+
+        return np.asarray(value["__numpy__"], dtype=value["dtype"])
+    return {k: decode(v) for k, v in value.items()}
+
+
+def _hashable(key):
+    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
+
+
+# --- steps on disk --------------------------------------------------------------------
+
+
+def committed_steps(root: Path) -> list[int]:
+    """Steps whose directory holds a COMMIT marker, ascending."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    steps = []
+    for entry in root.iterdir():
+        match = _STEP_DIR.match(entry.name)
+        if match and (entry / COMMIT).is_file():
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def latest_step(root: Path) -> Optional[int]:
+    """The newest committed step. Scanning decides: ``latest`` is written for people and
+    tools, but a crash between the commit rename and its update must not hide a step."""
+    steps = committed_steps(root)
+    return steps[-1] if steps else None
+
+
+def read_metadata(root: Path, step: int) -> Metadata:
+    """The metadata of a committed step, checked against the crc in its COMMIT marker."""
+    directory = step_dir(root, step)
+    try:
+        commit = json.loads((directory / COMMIT).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{directory} is not a committed checkpoint ({e})") from e
+    text = (directory / METADATA).read_bytes()
+    if zlib.crc32(text) != commit["metadata_crc32"]:
+        raise CheckpointError(f"{directory / METADATA}: checksum mismatch (file corrupt)")
+    return Metadata.from_json(text.decode())
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or directory (directories make renames and new entries durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary name, fsync, rename."""
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

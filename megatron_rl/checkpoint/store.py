@@ -1,0 +1,192 @@
+"""save / load: the collective entry points that tie planning, writing and reading together."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from megatron_rl.checkpoint import format as fmt
+from megatron_rl.checkpoint import rng
+from megatron_rl.checkpoint.items import Item, dedup_local, model_items, model_sharded_state_dict, unwrap
+from megatron_rl.checkpoint.optimizer_state import (
+    common_state,
+    ensure_state,
+    load_common_state,
+    optimizer_items,
+    sub_optimizers,
+)
+from megatron_rl.checkpoint.planner import PlanCache, balanced_plan, digest
+from megatron_rl.checkpoint.reader import Reader, iter_tensors
+from megatron_rl.checkpoint.writer import HostBuffers, SaveHandle, commit, write_rank
+
+COMMIT_TIMEOUT_S = 1800.0
+_LAYOUT_FIELDS = (
+    "tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+    "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
+)
+
+_plans = PlanCache()
+_buffers = HostBuffers()
+_pending: Optional[SaveHandle] = None
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_gather(obj) -> list:
+    rank, world = _world()
+    if world == 1:
+        return [obj]
+    out: list = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def layout_of(chunks: Sequence[torch.nn.Module]) -> dict:
+    """World size and Megatron parallel sizes (recorded for information; restores RNG)."""
+    config = unwrap(chunks[0]).config
+    return {"world_size": _world()[1], **{f: getattr(config, f, None) for f in _LAYOUT_FIELDS}}
+
+
+def _collect(chunks, optimizer) -> list[Item]:
+    items, pieces_of = model_items(model_sharded_state_dict(chunks))
+    if optimizer is not None:
+        items = items + optimizer_items(optimizer, pieces_of)
+    return dedup_local(items)
+
+
+def wait_pending() -> None:
+    """Block until the save in flight (if any) is committed."""
+    global _pending
+    if _pending is not None:
+        handle, _pending = _pending, None
+        handle.wait()
+
+
+def _check_save_args(step, extra, keep_last) -> None:
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
+        raise ValueError(f"keep_last must be None (keep all) or an int >= 1, got {keep_last!r}")
+    try:
+        json.dumps(extra)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"extra must be a JSON-serialisable dict ({e})") from e
+
+
+def save(root, step: int, model, optimizer=None, extra: Optional[dict] = None,
+         async_save: bool = False, keep_last: Optional[int] = None) -> SaveHandle:
+    """Collective. Save model chunks (+ distributed optimizer, RNG, ``extra``) as ``step``.
+
+    With ``async_save`` the call returns after the host copy; ``handle.wait()`` (or the next
+    save/load) blocks until the step is committed. A save waits for the previous one first.
+    """
+    extra = {} if extra is None else extra
+    _check_save_args(step, extra, keep_last)
+    wait_pending()
+    items = _collect(model, optimizer)
+    record = {"rng": rng.capture(), "optimizer": common_state(optimizer) if optimizer is not None else None}
+    header = {"extra": extra, "layout": layout_of(model)}
+    return save_items(root, step, items, header, record, async_save, keep_last)
+
+
+def save_items(root, step: int, items: list[Item], header: dict, record: dict,
+               async_save: bool = False, keep_last: Optional[int] = None) -> SaveHandle:
+    """Collective. Plan, snapshot and write ``items`` (boxes of canonical tensors) as ``step``.
+
+    ``header`` ({extra, layout}) goes into the metadata once; ``record`` ({rng, optimizer})
+    once per rank. :func:`save` builds both from a Megatron model and optimizer.
+    """
+    global _pending
+    wait_pending()
+    root = Path(root)
+    rank, world = _world()
+    tmp = fmt.tmp_dir(root, step)
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():  # left by a save that died: never committed, safe to discard
+            shutil.rmtree(tmp)
+    items = dedup_local(items)
+    infos = [i.info() for i in items]
+    digests = _all_gather(digest(infos))  # also orders rank 0's cleanup before any write
+    plan = _plans.get(digests)
+    if plan is None:
+        plan = balanced_plan(_all_gather(infos))
+        _plans.put(digests, plan)
+    mine = sorted((i for i in items if plan.writers[i.key] == rank), key=lambda i: i.key)
+    tensors = _buffers.snapshot(mine) if async_save else [i.data for i in mine]
+    tmp.mkdir(parents=True, exist_ok=True)
+
+    def work() -> None:
+        write_rank(tmp, rank, mine, tensors, record)
+        if rank == 0:
+            commit(root, step, world, header, keep_last, COMMIT_TIMEOUT_S)
+
+    handle = SaveHandle(work, root, step, rank, COMMIT_TIMEOUT_S, background=async_save)
+    if async_save:
+        _pending = handle
+    return handle
+
+
+def _agreed_step(root: Path, step: Optional[int]) -> int:
+    """Rank 0 decides which committed step to load; everyone gets its answer or its error."""
+    rank, world = _world()
+    answer: list = [None]
+    if rank == 0:
+        if step is None:
+            found = fmt.latest_step(root)
+            answer[0] = found if found is not None else f"no committed checkpoint under {root}"
+        elif step in fmt.committed_steps(root):
+            answer[0] = step
+        else:
+            answer[0] = f"step {step} is not a committed checkpoint under {root}; committed: {fmt.committed_steps(root)}"
+    if world > 1:
+        dist.broadcast_object_list(answer, src=0)
+    if isinstance(answer[0], str):
+        raise fmt.CheckpointError(answer[0])
+    return answer[0]
+
+
+def load(root, model, optimizer=None, step: Optional[int] = None) -> dict:
+    """Collective. Load ``step`` (default: newest committed) into ``model`` chunks in any layout
+    (and the distributed optimizer, and RNG when the layout is the saving one); returns ``extra``."""
+    wait_pending()
+    if _world()[1] > 1:
+        dist.barrier()  # every rank's pending save is committed before anyone looks
+    root = Path(root)
+    step = _agreed_step(root, step)
+    metadata = fmt.read_metadata(root, step)
+    directory = fmt.step_dir(root, step)
+    items, pieces_of = model_items(model_sharded_state_dict(model))
+    with Reader(directory, metadata) as reader:
+        reader.fill(dedup_local(items))
+        if optimizer is not None:
+            for sub in sub_optimizers(optimizer):
+                ensure_state(sub)
+            load_common_state(optimizer, metadata.optimizer)  # before taking views: it may re-wrap state
+            reader.fill(dedup_local(optimizer_items(optimizer, pieces_of)))
+    rank, _ = _world()
+    if metadata.layout == layout_of(model) and str(rank) in metadata.rng:
+        rng.restore(metadata.rng[str(rank)])
+    else:
+        warnings.warn(f"checkpoint layout {metadata.layout} differs from {layout_of(model)}: RNG states not restored")
+    return json.loads(json.dumps(metadata.extra))
+
+
+def iter_model_tensors(root, step: Optional[int] = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Single process, no Megatron: (canonical name, full tensor) of every model tensor."""
+    root = Path(root)
+    if step is None:
+        step = fmt.latest_step(root)
+        if step is None:
+            raise fmt.CheckpointError(f"no committed checkpoint under {root}")
+    yield from iter_tensors(fmt.step_dir(root, step), fmt.read_metadata(root, step))

@@ -1,0 +1,66 @@
+"""Checkpoint store on gloo: save in TP2*EP2 / PP2*VPP2 (world 4) and TP2*PP2*EP2 (world 8),
+load into other layouts with every parameter and optimizer-state element equal, training
+continued after a resharded resume matching the saving run, exact same-layout resume."""
+
+from pathlib import Path
+
+import pytest
+
+from megatron_rl.testing.torchrun import launch
+
+BODY = Path(__file__).with_name("body_checkpoint.py")
+RESHARD4 = ["moe-tp2ep2-to-dp4", "moe-tp2ep2-to-ep4", "moe-tp2ep2-to-tp2ep2etp1", "dense-pp2vpp2-to-tp2", "dense-pp2vpp2-to-tp2pp2"]
+RESHARD8 = ["moe-tp2pp2ep2-to-dp8", "moe-tp2pp2ep2-to-ep4", "moe-tp2pp2ep2-to-pp2vpp2-ep2"]
+LOSS_TOL, WEIGHT_TOL = 1e-5, 1e-4  # different layouts reduce in different orders
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def world4(tmp_path_factory):
+    return launch(BODY, 4, args=["4", str(tmp_path_factory.mktemp("ckpt4"))])
+
+
+@pytest.fixture(scope="module")
+def world8(tmp_path_factory):
+    return launch(BODY, 8, args=["8", str(tmp_path_factory.mktemp("ckpt8"))])
+
+
+def _result(results, case):
+    outcome = results[case]
+    assert outcome["ok"], outcome["error"]
+    return outcome["result"]
+
+
+def _check_reshard(r):
+    assert r["param_diff"] == 0.0, "parameters differ from the saved ones"
+    assert r["optim_diff"] == 0.0, "optimizer state (fp32 main params, exp_avg, exp_avg_sq) differs"
+    assert r["num_optim"] == 3 * r["num_params"]
+    assert r["optim_steps"] == [float(r["saved_step"])], r["optim_steps"]
+    assert r["extra"] == {"data_position": r["saved_step"], "note": "async"}
+    assert r["loss_diff"] < LOSS_TOL, (r["losses"], r["ref_losses"])
+    assert r["final_diff"] < WEIGHT_TOL
+
+
+@pytest.mark.parametrize("case", RESHARD4)
+def test_reshard_world4(world4, case):
+    _check_reshard(_result(world4, case))
+
+
+def test_exact_resume(world4):
+    r = _result(world4, "exact-resume-moe-tp2ep2")
+    assert r["resumed"] == r["straight"], "N steps + save + load + M steps must equal N+M steps bitwise"
+    assert r["final_diff"] == 0.0
+    assert r["extra"] == {"step": 2}
+
+
+def test_retention_and_latest(world4):
+    r = _result(world4, "retention")
+    assert r["seen"] == [[1], [1, 2], [2, 3]]
+    assert r["latest"] == 3 and r["latest_file"] == "3"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", RESHARD8)
+def test_reshard_world8(world8, case):
+    _check_reshard(_result(world8, case))

@@ -1,0 +1,173 @@
+"""The store on plain tensors, one process: resharding reads, async snapshot, atomic commit,
+checksums, retention, confined paths, the inspect CLI, and a writer killed mid-write."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from megatron_rl.checkpoint import format as fmt
+from megatron_rl.checkpoint import cli, latest_step, iter_model_tensors, store
+from megatron_rl.checkpoint.items import Item
+from megatron_rl.checkpoint.reader import Reader
+
+HEADER = {"extra": {"data_position": 17}, "layout": {"world_size": 1}}
+RECORD = {"rng": None, "optimizer": None}
+
+
+def _items(full, rows):
+    """``full`` cut into row blocks [(start, stop), ...] as items of tensor 'w'."""
+    return [Item("w", tuple(full.shape), (a, 0), full[a:b]) for a, b in rows]
+
+
+def _save(root, step, items, **kw):
+    return store.save_items(root, step, items, HEADER, RECORD, **kw)
+
+
+def _read(root, step, name, offsets, out):
+    meta = fmt.read_metadata(root, step)
+    with Reader(fmt.step_dir(root, step), meta) as reader:
+        reader.fill([Item(name, tuple(meta.tensors[name].shape), offsets, out)])
+    return out
+
+
+def test_saved_row_blocks_load_into_any_box(tmp_path):
+    full = torch.randn(10, 6)
+    _save(tmp_path, 1, _items(full, [(0, 4), (4, 10)]) + [Item("b", (3,), (0,), torch.arange(3.0))]).wait()
+    assert _read(tmp_path, 1, "w", (2, 1), torch.zeros(5, 4)).equal(full[2:7, 1:5])
+    assert _read(tmp_path, 1, "w", (0, 3), torch.zeros(10, 3)).equal(full[:, 3:])
+    assert dict(iter_model_tensors(tmp_path))["w"].equal(full)
+    assert fmt.read_metadata(tmp_path, 1).extra == {"data_position": 17}
+
+
+def test_bf16_and_replicated_chunks_written_once(tmp_path):
+    full = torch.randn(4, 4).to(torch.bfloat16)
+    _save(tmp_path, 1, _items(full, [(0, 4), (0, 4)])).wait()
+    entry = fmt.read_metadata(tmp_path, 1).tensors["w"]
+    assert entry.dtype == "bfloat16" and len(entry.chunks) == 1
+    assert _read(tmp_path, 1, "w", (1, 0), torch.zeros(2, 4, dtype=torch.bfloat16)).equal(full[1:3])
+
+
+def test_async_save_keeps_the_values_at_save_time(tmp_path):
+    full = torch.randn(64, 64)
+    before = full.clone()
+    handle = _save(tmp_path, 1, _items(full, [(0, 64)]), async_save=True)
+    full.add_(1.0)  # training goes on while the background thread writes
+    handle.wait()
+    assert dict(iter_model_tensors(tmp_path))["w"].equal(before)
+
+
+def test_flipped_byte_names_file_and_tensor(tmp_path):
+    full = torch.randn(8, 8)
+    _save(tmp_path, 1, _items(full, [(0, 8)])).wait()
+    data = tmp_path / "step_1" / "data_0.bin"
+    raw = bytearray(data.read_bytes())
+    raw[37] ^= 0x10
+    data.write_bytes(bytes(raw))
+    with pytest.raises(fmt.CheckpointError, match=r"checksum mismatch in .*step_1/data_0\.bin: tensor w"):
+        _read(tmp_path, 1, "w", (0, 0), torch.zeros(8, 8))
+
+
+def test_corrupt_metadata_is_detected(tmp_path):
+    _save(tmp_path, 1, _items(torch.randn(2, 2), [(0, 2)])).wait()
+    meta = tmp_path / "step_1" / "metadata.json"
+    meta.write_text(meta.read_text().replace('"data_position":17', '"data_position":18'))
+    with pytest.raises(fmt.CheckpointError, match="metadata.json: checksum mismatch"):
+        fmt.read_metadata(tmp_path, 1)
+
+
+def test_uncommitted_steps_are_invisible_and_retention_keeps_last(tmp_path):
+    full = torch.randn(4, 4)
+    for step in (1, 2, 3):
+        _save(tmp_path, step, _items(full + step, [(0, 4)]), keep_last=2).wait()
+    assert fmt.committed_steps(tmp_path) == [2, 3] and latest_step(tmp_path) == 3
+    (tmp_path / "step_3" / "COMMIT").unlink()  # as if the crash came before the marker
+    assert latest_step(tmp_path) == 2
+    assert dict(iter_model_tensors(tmp_path))["w"].equal(full + 2)
+    with pytest.raises(fmt.CheckpointError, match="no committed checkpoint"):
+        list(iter_model_tensors(tmp_path / "nothing"))
+
+
+def test_paths_in_metadata_are_confined(tmp_path):
+    meta = fmt.Metadata(1, {"w": fmt.TensorEntry("float32", [2], [fmt.Chunk([0], [2], "../../etc/passwd", 0, 8, [0])])}, {}, {}, {})
+    with Reader(tmp_path, meta) as reader, pytest.raises(fmt.CheckpointError, match="only data_<rank>.bin"):
+        reader.fill([Item("w", (2,), (0,), torch.zeros(2))])
+
+
+def test_missing_tensor_and_wrong_shape_are_reported(tmp_path):
+    _save(tmp_path, 1, _items(torch.randn(4, 4), [(0, 4)])).wait()
+    meta = fmt.read_metadata(tmp_path, 1)
+    with Reader(fmt.step_dir(tmp_path, 1), meta) as reader:
+        with pytest.raises(fmt.CheckpointError, match="no tensor named v"):
+            reader.fill([Item("v", (4, 4), (0, 0), torch.zeros(4, 4))])
+        with pytest.raises(fmt.CheckpointError, match=r"tensor w: checkpoint shape \[4, 4\], model shape \[6, 4\]"):
+            reader.fill([Item("w", (6, 4), (0, 0), torch.zeros(6, 4))])
+        padded = torch.full((6, 4), 7.0)  # a padded-vocab tensor may grow: extra rows are zeroed
+        reader.fill([Item("w", (6, 4), (0, 0), padded, allow_shape_mismatch=True)])
+        assert padded[4:].eq(0).all() and padded[:4].equal(reader.full_tensor("w"))
+
+
+def test_bad_arguments_fail_with_a_clear_message(tmp_path):
+    with pytest.raises(ValueError, match="step must be an int >= 0"):
+        store.save(tmp_path, -1, model=[])
+    with pytest.raises(ValueError, match="keep_last must be None"):
+        store.save(tmp_path, 1, model=[], keep_last=0)
+    with pytest.raises(ValueError, match="extra must be a JSON-serialisable dict"):
+        store.save(tmp_path, 1, model=[], extra={"x": object()})
+
+
+def test_inspect_cli(tmp_path, capsys):
+    _save(tmp_path, 5, _items(torch.randn(4, 4), [(0, 2), (2, 4)])).wait()
+    (tmp_path / ".tmp_step_6").mkdir()
+    assert cli.main(["inspect", str(tmp_path), "--tensors", "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "committed steps: [5]" in out and ".tmp_step_6" in out
+    assert "w  float32 [4, 4]  2 chunk(s)" in out and "matched its checksums" in out
+    assert cli.main(["inspect", str(tmp_path / "missing")]) == cli.BAD_INPUT
+
+
+KILLED_WRITER = textwrap.dedent("""
+    import sys, time, torch
+    from pathlib import Path
+    from megatron_rl.checkpoint import store, writer
+    from megatron_rl.checkpoint.items import Item
+    root = Path(sys.argv[1])
+    header, record = {"extra": {}, "layout": {}}, {"rng": None, "optimizer": None}
+    def items(value):
+        return [Item(f"t{i}", (256, 1024), (0, 0), torch.full((256, 1024), value)) for i in range(8)]
+    store.save_items(root, 1, items(1.0), header, record).wait()
+    real = writer._as_bytes
+    def slow(tensor):  # the writer is mid-file when the parent kills it
+        print("WRITING", flush=True)
+        time.sleep(0.5)
+        return real(tensor)
+    writer._as_bytes = slow
+    store.save_items(root, 2, items(2.0), header, record, async_save=True).wait()
+    print("COMMITTED", flush=True)
+""")
+
+
+def test_sigkill_mid_write_leaves_previous_checkpoint_loadable(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        writes = 0
+        for line in proc.stdout:
+            writes += line.strip() == "WRITING"
+            if writes == 3:  # two chunks of step 2 are in the file, the third is being written
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    partial = tmp_path / ".tmp_step_2" / "data_0.bin"
+    assert partial.exists() and partial.stat().st_size > 0, "the kill should land mid-write"
+    assert fmt.committed_steps(tmp_path) == [1] and latest_step(tmp_path) == 1
+    tensors = dict(iter_model_tensors(tmp_path))
+    assert len(tensors) == 8 and all(t.eq(1.0).all() for t in tensors.values())
+    # saving the same step again discards the dead temporary and commits
+    _save(tmp_path, 2, [Item("t0", (2,), (0,), torch.ones(2))]).wait()
+    assert fmt.committed_steps(tmp_path) == [1, 2] and not (tmp_path / ".tmp_step_2").exists()
