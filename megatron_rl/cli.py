@@ -18,10 +18,21 @@ examples:
   megatron-rl layout --world-size 8 parallel.tensor_model_parallel_size=2 \\
       parallel.pipeline_model_parallel_size=2 parallel.expert_model_parallel_size=4
   megatron-rl config --config examples/smoke.yaml model.dtype=bf16
+  megatron-rl convert hf-to-megatron --hf HF_DIR --out CKPT --tp 2 --ep 2
+  megatron-rl convert megatron-to-hf --ckpt CKPT --out HF_DIR
+  megatron-rl ckpt inspect CKPT --verify
 
 Overrides are dotted key=value pairs over the config tree (sections: model, parallel,
 trainer); unknown keys and bad values fail at once, naming the key and what is allowed.
 """
+
+
+#: subcommand -> (module whose main(argv) runs it, help line)
+OWN_PARSERS = {
+    "convert": ("megatron_rl.bridge.cli", "HF <-> Megatron checkpoints: hf-to-megatron, megatron-to-hf; see `convert --help`"),
+    "ckpt": ("megatron_rl.checkpoint.cli", "inspect and verify checkpoints; see `ckpt --help`"),
+    "monitor": ("megatron_rl.monitor.cli", "faulty-machine detection (Minder): detect, eval, train-denoiser, synth; see `monitor --help`"),
+}
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -49,11 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     layout = sub.add_parser("layout", help="validate a parallel layout and print every rank's coordinates")
     _add_config_args(layout)
     layout.add_argument("--world-size", type=int, required=True, help="number of ranks")
-    # The monitor has its own parser (loaded only when used: it imports torch).
-    monitor = sub.add_parser(
-        "monitor", add_help=False,
-        help="faulty-machine detection (Minder): detect, eval, train-denoiser, synth; see `monitor --help`",
-    )
+    # Subcommands with their own parsers (loaded only when used: they import torch).
+    for name, text in OWN_PARSERS.items():
+        sub.add_parser(name, add_help=False, help=text[1])
     return parser
 
 
@@ -76,10 +85,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from megatron_rl.config import ConfigError
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["monitor"]:  # its own parser, loaded only when used (imports torch)
-        from megatron_rl.monitor.cli import main as monitor_main
+    if argv[:1] and argv[0] in OWN_PARSERS:
+        import importlib
 
-        return monitor_main(argv[1:])
+        return importlib.import_module(OWN_PARSERS[argv[0]][0]).main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

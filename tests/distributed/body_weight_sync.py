@@ -1,0 +1,109 @@
+"""torchrun body: weight sync from Megatron layouts into colocated vLLM engines.
+
+Arguments: WORKDIR VLLM_TP KIND. One vLLM engine per process (its groups are global);
+Megatron layouts are built and destroyed case by case on the same ranks. Each case loads
+the HF model into the layout, perturbs the weights the same way in every layout (noise
+keyed by canonical tensor name), syncs them into vLLM through small buckets, and checks
+vLLM's fp32 logprobs against Megatron's. A sync that skips one tensor must be caught by
+the parity guard.
+"""
+
+import sys
+import zlib
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from megatron_rl import platform
+from megatron_rl.bridge import load_hf
+from megatron_rl.models import build_model
+from megatron_rl.models.hf_config import arch_from_hf
+from megatron_rl.parallel import ParallelConfig, destroy, initialize
+from megatron_rl.parallel.shards import local_shards
+from megatron_rl.rollout import EngineConfig, RolloutEngine
+from megatron_rl.rollout.sync import ParityError, check_parity, sync_weights
+from megatron_rl.testing.hf_models import save_tiny_model
+from megatron_rl.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
+from megatron_rl.testing.torchrun import run_cases
+
+WORK, VLLM_TP, KIND = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+SEQ = 24
+BUCKET = 64 << 10  # small: many buckets, each ending between layers
+STATE = {}
+
+
+def setup():
+    if not STATE:
+        path = WORK / KIND
+        if dist.get_rank() == 0:
+            save_tiny_model(TINY_DENSE if KIND == "dense" else TINY_QWEN3_MOE, path, seed=5)
+        dist.barrier()
+        STATE["dir"] = path
+        STATE["arch"] = arch_from_hf(path)
+        STATE["engine"] = RolloutEngine(
+            path, EngineConfig(tensor_parallel_size=VLLM_TP, max_model_len=64, load_tokenizer=False,
+                               cache_dir=str(WORK / "cache")))
+    return STATE["dir"], STATE["arch"], STATE["engine"]
+
+
+def sequences(count=6):
+    g = torch.Generator().manual_seed(99)
+    return [torch.randint(3, 96, (int(torch.randint(8, SEQ, (1,), generator=g)),), generator=g).tolist() for _ in range(count)]
+
+
+def perturb(chunks, salt):
+    with torch.no_grad():
+        for shard in local_shards(chunks):
+            g = torch.Generator().manual_seed(zlib.crc32(f"{salt}:{shard.name}".encode()))
+            noise = 0.05 * torch.randn(shard.global_shape, generator=g)
+            shard.data.add_(noise[shard.index].to(shard.data.dtype))
+
+
+def sync_case(layout, skip_one=False):
+    path, arch, engine = setup()
+    initialize(ParallelConfig(**layout), seed=1, model=arch.shape())
+    try:
+        chunks = build_model("actor", arch, ParallelConfig(**layout))
+        load_hf(chunks, path, arch)
+        perturb(chunks, "a")
+        stats = sync_weights(chunks, arch, engine, bucket_bytes=BUCKET)
+        report = check_parity(chunks, engine, sequences(), arch.vocab_size, SEQ, threshold=1e-4)
+        out = {"mean_abs_diff": report.mean_abs_diff, "max_abs_diff": report.max_abs_diff,
+               "buckets": stats.buckets, "tensors": stats.tensors, "bytes": stats.bytes,
+               "sync_s": round(stats.seconds, 3)}
+        if skip_one:
+            perturb(chunks, "b")  # a new step's weights; one tensor is "forgotten"
+            skipped = ("model.layers.1.mlp.experts.2.down_proj.weight" if arch.is_moe
+                       else "model.layers.1.mlp.down_proj.weight")
+            sync_weights(chunks, arch, engine, bucket_bytes=BUCKET, skip=[skipped])
+            try:
+                check_parity(chunks, engine, sequences(), arch.vocab_size, SEQ, threshold=1e-4)
+            except ParityError as err:
+                out["guard"] = str(err)
+            else:
+                raise AssertionError(f"parity guard missed the skipped tensor {skipped}")
+        return out
+    finally:
+        destroy()
+
+
+LAYOUTS = {
+    "tp2": dict(tensor_model_parallel_size=2),
+    "pp2": dict(pipeline_model_parallel_size=2),
+    "ep2": dict(expert_model_parallel_size=2),
+    "tp2_ep2_etp1": dict(tensor_model_parallel_size=2, expert_model_parallel_size=2, expert_tensor_parallel_size=1),
+    "tp2_pp2": dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2),
+}
+
+
+def cases():
+    names = ["tp2", "pp2", "ep2", "tp2_ep2_etp1"] if KIND == "moe" else ["tp2", "pp2", "tp2_pp2"]
+    out = {name: (lambda layout: lambda: sync_case(layout))(LAYOUTS[name]) for name in names}
+    out["skipped_tensor_caught"] = lambda: sync_case(LAYOUTS[names[-1]], skip_one=True)
+    return out
+
+
+if __name__ == "__main__":
+    platform.init_distributed()
+    run_cases(cases())
