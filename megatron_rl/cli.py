@@ -108,11 +108,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         if args.command == "train":
             cfg = _load(args, _world_size_from_env())
-            from megatron_rl.models.smoke import run
+            if cfg.trainer.job == "smoke":
+                from megatron_rl.models.smoke import run
 
-            summary = run(cfg)
-            print(f"run dir: {summary['run_dir']}  lm_loss {summary['first_loss']:.3f} -> "
-                  f"{summary['last_loss']:.3f} (chance {summary['chance_loss']:.3f})")
+                summary = run(cfg)
+                print(f"run dir: {summary['run_dir']}  lm_loss {summary['first_loss']:.3f} -> "
+                      f"{summary['last_loss']:.3f} (chance {summary['chance_loss']:.3f})")
+                return 0
+            from megatron_rl.trainer import train
+
+            summary = train(cfg)
+            print(f"run dir: {summary['run_dir']}  reward (mean of first 5 steps) {summary['first_reward']:.3f} -> "
+                  f"(last 5) {summary['last_reward']:.3f}")
             return 0
         raise AssertionError(args.command)
     except ConfigError as err:

@@ -142,6 +142,11 @@ def validate(config: Config, world_size: int) -> Config:
             f"trainer.global_batch_size={config.trainer.global_batch_size} must be a multiple of "
             f"micro_batch_size x data-parallel size = {config.trainer.micro_batch_size}x{config.parallel.dp(world_size)}"
         )
+    if world_size % config.rollout.tensor_parallel_size:
+        raise ConfigError(
+            f"rollout.tensor_parallel_size={config.rollout.tensor_parallel_size} must divide the world size {world_size}"
+        )
+    config.algorithm.build()  # unknown recipe, bad override names or values
     return config
 
 

@@ -57,6 +57,8 @@ class ModelConfig:
 class TrainerConfig:
     """The run: where it writes, how long it runs, its seed."""
 
+    job: str = "rl"
+    """What `train` runs: rl (the RL loop) or smoke (supervised model smoke job)."""
     run_dir: str = "runs/default"
     """Directory for metrics.jsonl, config.yaml and checkpoints."""
     max_steps: int = 20
@@ -70,9 +72,14 @@ class TrainerConfig:
     global_batch_size: int = 8
     """Sequences per optimizer step, over all data-parallel ranks."""
     seq_length: int = 32
-    """Tokens per sequence (smoke job)."""
+    """Tokens per training sequence (prompt + response), fixed for every microbatch."""
+    lr_warmup_steps: int = 0
+    """Linear learning-rate warm-up, then constant."""
 
     def __post_init__(self) -> None:
+        _choice("trainer", "job", self.job, ("rl", "smoke"))
+        if self.lr_warmup_steps < 0:
+            raise ConfigError(f"trainer.lr_warmup_steps={self.lr_warmup_steps} must be >= 0")
         for name in ("max_steps", "micro_batch_size", "global_batch_size", "seq_length"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"trainer.{name}={getattr(self, name)} must be >= 1")
@@ -86,6 +93,104 @@ class TrainerConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
+class AlgorithmConfig:
+    """The RL algorithm: a recipe of megatron_rl.algorithms (ppo, grpo, dapo, vapo, tppo, hapo)."""
+
+    recipe: str = "dapo"
+    """Name of the recipe (see megatron_rl.algorithms.RECIPES)."""
+    overrides: dict = dataclasses.field(default_factory=dict)
+    """Recipe fields to change, e.g. {clip_high: 0.3, overlong: {max_len: 64, buffer_len: 16}}."""
+    ppo_epochs: int = 1
+    """Passes over each step's rollouts."""
+    mini_batches_per_step: int = 1
+    """Optimizer steps per PPO epoch (the rollout batch is split into this many)."""
+
+    def __post_init__(self) -> None:
+        # The recipe itself is checked by loader.validate (building it imports torch).
+        for name in ("ppo_epochs", "mini_batches_per_step"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"algorithm.{name}={getattr(self, name)} must be >= 1")
+        if not isinstance(self.overrides, dict):
+            raise ConfigError(f"algorithm.overrides must be a mapping of recipe fields, got {self.overrides!r}")
+
+    def build(self):
+        """The AlgorithmRecipe with the overrides applied."""
+        from megatron_rl.algorithms.recipes import RECIPES, get_recipe
+
+        _choice("algorithm", "recipe", self.recipe, tuple(RECIPES))
+        try:
+            return get_recipe(self.recipe, **self.overrides)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"algorithm.overrides: {err}") from None
+
+
+@dataclasses.dataclass(kw_only=True)
+class RolloutConfig:
+    """Generation with the colocated vLLM engine."""
+
+    tensor_parallel_size: int = 1
+    """vLLM's TP (may differ from training TP); must divide the world size."""
+    prompts_per_step: int = 16
+    """Prompts per training step (before dynamic-sampling refills)."""
+    n_samples: int = 8
+    """Responses per prompt (the group size G)."""
+    max_new_tokens: int = 16
+    """Response budget per sample."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    bucket_mb: float = 512.0
+    """Weight-sync bucket size."""
+    parity_every: int = 0
+    """Run the post-sync parity guard every this many steps (0 = never); it raises above parity_threshold."""
+    parity_threshold: float = 1e-3
+    kv_cache_gib: float = 1.0
+    """CPU only: vLLM's KV cache size."""
+    gpu_memory_utilization: float = 0.4
+    """GPU only: vLLM's share of GPU memory."""
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "prompts_per_step", "n_samples", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"rollout.{name}={getattr(self, name)} must be >= 1")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]")
+        if self.temperature <= 0:
+            raise ConfigError(f"rollout.temperature={self.temperature} must be > 0")
+
+
+@dataclasses.dataclass(kw_only=True)
+class DataConfig:
+    """Where prompts come from and how responses are scored."""
+
+    source: str = "task:digits"
+    """A JSONL/Parquet file of prompts with answers, or task:<name> for a built-in synthetic task."""
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    reward: str = "auto"
+    """Verifier name (math, or the task's own); auto = the task's verifier, math for files."""
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            raise ConfigError("data.source must name a file or task:<name>")
+
+
+@dataclasses.dataclass(kw_only=True)
+class CheckpointConfig:
+    """When and how the run is saved (under <run_dir>/checkpoints)."""
+
+    save_interval: int = 0
+    """Save every this many steps (0 = only at the end)."""
+    async_save: bool = True
+    """Write in the background; training blocks only for the host copy."""
+    keep_last: int = 2
+    """Committed steps kept on disk."""
+
+    def __post_init__(self) -> None:
+        if self.save_interval < 0 or self.keep_last < 1:
+            raise ConfigError("checkpoint.save_interval must be >= 0 and checkpoint.keep_last >= 1")
+
+
+@dataclasses.dataclass(kw_only=True)
 class Config:
     """The whole run."""
 
@@ -95,3 +200,11 @@ class Config:
     """The actor's parallel layout."""
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
     """The run itself."""
+    algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
+    """The RL recipe and PPO epoch structure."""
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    """Generation with vLLM."""
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    """Prompts and rewards."""
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    """Saving and resuming."""

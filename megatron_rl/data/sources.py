@@ -1,0 +1,47 @@
+"""Reading prompt rows from JSONL or Parquet, each row tagged with where it came from.
+
+The location (``file:line`` for JSONL, ``file row N`` for Parquet) travels with the row
+so that a malformed row can be reported precisely by whoever validates it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+
+
+class DatasetFormatError(ValueError):
+    """A dataset file that cannot be used as given; the message lists every bad row."""
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            location = f"{path}:{number}"
+            try:
+                yield location, json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield location, exc
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    import pyarrow.parquet as pq
+
+    for index, row in enumerate(pq.read_table(path).to_pylist()):
+        yield f"{path} row {index}", row
+
+
+def read_rows(path: str | Path) -> Iterator[tuple[str, Any]]:
+    """``(location, row)`` per record; a JSONL line that is not JSON yields its decode error."""
+    path = Path(path)
+    kind = SUFFIXES.get(path.suffix.lower())
+    if kind is None:
+        raise DatasetFormatError(f"{path}: unknown dataset format {path.suffix!r}; allowed: {sorted(SUFFIXES)}")
+    if not path.is_file():
+        raise DatasetFormatError(f"{path}: no such dataset file")
+    return _jsonl_rows(path) if kind == "jsonl" else _parquet_rows(path)

@@ -1,0 +1,271 @@
+"""Build the embedded default's supervised base: tokenizer + tiny HF model + warm-up.
+
+No pretrained model is reachable here, and a random-init model almost never answers
+correctly, so RL would get no signal. Like real pipelines, RL starts from a supervised
+base: this one knows the answer format but is at chance on the task (see ``warmup``).
+Everything is derived from :class:`BaseModelSettings` (seeded), and the result is cached
+under the settings' content hash: a second call with the same settings returns at once.
+
+Layout of the output directory: HF model (config.json, model.safetensors,
+generation_config.json), tokenizer files with the chat template, ``train.jsonl`` /
+``eval.jsonl`` prompt sets (fields ``prompt``, ``answer``) and ``tiny_base.json`` (the
+settings, their hash and the measured report).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Optional
+
+from megatron_rl.tasks.chat_format import training_text
+from megatron_rl.tasks.digits import get_task
+
+# Bump when the generated artefacts change for the same settings (invalidates caches).
+BUILD_VERSION = 1
+FAMILIES = ("qwen3_moe", "qwen2_moe", "qwen3")
+REPORT_FILE = "tiny_base.json"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BaseModelSettings:
+    """Everything that determines the base model; its hash names the cache entry."""
+
+    task: str = "digits_max"
+    """Synthetic task (``megatron_rl.tasks.TASKS``)."""
+    family: str = "qwen3_moe"
+    """HF model family: qwen3_moe, qwen2_moe (MoE) or qwen3 (dense)."""
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    """vLLM's CPU attention accepts 32, 64, 80, ... (16 fails)."""
+    intermediate_size: int = 256
+    """Dense FFN width (qwen3), shared-expert width (qwen2_moe)."""
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 128
+    tokenizer_vocab_size: int = 320
+    """BPE target size (256 bytes + specials + merges the corpus supports)."""
+    vocab_multiple: int = 64
+    """The model's vocabulary is the tokenizer's rounded up to this (divisible by TP)."""
+    max_position_embeddings: int = 256
+    seed: int = 0
+    num_train_prompts: int = 4000
+    """Prompts for the warm-up, the tokenizer corpus and ``train.jsonl``."""
+    num_eval_prompts: int = 256
+    """Held-out prompts (none of them in the train set) for ``eval.jsonl`` and the report."""
+    warmup_steps: int = 60
+    warmup_batch_size: int = 32
+    warmup_lr: float = 3e-3
+    warmup_correct_fraction: float = 0.0
+    """Share of warm-up examples with the true answer (0: format only, chance accuracy)."""
+
+    def __post_init__(self) -> None:
+        get_task(self.task)
+        if self.family not in FAMILIES:
+            raise ValueError(f"family={self.family!r} is not supported; allowed: {list(FAMILIES)}")
+        if self.head_dim < 32:
+            raise ValueError(f"head_dim={self.head_dim}: vLLM's CPU attention needs >= 32")
+        if not 0.0 <= self.warmup_correct_fraction <= 1.0:
+            raise ValueError(f"warmup_correct_fraction={self.warmup_correct_fraction} is not in [0, 1]")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} > num_experts={self.num_experts}")
+
+    def content_hash(self) -> str:
+        payload = json.dumps({"build": BUILD_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def hf_config(settings: BaseModelSettings, vocab_size: int, eos_id: int, pad_id: int):
+    """The transformers config of the chosen family."""
+    from transformers import AutoConfig
+
+    s = settings
+    common = dict(
+        vocab_size=vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
+        num_hidden_layers=s.num_layers, num_attention_heads=s.num_attention_heads,
+        num_key_value_heads=s.num_key_value_heads, head_dim=s.head_dim,
+        max_position_embeddings=s.max_position_embeddings, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None,
+    )
+    moe = dict(num_experts=s.num_experts, num_experts_per_tok=s.num_experts_per_tok,
+               moe_intermediate_size=s.moe_intermediate_size, norm_topk_prob=True)
+    if s.family == "qwen3":
+        return AutoConfig.for_model("qwen3", **common)
+    if s.family == "qwen3_moe":
+        return AutoConfig.for_model("qwen3_moe", **common, **moe)
+    return AutoConfig.for_model(
+        "qwen2_moe", **common, **moe, shared_expert_intermediate_size=s.intermediate_size
+    )
+
+
+def _split_prompts(settings: BaseModelSettings):
+    """Train prompts and held-out eval prompts (no eval prompt text occurs in train)."""
+    task = get_task(settings.task)
+    train = task.generate(settings.num_train_prompts, seed=settings.seed)
+    seen = {e.prompt for e in train}
+    held_out = [e for e in task.generate(settings.num_eval_prompts * 4, seed=settings.seed + 1)
+                if e.prompt not in seen]
+    if len(held_out) < settings.num_eval_prompts:
+        raise ValueError(f"task {settings.task!r} has too few distinct prompts for "
+                         f"{settings.num_eval_prompts} held-out ones beside the train set")
+    return task, train, held_out[: settings.num_eval_prompts]
+
+
+def _write_jsonl(path: Path, examples) -> None:
+    with path.open("w") as f:
+        for e in examples:
+            f.write(json.dumps({"prompt": e.prompt, "answer": e.answer}) + "\n")
+
+
+def _build(settings: BaseModelSettings, out: Path) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from megatron_rl.tasks.tokenizer import train_tokenizer
+    from megatron_rl.tasks.warmup import accuracy, encode_warmup, supervised_warmup
+
+    started, cpu_started = time.perf_counter(), time.process_time()
+    task, train, held_out = _split_prompts(settings)
+    tokenizer = train_tokenizer(["".join(training_text(e)) for e in train], settings.tokenizer_vocab_size)
+    vocab = -(-len(tokenizer) // settings.vocab_multiple) * settings.vocab_multiple
+    config = hf_config(settings, vocab, tokenizer.eos_token_id, tokenizer.pad_token_id)
+
+    torch.manual_seed(settings.seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    max_new_tokens = max(
+        len(tokenizer(training_text(e)[1], add_special_tokens=False).input_ids) for e in train
+    ) + 2
+    encoded = encode_warmup(tokenizer, task, train, settings.seed, settings.warmup_correct_fraction)
+    losses = supervised_warmup(
+        model, encoded, steps=settings.warmup_steps, batch_size=settings.warmup_batch_size,
+        lr=settings.warmup_lr, seed=settings.seed, pad_id=tokenizer.pad_token_id,
+    )
+    warmup_seconds = time.perf_counter() - started
+    greedy = accuracy(model, tokenizer, held_out, max_new_tokens)
+    sampled = accuracy(model, tokenizer, held_out, max_new_tokens, sample=True, seed=settings.seed)
+    majority = Counter(e.answer for e in held_out).most_common(1)[0][1] / len(held_out)
+
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
+    )
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    _write_jsonl(out / "train.jsonl", train)
+    _write_jsonl(out / "eval.jsonl", held_out)
+    return {
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": vocab,
+        "tokenizer_size": len(tokenizer),
+        "max_new_tokens": max_new_tokens,
+        "chance_accuracy": task.chance_accuracy,
+        "majority_answer_accuracy": majority,
+        "accuracy_after_warmup": greedy["accuracy"],
+        "format_rate_after_warmup": greedy["format_rate"],
+        "sampled_accuracy_after_warmup": sampled["accuracy"],
+        "sampled_format_rate_after_warmup": sampled["format_rate"],
+        "greedy_responses": greedy["responses"][:4],
+        "sampled_responses": sampled["responses"][:4],
+        "warmup_first_loss": losses[0],
+        "warmup_final_loss": sum(losses[-10:]) / len(losses[-10:]),
+        "warmup_seconds": warmup_seconds,
+        "seconds": time.perf_counter() - started,
+        "cpu_seconds": time.process_time() - cpu_started,  # wall time varies with machine load
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def read_report(directory: Path | str) -> Optional[dict[str, Any]]:
+    path = Path(directory) / REPORT_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def make_tiny_base(directory: Path | str, settings: BaseModelSettings = BaseModelSettings(),
+                   *, verbose: bool = True) -> dict[str, Any]:
+    """Build (or reuse) the base model in ``directory``; returns the report dict.
+
+    The report has ``chance_accuracy``, ``accuracy_after_warmup`` (greedy, held-out),
+    ``seconds`` (of the build that made it) and ``cached`` (True when reused).
+    """
+    directory = Path(directory)
+    digest = settings.content_hash()
+    existing = read_report(directory)
+    if existing and existing.get("settings_hash") == digest:
+        report = {**existing["report"], "cached": True, "directory": str(directory)}
+    else:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+        staging.chmod(0o755)  # mkdtemp makes it private; the run directory is not
+        try:
+            report = _build(settings, staging)
+            (staging / REPORT_FILE).write_text(json.dumps(
+                {"settings_hash": digest, "settings": dataclasses.asdict(settings), "report": report},
+                indent=2,
+            ))
+            if directory.exists():
+                shutil.rmtree(directory)
+            os.replace(staging, directory)  # readers never see a half-written directory
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        report = {**report, "cached": False, "directory": str(directory)}
+    if verbose:
+        print(format_report(report), flush=True)
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    return (
+        f"tiny base in {report['directory']}{' (cached)' if report['cached'] else ''}: "
+        f"{report['num_parameters'] / 1e6:.2f} M params, chance accuracy "
+        f"{report['chance_accuracy']:.3f} (majority answer {report['majority_answer_accuracy']:.3f}), "
+        f"greedy accuracy after warm-up {report['accuracy_after_warmup']:.3f} "
+        f"(well-formed {report['format_rate_after_warmup']:.3f}), sampled (T=1) accuracy "
+        f"{report['sampled_accuracy_after_warmup']:.3f} (well-formed "
+        f"{report['sampled_format_rate_after_warmup']:.3f}), built in {report['seconds']:.1f} s "
+        f"({report['cpu_seconds']:.1f} s CPU)"
+    )
+
+
+def main(argv: list[str]) -> int:
+    """``make-tiny-base`` command: build (or reuse) the base and print its report."""
+    import argparse
+    import subprocess
+    import sys
+
+    defaults = BaseModelSettings()
+    parser = argparse.ArgumentParser(prog="make_tiny_base", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="directory for the model, tokenizer and prompts")
+    for field in dataclasses.fields(BaseModelSettings):
+        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(getattr(defaults, field.name)),
+                            default=getattr(defaults, field.name))
+    parser.add_argument("--check-vllm", action="store_true",
+                        help="also load the result in vLLM and compare greedy answers with transformers")
+    args = vars(parser.parse_args(argv))
+    out, check = args.pop("out"), args.pop("check_vllm")
+    try:
+        settings = BaseModelSettings(**args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    make_tiny_base(out, settings)
+    if check:
+        result = subprocess.run([sys.executable, "-m", "megatron_rl.tasks.engine_check", str(out)],
+                                capture_output=True, text=True)
+        line = next((l for l in result.stdout.splitlines() if l.startswith("ENGINE_CHECK ")), None)
+        if line is None:
+            print(result.stderr[-4000:], file=sys.stderr)
+            return 1
+        check_result = json.loads(line.split(" ", 1)[1])
+        agree = check_result["vllm"] == check_result["transformers"]
+        print(f"vLLM greedy == transformers greedy: {agree}; max |logprob diff| "
+              f"{check_result['max_logprob_abs_diff']}; vLLM engine build {check_result['vllm_build_s']:.1f} s")
+        return 0 if agree else 1
+    return 0

@@ -1,0 +1,119 @@
+"""The synthetic digit task of the embedded default: a prompt of digits, a one-digit answer.
+
+Why this task: the answer space is ten digits, so a policy that answers at random is
+right 10% of the time (RL gets signal from the first step), while answering well needs
+the prompt's digits (chance is far from perfect). ``reasoning=True`` puts the running
+values of the computation before the answer, so response length follows the number of
+digits in the prompt (for T-PPO windows and length-dependent recipes).
+
+Text format (the verifier and the warm-up data share it)::
+
+    prompt:   "max of 3 7 1 4"          ("sum mod 10 of ..." for op="sum_mod10")
+    solution: "Answer: 7"               (reasoning=False)
+              "3 7 7 7 Answer: 7"       (reasoning=True: running max after each digit)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Callable, Optional, Sequence
+
+# op name -> (prompt prefix, step of the running computation)
+_OPS: dict[str, tuple[str, Callable[[int, int], int]]] = {
+    "max": ("max of", max),
+    "min": ("min of", min),
+    "sum_mod10": ("sum mod 10 of", lambda acc, d: (acc + d) % 10),
+}
+ANSWER_SPACE = tuple(str(d) for d in range(10))
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskExample:
+    """One prompt with its ground truth and the reference solution text."""
+
+    prompt: str
+    answer: str
+    solution: str
+    digits: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DigitTask:
+    """A family of digit prompts; every field changes what is generated."""
+
+    op: str = "max"
+    """What the answer is: one of ``max``, ``min``, ``sum_mod10`` of the prompt's digits."""
+    min_digits: int = 3
+    """Fewest digits in a prompt."""
+    max_digits: int = 5
+    """Most digits in a prompt."""
+    reasoning: bool = False
+    """Write the running values before the answer (response length grows with the prompt)."""
+
+    def __post_init__(self) -> None:
+        if self.op not in _OPS:
+            raise ValueError(f"DigitTask.op={self.op!r} is not known; allowed: {sorted(_OPS)}")
+        if not 1 <= self.min_digits <= self.max_digits <= 32:
+            raise ValueError(
+                f"DigitTask needs 1 <= min_digits <= max_digits <= 32, got "
+                f"min_digits={self.min_digits}, max_digits={self.max_digits}"
+            )
+
+    @property
+    def chance_accuracy(self) -> float:
+        """Accuracy of a well-formed answer drawn uniformly from the answer space."""
+        return 1.0 / len(ANSWER_SPACE)
+
+    def running_values(self, digits: Sequence[int]) -> list[int]:
+        step = _OPS[self.op][1]
+        values = [digits[0]]
+        for d in digits[1:]:
+            values.append(step(values[-1], d))
+        return values
+
+    def prompt(self, digits: Sequence[int]) -> str:
+        return f"{_OPS[self.op][0]} " + " ".join(str(d) for d in digits)
+
+    def answer(self, digits: Sequence[int]) -> str:
+        return str(self.running_values(digits)[-1])
+
+    def solution(self, digits: Sequence[int], answer: Optional[str] = None,
+                 steps: Optional[Sequence[int]] = None) -> str:
+        """The response text; ``answer``/``steps`` override the true ones (warm-up labels)."""
+        answer = self.answer(digits) if answer is None else answer
+        if not self.reasoning:
+            return f"Answer: {answer}"
+        steps = self.running_values(digits) if steps is None else steps
+        return " ".join(str(v) for v in steps) + f" Answer: {answer}"
+
+    def example(self, digits: Sequence[int]) -> TaskExample:
+        digits = tuple(int(d) for d in digits)
+        return TaskExample(self.prompt(digits), self.answer(digits), self.solution(digits), digits)
+
+    def sample_digits(self, rng: random.Random) -> tuple[int, ...]:
+        n = rng.randint(self.min_digits, self.max_digits)
+        return tuple(rng.randrange(10) for _ in range(n))
+
+    def generate(self, n: int, seed: int) -> list[TaskExample]:
+        """``n`` examples, the same for the same ``(task, n, seed)`` on every machine."""
+        rng = random.Random(f"{self}-{seed}")  # string seeds hash deterministically
+        return [self.example(self.sample_digits(rng)) for _ in range(n)]
+
+    def max_solution_words(self) -> int:
+        """Whitespace-separated words in the longest solution (for generation limits)."""
+        return (self.max_digits if self.reasoning else 0) + 2
+
+
+TASKS: dict[str, DigitTask] = {
+    "digits_max": DigitTask(op="max"),
+    "digits_sum": DigitTask(op="sum_mod10"),
+    "digits_max_steps": DigitTask(op="max", min_digits=2, max_digits=8, reasoning=True),
+    "digits_sum_steps": DigitTask(op="sum_mod10", min_digits=2, max_digits=8, reasoning=True),
+}
+
+
+def get_task(name: str) -> DigitTask:
+    if name not in TASKS:
+        raise ValueError(f"task {name!r} is not known; allowed: {sorted(TASKS)}")
+    return TASKS[name]

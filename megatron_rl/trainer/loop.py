@@ -1,0 +1,197 @@
+"""The RL loop (DESIGN.md "How data flows through one step"), critic-free recipes.
+
+prompts -> vLLM groups -> rewards -> shaping / dynamic sampling -> advantages ->
+Megatron old logprobs (also the train/inference mismatch metric) -> PPO epochs over
+mini-batches -> weight sync into vLLM -> metrics and checkpoints.
+
+One code path for every recipe: the recipe object says which pieces are on. Recipes that
+need a critic (ppo, vapo, tppo) are rejected here with a clear message until the critic
+path lands.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from megatron_rl import platform
+from megatron_rl.config import Config, ConfigError, dump_yaml, validate
+from megatron_rl.models.builder import BuildOptions, padded_vocab_size
+from megatron_rl.models.hf_config import arch_from_hf
+from megatron_rl.parallel import initialize
+from megatron_rl.trainer import setup
+from megatron_rl.trainer.metrics import MetricsLog
+from megatron_rl.trainer.rollouts import Group, collect_rollouts
+
+
+def _advantages(recipe, groups: list[Group], max_len: int) -> torch.Tensor:
+    """[rows, max_len] per-response-token advantages (row order = groups, then samples)."""
+    from megatron_rl.algorithms import compute_advantages
+
+    lengths = [len(s.token_ids) for g in groups for s in g.samples]
+    mask = torch.zeros(len(lengths), max_len, dtype=torch.bool)
+    for row, n in enumerate(lengths):
+        mask[row, :n] = True
+    rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32)
+    group_index = torch.tensor([i for i, g in enumerate(groups) for _ in g.samples])
+    inputs = recipe.advantage_inputs(mask, seq_rewards=rewards, group_index=group_index,
+                                     lengths=torch.tensor(lengths))
+    return compute_advantages(recipe.advantage_estimator, inputs).advantages
+
+
+def _rows_usable(num_groups: int, group_size: int, multiple: int) -> int:
+    """Most groups whose rows split evenly over DP x micro-batches x mini-batches."""
+    while num_groups and (num_groups * group_size) % multiple:
+        num_groups -= 1
+    return num_groups
+
+
+def train(cfg: Config) -> dict:
+    """Run ``trainer.max_steps`` RL steps; returns a summary (rank 0 writes the run dir)."""
+    from transformers import AutoTokenizer
+
+    from megatron_rl.data import PromptDataset, PromptFields, PromptLoader
+    from megatron_rl.rewards import build_verifier
+    from megatron_rl.rollout import EngineConfig, RolloutEngine, Sampling
+    from megatron_rl.rollout.sync import check_parity, sync_weights
+    from megatron_rl.schedules import ActorLoss, TrainBatch, compute_logprobs, gather_data_parallel, local_batch, train_step
+    from megatron_rl.schedules.batch import pack_sequences, scatter_response
+
+    platform.init_distributed()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    validate(cfg, world)
+    recipe = cfg.algorithm.build()
+    if recipe.use_critic or recipe.generation_window or recipe.token_aware or recipe.kl is not None:
+        raise ConfigError(
+            f"algorithm.recipe={cfg.algorithm.recipe!r} needs a critic, a reference model, generation "
+            "windows or HAPO temperatures, which this trainer does not run yet; supported now: "
+            "grpo, dapo (and their overrides without kl)"
+        )
+    run_dir = Path(cfg.trainer.run_dir)
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+    torch.manual_seed(cfg.trainer.seed)
+
+    # The actor's weights come from an HF directory (for task data: the task's tiny base).
+    base_dir = setup.base_model_dir(cfg, rank)
+    arch = arch_from_hf(base_dir)
+    try:
+        cfg.parallel.validate(world, arch.shape())
+    except ValueError as err:
+        raise ConfigError(f"parallel: {err} (model {base_dir})") from None
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    ctx = initialize(cfg.parallel, seed=cfg.trainer.seed, model=arch.shape())
+    options = BuildOptions(dtype=cfg.model.dtype, moe_token_dispatcher_type=cfg.model.moe_token_dispatcher_type,
+                           moe_aux_loss_coeff=cfg.model.moe_aux_loss_coeff,
+                           recompute_activations=cfg.model.recompute_activations)
+    actor = setup.build_trainable("actor", arch, cfg.parallel, options, cfg.trainer.lr, base_dir)
+
+    # Data and rewards: the same seeded prompt order on every rank.
+    dataset = PromptDataset(setup.prompt_files(cfg, base_dir), tokenizer,
+                            fields=PromptFields(prompt=cfg.data.prompt_key, answer=cfg.data.answer_key))
+    loader = PromptLoader(dataset, batch_size=cfg.rollout.prompts_per_step, seed=cfg.trainer.seed)
+    verifier = build_verifier(setup.verifier_name(cfg))
+
+    # The colocated engine starts from the same HF weights as the actor.
+    engine = RolloutEngine(base_dir, EngineConfig(
+        tensor_parallel_size=cfg.rollout.tensor_parallel_size,
+        dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[cfg.model.dtype],
+        max_model_len=min(arch.max_position_embeddings, cfg.trainer.seq_length),
+        seed=cfg.trainer.seed, cpu_kv_cache_gib=cfg.rollout.kv_cache_gib,
+        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+        cache_dir=str(run_dir / "cache"),
+    ))
+    sampling = Sampling(n=cfg.rollout.n_samples, max_tokens=cfg.rollout.max_new_tokens,
+                        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                        stop_token_ids=(tokenizer.eos_token_id,))
+    seq_length = cfg.trainer.seq_length
+    dp = cfg.parallel.dp(world)
+    mbs = cfg.trainer.micro_batch_size
+    row_multiple = dp * mbs * cfg.algorithm.mini_batches_per_step
+    actor_loss = ActorLoss(recipe, arch.vocab_size)
+    log = MetricsLog(run_dir, enabled=rank == 0, total_steps=cfg.trainer.max_steps)
+    history = []
+    for step in range(1, cfg.trainer.max_steps + 1):
+        step_start = time.perf_counter()
+        rollout = collect_rollouts(
+            engine, loader.next_batch, sampling, recipe, verifier.score_batch,
+            lambda ids: tokenizer.decode(ids, skip_special_tokens=True), cfg.rollout.prompts_per_step,
+        )
+        groups = rollout.groups[: _rows_usable(len(rollout.groups), cfg.rollout.n_samples, row_multiple)]
+        record = {
+            "step": step,
+            "reward/mean": rollout.mean_correct_all,
+            "response_length/mean": rollout.mean_length_all,
+            "rollout/kept_groups": len(groups),
+            "rollout/generated_groups": rollout.generated_groups,
+            "rollout/generation_batches": rollout.generation_batches,
+            "timing/rollout_s": rollout.seconds,
+        }
+        train_start = time.perf_counter()
+        tokens_trained = 0
+        if groups:
+            samples = [s for g in groups for s in g.samples]
+            prompts = [s.prompt_ids for s in samples]
+            responses = [s.token_ids for s in samples]
+            tokens, loss_mask = pack_sequences(prompts, responses, seq_length, tokenizer.pad_token_id or 0)
+            max_len = max(len(r) for r in responses)
+            advantages = scatter_response(list(_advantages(recipe, groups, max_len)),
+                                          [len(p) for p in prompts], seq_length)
+            vllm_logp = scatter_response([torch.tensor(s.logprobs) for s in samples],
+                                         [len(p) for p in prompts], seq_length)
+            temperature = torch.full(tokens.shape, cfg.rollout.temperature)
+            full = TrainBatch(tokens=tokens, loss_mask=loss_mask, advantages=advantages, temperature=temperature)
+            mine = local_batch(actor.chunks, full)
+            old_logp, entropy = compute_logprobs(actor.chunks, mine, mbs, arch.vocab_size)
+            old_logp = gather_data_parallel(actor.chunks, old_logp)
+            mask = loss_mask.float()
+            record["rollout/logprob_abs_diff"] = float(((old_logp - vllm_logp).abs() * mask).sum() / mask.sum())
+            full = TrainBatch(tokens=tokens, loss_mask=loss_mask, advantages=advantages,
+                              temperature=temperature, old_logprobs=old_logp)
+            actor.set_lr(_lr(cfg, step))
+            metrics = []
+            minis = cfg.algorithm.mini_batches_per_step
+            rows = full.num_rows // minis
+            for _ in range(cfg.algorithm.ppo_epochs):
+                for m in range(minis):
+                    part = local_batch(actor.chunks, full.rows(m * rows, (m + 1) * rows))
+                    metrics.append(train_step(actor.chunks, actor.optimizer, part, actor_loss, mbs))
+            for key in ("actor/pg_loss", "actor/clipfrac", "actor/entropy", "actor/grad_norm"):
+                record[key] = sum(float(x[key]) for x in metrics) / len(metrics)
+            tokens_trained = int(loss_mask.sum())
+        record["timing/train_s"] = time.perf_counter() - train_start
+        sync = sync_weights(actor.chunks, arch, engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20)))
+        record["timing/weight_sync_s"] = sync.seconds
+        if cfg.rollout.parity_every and step % cfg.rollout.parity_every == 0 and groups:
+            seqs = [g.samples[0].prompt_ids + g.samples[0].token_ids for g in groups[:4]]
+            report = check_parity(actor.chunks, engine, seqs, arch.vocab_size, seq_length,
+                                  threshold=cfg.rollout.parity_threshold)
+            record["rollout/parity_max_abs_diff"] = report.max_abs_diff
+        record["timing/step_s"] = time.perf_counter() - step_start
+        generated_tokens = rollout.mean_length_all * rollout.generated_groups * cfg.rollout.n_samples
+        record["throughput/tokens_per_s"] = (generated_tokens + tokens_trained) / record["timing/step_s"]
+        history.append(record)
+        log.write(record)
+    log.close()
+    verifier.close()
+    first = [r["reward/mean"] for r in history[:5]]
+    last = [r["reward/mean"] for r in history[-5:]]
+    return {
+        "run_dir": str(run_dir),
+        "first_reward": sum(first) / len(first),
+        "last_reward": sum(last) / len(last),
+        "steps": len(history),
+    }
+
+
+def _lr(cfg: Config, step: int) -> float:
+    """Linear warm-up over trainer.lr_warmup_steps, then constant."""
+    warm = getattr(cfg.trainer, "lr_warmup_steps", 0)
+    return cfg.trainer.lr * (min(1.0, step / warm) if warm else 1.0)

@@ -1,0 +1,53 @@
+"""Per-step metrics: metrics.jsonl always, TensorBoard when installed, a progress line."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+class MetricsLog:
+    """Rank 0 writes; other ranks hold a disabled log."""
+
+    def __init__(self, run_dir: Path, enabled: bool, total_steps: int):
+        self.enabled = enabled
+        self.total = total_steps
+        self._file = None
+        self._tb = None
+        if not enabled:
+            return
+        self._file = (Path(run_dir) / "metrics.jsonl").open("w")
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+        except Exception:  # tensorboard is optional
+            self._tb = None
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        self._file.write(json.dumps(clean) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in clean.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._tb.add_scalar(key, value, record["step"])
+        print(self.line(record), flush=True)
+
+    def line(self, r: dict) -> str:
+        parts = [f"step {r['step']:>4d}/{self.total}", f"reward {r['reward/mean']:.3f}",
+                 f"len {r['response_length/mean']:.1f}"]
+        if "actor/pg_loss" in r:
+            parts += [f"pg {r['actor/pg_loss']:+.4f}", f"ent {r['actor/entropy']:.3f}",
+                      f"|dlogp| {r['rollout/logprob_abs_diff']:.1e}"]
+        parts += [f"{r['throughput/tokens_per_s']:.0f} tok/s", f"{r['timing/step_s']:.1f}s"]
+        return "  ".join(parts)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self._tb is not None:
+            self._tb.close()

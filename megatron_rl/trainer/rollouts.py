@@ -1,0 +1,121 @@
+"""One step's rollouts: prompts -> groups of responses -> rewards -> the kept groups.
+
+Every rank holds the same prompt batch. Groups are dealt to the vLLM replicas (each
+replica = one engine, possibly TP-split over several ranks), generated there, and
+gathered back so every rank sees the same list of samples in group order. Rewards,
+overlong shaping and DAPO's dynamic sampling (drop groups whose rewards are all equal,
+refill from new prompts, up to max_gen_batches) are then computed identically on every
+rank, so no further communication is needed to agree on the training batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from megatron_rl.algorithms import dynamic_sampling_keep, overlong_penalty
+from megatron_rl.algorithms.recipes import AlgorithmRecipe
+from megatron_rl.data import PromptBatch
+from megatron_rl.rollout import RolloutEngine, Sample, Sampling
+
+
+@dataclasses.dataclass
+class Group:
+    """G responses to one prompt, scored."""
+
+    prompt_ids: list[int]
+    answer: str
+    samples: list[Sample]
+    correct: list[float]
+    """Verifier score of each sample (before shaping)."""
+    rewards: list[float]
+    """Score plus shaping (overlong penalty): what advantages are computed from."""
+
+
+@dataclasses.dataclass
+class RolloutResult:
+    groups: list[Group]
+    """Kept groups (dynamic sampling applied), at most the step's prompt count."""
+    generated_groups: int
+    generation_batches: int
+    mean_correct_all: float
+    """Accuracy over every generated sample of the step (kept or not)."""
+    mean_length_all: float
+    seconds: float
+    verifier_stats: dict
+
+
+def generate_groups(engine: RolloutEngine, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:
+    """``sampling.n`` samples per prompt of ``prompts``, the same list on every rank."""
+    world = dist.get_world_size()
+    per_replica = -(-len(prompts) // engine.num_replicas)
+    mine = list(range(engine.replica * per_replica, min(len(prompts), (engine.replica + 1) * per_replica)))
+    local = engine.generate([prompts.prompt_ids[i] for i in mine], sampling) if mine else []
+    leader = dist.get_rank() % engine.tp == 0  # one rank per replica reports its groups
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, (mine, local) if leader else None)
+    groups: list = [None] * len(prompts)
+    for item in everyone:
+        if item is None:
+            continue
+        for index, samples in zip(*item):
+            groups[index] = samples
+    return groups
+
+
+def collect_rollouts(
+    engine: RolloutEngine,
+    next_prompts: Callable[[], PromptBatch],
+    sampling: Sampling,
+    recipe: AlgorithmRecipe,
+    score: Callable[[list[str], list[str]], tuple[list[float], dict]],
+    decode: Callable[[list[int]], str],
+    num_groups: int,
+) -> RolloutResult:
+    """Generate until ``num_groups`` groups are kept (or max_gen_batches is reached)."""
+    start = time.perf_counter()
+    kept: list[Group] = []
+    generated = batches = 0
+    all_correct: list[float] = []
+    all_lengths: list[int] = []
+    stats_total: dict = {}
+    while len(kept) < num_groups and batches < (recipe.max_gen_batches if recipe.dynamic_sampling else 1):
+        prompts = next_prompts()
+        batches += 1
+        samples = generate_groups(engine, prompts, sampling)
+        texts = [decode(s.token_ids) for group in samples for s in group]
+        answers = [a for a, group in zip(prompts.answers, samples) for _ in group]
+        scores, stats = score(texts, answers)
+        for key, value in stats.items():
+            stats_total[key] = stats_total.get(key, 0) + value
+        lengths = torch.tensor([len(s.token_ids) for group in samples for s in group])
+        rewards = torch.tensor(scores, dtype=torch.float64)
+        if recipe.overlong is not None:
+            o = recipe.overlong
+            rewards = rewards + overlong_penalty(lengths, o.max_len, o.buffer_len, o.factor).double()
+        all_correct += scores
+        all_lengths += lengths.tolist()
+        group_index = torch.tensor([g for g, group in enumerate(samples) for _ in group])
+        keep = (dynamic_sampling_keep(torch.tensor(scores), group_index) if recipe.dynamic_sampling
+                else torch.ones(len(scores), dtype=torch.bool))
+        cursor = 0
+        for g, group in enumerate(samples):
+            n = len(group)
+            generated += 1
+            if bool(keep[cursor]) and len(kept) < num_groups:
+                kept.append(Group(list(prompts.prompt_ids[g]), prompts.answers[g], group,
+                                  scores[cursor:cursor + n], rewards[cursor:cursor + n].tolist()))
+            cursor += n
+    return RolloutResult(
+        groups=kept,
+        generated_groups=generated,
+        generation_batches=batches,
+        mean_correct_all=sum(all_correct) / max(len(all_correct), 1),
+        mean_length_all=sum(all_lengths) / max(len(all_lengths), 1),
+        seconds=time.perf_counter() - start,
+        verifier_stats=stats_total,
+    )
