@@ -21,7 +21,7 @@ $(STAMP): requirements/base.txt requirements/cpu.txt requirements/test.txt setup
 	touch $(STAMP)
 
 train: $(STAMP)
-	$(VENV)/bin/megatron-rl train --config examples/smoke.yaml
+	$(VENV)/bin/megatron-rl train --config examples/dapo.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -31,6 +31,7 @@ trainer); unknown keys and bad values fail at once, naming the key and what is a
 OWN_PARSERS = {
     "convert": ("megatron_rl.bridge.cli", "HF <-> Megatron checkpoints: hf-to-megatron, megatron-to-hf; see `convert --help`"),
     "ckpt": ("megatron_rl.checkpoint.cli", "inspect and verify checkpoints; see `ckpt --help`"),
+    "bench": ("megatron_rl.bench.cli", "benchmarks: mfu | weight-sync | checkpoint; see `bench --help`"),
     "monitor": ("megatron_rl.monitor.cli", "faulty-machine detection (Minder): detect, eval, train-denoiser, synth; see `monitor --help`"),
 }
 

@@ -1,0 +1,91 @@
+"""The MFU benchmark: argument checks, layout sweep, GPU peak table, and one real short run."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from megatron_rl.bench.cli import BenchArgumentError, build_parser, mfu_plan
+from megatron_rl.bench.hardware import gpu_peak_tflops
+from megatron_rl.bench.plan import sweep_layouts
+from megatron_rl.bench.presets import PRESETS
+from megatron_rl.testing.tiny import TINY_DENSE, TINY_MOE
+
+
+def _plan(*argv, world=1):
+    return mfu_plan(build_parser().parse_args(["mfu", "--seq-length", "32", *argv]), world)
+
+
+def test_sweep_layouts_fit_world_and_model():
+    def names(arch, world):
+        return sorted((p.tp, p.pp, p.ep) for p in sweep_layouts(arch, world))
+
+    # World 2: pure DP, TP2, PP2 for both; EP2 only where there are experts.
+    assert names(TINY_DENSE, 2) == [(1, 1, 1), (1, 2, 1), (2, 1, 1)]
+    assert names(TINY_MOE, 2) == [(1, 1, 1), (1, 1, 2), (1, 2, 1), (2, 1, 1)]
+    # World 8, dense: TP8 does not divide 4 heads, PP8 does not divide 4 layers.
+    assert (8, 1, 1) not in names(TINY_DENSE, 8) and (1, 8, 1) not in names(TINY_DENSE, 8)
+
+
+def test_plan_rejects_what_cannot_run():
+    with pytest.raises(BenchArgumentError, match="neither a preset.*cpu-dense"):
+        _plan("--model", "no-such-model")
+    with pytest.raises(BenchArgumentError, match="--seq-length 256 exceeds .* 128"):
+        _plan("--model", "tiny-dense", "--seq-length", "256")
+    with pytest.raises(BenchArgumentError, match="not divisible by tensor_model_parallel_size"):
+        _plan("--model", "tiny-dense", "--tp", "2", world=1)
+    with pytest.raises(BenchArgumentError, match="global batch 6 .* micro_batch_size x data-parallel size = 4x1"):
+        _plan("--model", "tiny-dense", "--global-batch-size", "6", "--micro-batch-size", "4")
+    # A sweep keeps only the micro-batch sizes that split the batch (8 sequences over DP2).
+    _, _, cases, _ = _plan("--model", "tiny-moe", "--sweep", "--sweep-micro-batch-sizes", "1,3,4", world=2)
+    assert {(c.parallel.dp(2), c.micro_batch_size) for c in cases} == {(2, 1), (2, 4), (1, 1), (1, 4)}
+
+
+def test_gpu_peak_table():
+    assert gpu_peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.0  # SXM
+    assert gpu_peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0
+    assert gpu_peak_tflops("NVIDIA H200", "bf16") == 989.0
+    assert gpu_peak_tflops("NVIDIA A100-SXM4-80GB", "bf16") == 312.0
+    assert gpu_peak_tflops("NVIDIA A100-SXM4-80GB", "fp32") == 156.0  # TF32 tensor cores
+    assert gpu_peak_tflops("Tesla T4", "bf16") is None
+
+
+def test_gpu_presets_have_the_documented_sizes():
+    def params(a):  # all weights: attention, MLP / experts + router, embedding and LM head
+        q, kv = a.num_attention_heads * a.head_dim, a.num_query_groups * a.head_dim
+        attention = 2 * a.hidden_size * q + 2 * a.hidden_size * kv
+        if a.is_moe:
+            mlp = a.num_moe_experts * 3 * a.hidden_size * a.moe_ffn_hidden_size + a.hidden_size * a.num_moe_experts
+        else:
+            mlp = 3 * a.hidden_size * a.ffn_hidden_size
+        return a.num_layers * (attention + mlp) + 2 * a.vocab_size * a.hidden_size
+
+    assert 1.0e9 < params(PRESETS["gpu-dense-1b"]) < 1.2e9
+    assert 1.0e9 < params(PRESETS["gpu-moe-2b"]) < 2.0e9
+    assert PRESETS["gpu-moe-2b"].num_moe_experts == 8 and PRESETS["gpu-moe-2b"].moe_router_topk == 2
+
+
+@pytest.mark.slow
+def test_bench_script_short_run(tmp_path):
+    out = tmp_path / "mfu.json"
+    proc = subprocess.run(
+        [sys.executable, "tools/bench_mfu.py", "--model", "tiny-dense", "--steps", "2", "--warmup", "1",
+         "--seq-length", "32", "--global-batch-size", "2", "--peak-matmul-size", "256", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    (case,) = report["cases"]
+    assert report["world_size"] == 1 and report["peak"]["tflops"] > 0
+    assert case["tokens_per_step"] == 2 * 32 and len(case["step_times_s"]) == 2
+    # Tiny dense at s=32 (hidden 64, 4 layers, q 128, kv 64, ffn 128, vocab 96), MACs per token:
+    # 4 * (24576 attention projections + 24576 MLP + 128*32 core attention) + 64*96 head
+    # = 219136, x 6 for forward + backward.
+    assert case["flops_per_token"] == 6 * 219136
+    assert case["achieved_tflops_per_device"] * 1e12 == pytest.approx(case["tokens_per_s"] * 6 * 219136)
+    assert case["mfu"] == pytest.approx(case["achieved_tflops_per_device"] / report["peak"]["tflops"])
+    assert case["peak_memory_gib"] > 0.05  # RSS of a process holding torch and Megatron
+    assert math.isfinite(case["last_loss"]) and abs(case["last_loss"] - math.log(96)) < 0.5
+    assert "tokens/s" in proc.stdout and "MFU" in proc.stdout
