@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from megatron_rl import platform
+from megatron_rl import checkpoint, platform
 from megatron_rl.config import Config, ConfigError, dump_yaml, validate
 from megatron_rl.models.builder import BuildOptions, padded_vocab_size
 from megatron_rl.models.hf_config import arch_from_hf
@@ -116,9 +116,11 @@ def train(cfg: Config) -> dict:
     mbs = cfg.trainer.micro_batch_size
     row_multiple = dp * mbs * cfg.algorithm.mini_batches_per_step
     actor_loss = ActorLoss(recipe, arch.vocab_size)
-    log = MetricsLog(run_dir, enabled=rank == 0, total_steps=cfg.trainer.max_steps)
+    ckpt_root = run_dir / "checkpoints"
+    first_step = 1 + _resume(ckpt_root, actor, loader, engine, arch, cfg)
+    log = MetricsLog(run_dir, enabled=rank == 0, total_steps=cfg.trainer.max_steps, resume_after=first_step - 1)
     history = []
-    for step in range(1, cfg.trainer.max_steps + 1):
+    for step in range(first_step, cfg.trainer.max_steps + 1):
         step_start = time.perf_counter()
         rollout = collect_rollouts(
             engine, loader.next_batch, sampling, recipe, verifier.score_batch,
@@ -179,8 +181,14 @@ def train(cfg: Config) -> dict:
         record["throughput/tokens_per_s"] = (generated_tokens + tokens_trained) / record["timing/step_s"]
         history.append(record)
         log.write(record)
+        interval = cfg.checkpoint.save_interval
+        if step == cfg.trainer.max_steps or (interval and step % interval == 0):
+            _save(ckpt_root, step, actor, loader, base_dir, cfg)
+    checkpoint.wait_pending()  # an async save still writing must commit before we exit
     log.close()
     verifier.close()
+    if not history:
+        return {"run_dir": str(run_dir), "first_reward": float("nan"), "last_reward": float("nan"), "steps": 0}
     first = [r["reward/mean"] for r in history[:5]]
     last = [r["reward/mean"] for r in history[-5:]]
     return {
@@ -189,6 +197,28 @@ def train(cfg: Config) -> dict:
         "last_reward": sum(last) / len(last),
         "steps": len(history),
     }
+
+
+def _save(root: Path, step: int, actor, loader, base_dir: Path, cfg: Config) -> None:
+    """Actor, optimizer, RNG, data position; plus what an HF export needs."""
+    hf_config = json.loads((base_dir / "config.json").read_text())
+    extra = {"step": step, "data": loader.state_dict(), "hf_config": hf_config, "hf_expert_style": "per_expert"}
+    checkpoint.save(root, step, model=actor.chunks, optimizer=actor.optimizer, extra=extra,
+                    async_save=cfg.checkpoint.async_save, keep_last=cfg.checkpoint.keep_last)
+
+
+def _resume(root: Path, actor, loader, engine, arch, cfg: Config) -> int:
+    """Load the newest committed step (any layout), push its weights into vLLM; return it (0: fresh)."""
+    from megatron_rl.rollout.sync import sync_weights
+
+    if checkpoint.latest_step(root) is None:
+        return 0
+    extra = checkpoint.load(root, model=actor.chunks, optimizer=actor.optimizer)
+    loader.load_state_dict(extra["data"])
+    sync_weights(actor.chunks, arch, engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20)))
+    if dist.get_rank() == 0:
+        print(f"resumed from {root} step {extra['step']}", flush=True)
+    return int(extra["step"])
 
 
 def _lr(cfg: Config, step: int) -> float:

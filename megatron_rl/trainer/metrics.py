@@ -10,14 +10,22 @@ from pathlib import Path
 class MetricsLog:
     """Rank 0 writes; other ranks hold a disabled log."""
 
-    def __init__(self, run_dir: Path, enabled: bool, total_steps: int):
+    def __init__(self, run_dir: Path, enabled: bool, total_steps: int, resume_after: int = 0):
         self.enabled = enabled
         self.total = total_steps
         self._file = None
         self._tb = None
         if not enabled:
             return
-        self._file = (Path(run_dir) / "metrics.jsonl").open("w")
+        path = Path(run_dir) / "metrics.jsonl"
+        kept = []
+        if resume_after and path.exists():  # rows past the resumed step were not saved: drop them
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_after]
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(path)
+        self._file = path.open("a")
         try:
             from torch.utils.tensorboard import SummaryWriter
 

@@ -33,18 +33,19 @@ def bases(tmp_path_factory):
     }
 
 
-def _train(tmp_path, world, base, recipe, *overrides):
-    run_dir = tmp_path / f"run-{recipe}-{world}"
+def _train(tmp_path, world, base, recipe, *overrides, steps=3):
+    run_dir = tmp_path / f"run-{recipe}"
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
            f"--master-port={_free_port()}", "-m", "megatron_rl", "train", "--config", "examples/dapo.yaml",
            f"trainer.run_dir={run_dir}", f"model.hf_path={base}", f"data.source={base}/train.jsonl",
            "data.reward=digits", f"algorithm.recipe={recipe}", "algorithm.overrides={}",
-           "trainer.max_steps=3", "rollout.prompts_per_step=4", "rollout.n_samples=4",
+           f"trainer.max_steps={steps}", "rollout.prompts_per_step=4", "rollout.n_samples=4",
            "trainer.micro_batch_size=2", "rollout.parity_every=1", *overrides]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return rows, proc.stdout
 
 
 def _check(rows):
@@ -61,10 +62,19 @@ def _check(rows):
             assert key in r
 
 
-def test_grpo_dense_tp2_world2(tmp_path, bases):
-    _check(_train(tmp_path, 2, bases["qwen3"], "grpo", "parallel.tensor_model_parallel_size=2"))
+def test_grpo_dense_tp2_world2_then_resume_in_dp2(tmp_path, bases):
+    rows, _ = _train(tmp_path, 2, bases["qwen3"], "grpo", "parallel.tensor_model_parallel_size=2")
+    _check(rows)
+    # Resume from the step-3 checkpoint in another layout (DP2 instead of TP2) for one more step.
+    resumed, out = _train(tmp_path, 2, bases["qwen3"], "grpo", steps=4)
+    assert "step 3" in out and "resumed from" in out, out[-2000:]
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    assert resumed[:3] == rows  # the first run's rows are kept as they were
+    # vLLM sampled step 4 with the loaded weights: its logprobs match Megatron's recomputation.
+    assert resumed[3]["rollout/logprob_abs_diff"] < 1e-3, resumed[3]
 
 
 def test_dapo_moe_tp2_ep2_world4(tmp_path, bases):
-    _check(_train(tmp_path, 4, bases["qwen3_moe"], "dapo", "parallel.tensor_model_parallel_size=2",
-                  "parallel.expert_model_parallel_size=2"))
+    rows, _ = _train(tmp_path, 4, bases["qwen3_moe"], "dapo", "parallel.tensor_model_parallel_size=2",
+                     "parallel.expert_model_parallel_size=2")
+    _check(rows)
