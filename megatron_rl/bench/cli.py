@@ -156,8 +156,41 @@ def run_mfu(args: argparse.Namespace) -> int:
 
 #: bench name -> (adds its subparser, runs it from the parsed args and returns the exit code).
 #: weight-sync and checkpoint benches register here the same way.
+def _add_weight_sync(sub):
+    from megatron_rl.bench import weight_sync
+
+    return weight_sync.add_parser(sub)
+
+
+def _run_weight_sync(args) -> int:
+    from megatron_rl.bench import weight_sync
+
+    return weight_sync.run_args(args)
+
+
+def _add_checkpoint(sub):
+    p = sub.add_parser("checkpoint", add_help=False,
+                       help="checkpoint store vs torch_dist vs torch DCP (tools/bench_checkpoint.py; run under torchrun)")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    return p
+
+
+def _run_checkpoint(args) -> int:
+    import runpy
+
+    script = Path(__file__).resolve().parents[2] / "tools" / "bench_checkpoint.py"
+    if not script.is_file():
+        print(f"megatron-rl bench checkpoint: {script} not found (run from a source checkout)", file=sys.stderr)
+        return 2
+    sys.argv = [str(script), *args.rest]
+    runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
 BENCHES: dict[str, tuple[Callable, Callable[[argparse.Namespace], int]]] = {
     "mfu": (add_mfu_parser, run_mfu),
+    "weight-sync": (_add_weight_sync, _run_weight_sync),
+    "checkpoint": (_add_checkpoint, _run_checkpoint),
 }
 
 

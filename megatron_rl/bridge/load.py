@@ -39,6 +39,9 @@ def tensor_map(arch: ModelArch, style: str, padded_vocab: int) -> TensorMap:
     return expand(rules_for(arch.family, style), arch, padded_vocab)
 
 
+VALUE_HEAD_PREFIX = "output_layer."
+
+
 def check_megatron_side(shards: Sequence[LocalShard], tmap: TensorMap, arch: ModelArch) -> None:
     """Every model tensor has a rule and the shape the rule expects."""
     unmapped = sorted({s.name for s in shards if canonical(s.name) not in tmap.megatron_shapes})
@@ -94,13 +97,17 @@ def load_hf(
     hf_dir: str | os.PathLike,
     arch: ModelArch,
     progress: Optional[Callable[[Iterable], Iterable]] = None,
+    backbone_only: bool = False,
 ) -> str:
     """Load an HF checkpoint into this rank's part of ``chunks`` (any layout); returns the
     checkpoint's expert style (``"per_expert"`` or ``"fused"``) so an export can match it.
-    ``progress`` wraps the loop over local tensors (e.g. ``tqdm``)."""
+    ``progress`` wraps the loop over local tensors (e.g. ``tqdm``). ``backbone_only`` loads a
+    critic: every tensor but its value head (``output_layer.*``) comes from the checkpoint."""
     ckpt = HFCheckpoint(hf_dir)
     style = detect_style(ckpt.names())
     shards = local_shards(chunks)
+    if backbone_only:  # a critic: its value head replaces the LM head and keeps its own init
+        shards = [s for s in shards if not s.name.startswith(VALUE_HEAD_PREFIX)]
     tmap = tensor_map(arch, style, padded_vocab_of(shards, arch))
     check_megatron_side(shards, tmap, arch)
     with ckpt.reader() as reader:

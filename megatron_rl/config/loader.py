@@ -113,7 +113,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Iterable[str] = ()
         return _build(Config, data, "")
     except LayoutError as err:
         raise ConfigError(f"parallel: {err}") from None
-    except TypeError as err:  # a dataclass rejected its arguments
+    except (TypeError, ValueError) as err:  # a dataclass rejected its arguments or values
         raise ConfigError(str(err)) from None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from megatron_rl.monitor.config import OnlineConfig
 from megatron_rl.parallel.config import ParallelConfig
 
 
@@ -208,3 +209,5 @@ class Config:
     """Prompts and rewards."""
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     """Saving and resuming."""
+    monitor: OnlineConfig = dataclasses.field(default_factory=OnlineConfig)
+    """Faulty-machine detection beside training (Minder); off unless monitor.enabled=true."""

@@ -12,13 +12,27 @@ Modules, in the order data flows through them:
   cli       `monitor detect|eval|train-denoiser|synth`
 """
 
-from .actions import append_exclude, read_exclude, write_alerts
-from .collect import Collector
-from .denoise import Denoiser, DenoiserConfig, train_denoiser
-from .detect import Alert, DetectConfig, declare, detect, score_grid
-from .online import OnlineConfig, OnlineMonitor, torch_gather
-from .trace import Trace, TraceError, TraceReport, read_trace, validate, write_trace
-from .windows import Grid, to_grid
+import importlib
+
+# Loaded on first use: `denoise` imports torch, and the config tree reads OnlineConfig
+# (monitor.config) where torch must not be imported yet.
+_WHERE = {
+    "append_exclude": "actions", "read_exclude": "actions", "write_alerts": "actions",
+    "Collector": "collect",
+    "Denoiser": "denoise", "DenoiserConfig": "denoise", "train_denoiser": "denoise",
+    "Alert": "detect", "DetectConfig": "detect", "declare": "detect", "detect": "detect", "score_grid": "detect",
+    "OnlineConfig": "config", "OnlineMonitor": "online", "torch_gather": "online",
+    "Trace": "trace", "TraceError": "trace", "TraceReport": "trace", "read_trace": "trace",
+    "validate": "trace", "write_trace": "trace",
+    "Grid": "windows", "to_grid": "windows",
+}
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(name)
+
 
 __all__ = [
     "Alert", "Collector", "DetectConfig", "Denoiser", "DenoiserConfig", "Grid", "OnlineConfig",

@@ -24,41 +24,13 @@ from typing import Callable
 from .actions import append_exclude, write_alerts
 from .collect import Collector, Row, default_hostname
 from .denoise import Denoiser
-from .detect import Alert, DetectConfig, detect
+from .config import OnlineConfig
+from .detect import Alert, detect
 from .trace import Trace
 from .windows import to_grid
 
 log = logging.getLogger(__name__)
 Gather = Callable[[Trace], "list[Trace] | None"]
-
-
-@dataclass(frozen=True)
-class OnlineConfig:
-    """Settings of the monitor that runs beside training."""
-
-    enabled: bool = False
-    """Whether the trainer starts the monitor (`monitor.enabled=true`)."""
-    interval_s: float = 1.0
-    """Sampling period on every machine."""
-    detect_every_steps: int = 5
-    """Gather samples and run the detector every this many training steps (RL steps
-    take tens of seconds to minutes, so this adds that much to the detection delay)."""
-    lookback_s: float = 900.0
-    """Seconds of history the detector looks at on each run."""
-    exclude_file: str | None = None
-    """Hostnames declared faulty are appended here; default <run_dir>/monitor/exclude_hosts.txt."""
-    model_dir: str | None = None
-    """Denoiser weights (train-denoiser output); None: the packaged default; "none": raw windows."""
-    stop_on_alert: bool = False
-    """Set `stop_requested` on the detector rank when a machine is declared."""
-    write_traces: bool = True
-    """Each sampling machine also writes <run_dir>/monitor/traces/<host>.csv."""
-    detect: DetectConfig = field(default_factory=DetectConfig)
-
-    def __post_init__(self):
-        if self.interval_s <= 0 or self.detect_every_steps < 1 or self.lookback_s <= 0:
-            raise ValueError(f"OnlineConfig: interval_s and lookback_s must be > 0 and "
-                             f"detect_every_steps >= 1; got {self}")
 
 
 def torch_gather(group=None, dst: int = 0) -> Gather:

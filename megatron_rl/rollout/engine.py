@@ -52,6 +52,8 @@ class EngineConfig:
             raise ValueError(
                 f"rollout tensor_parallel_size={self.tensor_parallel_size} must divide the world size {world_size}"
             )
+        if not (float(self.cpu_kv_cache_gib).is_integer() and self.cpu_kv_cache_gib >= 1):
+            raise ValueError(f"rollout cpu_kv_cache_gib={self.cpu_kv_cache_gib}: vLLM's CPU backend takes whole GiB (>= 1)")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"rollout dtype={self.dtype!r}; allowed: float32, bfloat16, float16")
 

@@ -1,12 +1,14 @@
-"""The RL loop (DESIGN.md "How data flows through one step"), critic-free recipes.
+"""The RL loop (DESIGN.md "How data flows through one step").
 
-prompts -> vLLM groups -> rewards -> shaping / dynamic sampling -> advantages ->
-Megatron old logprobs (also the train/inference mismatch metric) -> PPO epochs over
-mini-batches -> weight sync into vLLM -> metrics and checkpoints.
+prompts -> vLLM groups -> rewards -> shaping / dynamic sampling -> [critic values] ->
+advantages -> Megatron old logprobs (also the train/inference mismatch metric) -> PPO
+epochs over mini-batches for the actor [and the critic] -> weight sync into vLLM ->
+metrics and checkpoints.
 
-One code path for every recipe: the recipe object says which pieces are on. Recipes that
-need a critic (ppo, vapo, tppo) are rejected here with a clear message until the critic
-path lands.
+One code path for every recipe: the recipe object says which pieces are on (ppo, grpo,
+dapo, vapo with value pre-training). Generation windows (tppo), HAPO's adaptive sampling
+temperature and the KL reference model are rejected with a clear message until they land.
+The critic shares the actor's layout (Megatron's parallel state is per process).
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from megatron_rl.trainer.metrics import MetricsLog
 from megatron_rl.trainer.rollouts import Group, collect_rollouts
 
 
-def _advantages(recipe, groups: list[Group], max_len: int) -> torch.Tensor:
-    """[rows, max_len] per-response-token advantages (row order = groups, then samples)."""
+def _advantages(recipe, groups: list[Group], max_len: int, values: Optional[list[torch.Tensor]] = None):
+    """Per-response-token (advantages, returns or None), [rows, max_len] (rows = groups, then samples)."""
     from megatron_rl.algorithms import compute_advantages
 
     lengths = [len(s.token_ids) for g in groups for s in g.samples]
@@ -40,9 +42,16 @@ def _advantages(recipe, groups: list[Group], max_len: int) -> torch.Tensor:
         mask[row, :n] = True
     rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32)
     group_index = torch.tensor([i for i, g in enumerate(groups) for _ in g.samples])
+    extra = {}
+    if values is not None:
+        padded = torch.zeros(len(lengths), max_len)
+        for row, v in enumerate(values):
+            padded[row, : v.numel()] = v
+        extra["values"] = padded
     inputs = recipe.advantage_inputs(mask, seq_rewards=rewards, group_index=group_index,
-                                     lengths=torch.tensor(lengths))
-    return compute_advantages(recipe.advantage_estimator, inputs).advantages
+                                     lengths=torch.tensor(lengths), **extra)
+    out = compute_advantages(recipe.advantage_estimator, inputs)
+    return out.advantages, out.returns
 
 
 def _rows_usable(num_groups: int, group_size: int, multiple: int) -> int:
@@ -60,18 +69,20 @@ def train(cfg: Config) -> dict:
     from megatron_rl.rewards import build_verifier
     from megatron_rl.rollout import EngineConfig, RolloutEngine, Sampling
     from megatron_rl.rollout.sync import check_parity, sync_weights
-    from megatron_rl.schedules import ActorLoss, TrainBatch, compute_logprobs, gather_data_parallel, local_batch, train_step
-    from megatron_rl.schedules.batch import pack_sequences, scatter_response
+    from megatron_rl.algorithms import explained_variance
+    from megatron_rl.schedules import (ActorLoss, CriticLoss, TrainBatch, compute_logprobs, compute_values,
+                                       gather_data_parallel, local_batch, train_step)
+    from megatron_rl.schedules.batch import gather_response, pack_sequences, scatter_response
 
     platform.init_distributed()
     world, rank = dist.get_world_size(), dist.get_rank()
     validate(cfg, world)
     recipe = cfg.algorithm.build()
-    if recipe.use_critic or recipe.generation_window or recipe.token_aware or recipe.kl is not None:
+    if recipe.generation_window or recipe.token_aware or recipe.kl is not None:
         raise ConfigError(
-            f"algorithm.recipe={cfg.algorithm.recipe!r} needs a critic, a reference model, generation "
-            "windows or HAPO temperatures, which this trainer does not run yet; supported now: "
-            "grpo, dapo (and their overrides without kl)"
+            f"algorithm.recipe={cfg.algorithm.recipe!r} needs a reference model (kl), generation "
+            "windows (tppo) or HAPO temperatures, which this trainer does not run yet; supported now: "
+            "ppo, grpo, dapo, vapo (overrides without kl, generation_window, HAPO pieces)"
         )
     run_dir = Path(cfg.trainer.run_dir)
     if rank == 0:
@@ -92,6 +103,9 @@ def train(cfg: Config) -> dict:
                            moe_aux_loss_coeff=cfg.model.moe_aux_loss_coeff,
                            recompute_activations=cfg.model.recompute_activations)
     actor = setup.build_trainable("actor", arch, cfg.parallel, options, cfg.trainer.lr, base_dir)
+    critic = (setup.build_trainable("critic", arch, cfg.parallel, options,
+                                    cfg.trainer.lr * recipe.critic_lr_multiplier, base_dir)
+              if recipe.use_critic else None)
 
     # Data and rewards: the same seeded prompt order on every rank.
     dataset = PromptDataset(setup.prompt_files(cfg, base_dir), tokenizer,
@@ -116,9 +130,12 @@ def train(cfg: Config) -> dict:
     mbs = cfg.trainer.micro_batch_size
     row_multiple = dp * mbs * cfg.algorithm.mini_batches_per_step
     actor_loss = ActorLoss(recipe, arch.vocab_size)
+    critic_loss = CriticLoss.from_recipe(recipe) if critic is not None else None
     ckpt_root = run_dir / "checkpoints"
     first_step = 1 + _resume(ckpt_root, actor, loader, engine, arch, cfg)
     log = MetricsLog(run_dir, enabled=rank == 0, total_steps=cfg.trainer.max_steps, resume_after=first_step - 1)
+    monitor = _start_monitor(cfg, run_dir)
+    probe = None
     history = []
     for step in range(first_step, cfg.trainer.max_steps + 1):
         step_start = time.perf_counter()
@@ -144,33 +161,58 @@ def train(cfg: Config) -> dict:
             responses = [s.token_ids for s in samples]
             tokens, loss_mask = pack_sequences(prompts, responses, seq_length, tokenizer.pad_token_id or 0)
             max_len = max(len(r) for r in responses)
-            advantages = scatter_response(list(_advantages(recipe, groups, max_len)),
-                                          [len(p) for p in prompts], seq_length)
-            vllm_logp = scatter_response([torch.tensor(s.logprobs) for s in samples],
-                                         [len(p) for p in prompts], seq_length)
+            prompt_lens, response_lens = [len(p) for p in prompts], [len(r) for r in responses]
             temperature = torch.full(tokens.shape, cfg.rollout.temperature)
-            full = TrainBatch(tokens=tokens, loss_mask=loss_mask, advantages=advantages, temperature=temperature)
-            mine = local_batch(actor.chunks, full)
-            old_logp, entropy = compute_logprobs(actor.chunks, mine, mbs, arch.vocab_size)
+            values = None
+            if critic is not None:
+                plain = TrainBatch(tokens=tokens, loss_mask=loss_mask)
+                values = gather_data_parallel(critic.chunks, compute_values(critic.chunks, local_batch(critic.chunks, plain), mbs))
+            adv, ret = _advantages(recipe, groups, max_len,
+                                   gather_response(values, prompt_lens, response_lens) if values is not None else None)
+            advantages = scatter_response([a[:r] for a, r in zip(adv, response_lens)], prompt_lens, seq_length)
+            returns = (scatter_response([x[:r] for x, r in zip(ret, response_lens)], prompt_lens, seq_length)
+                       if ret is not None else None)
+            vllm_logp = scatter_response([torch.tensor(s.logprobs) for s in samples], prompt_lens, seq_length)
+            is_positive = torch.tensor([c > 0 for g in groups for c in g.correct])
+            plain = TrainBatch(tokens=tokens, loss_mask=loss_mask, temperature=temperature)
+            old_logp, _ = compute_logprobs(actor.chunks, local_batch(actor.chunks, plain), mbs, arch.vocab_size)
             old_logp = gather_data_parallel(actor.chunks, old_logp)
             mask = loss_mask.float()
             record["rollout/logprob_abs_diff"] = float(((old_logp - vllm_logp).abs() * mask).sum() / mask.sum())
-            full = TrainBatch(tokens=tokens, loss_mask=loss_mask, advantages=advantages,
-                              temperature=temperature, old_logprobs=old_logp)
+            full = TrainBatch(tokens=tokens, loss_mask=loss_mask, advantages=advantages, temperature=temperature,
+                              old_logprobs=old_logp, returns=returns, old_values=values, is_positive=is_positive)
+            warming_up = step <= recipe.value_warmup_steps  # VAPO: critic only, policy frozen
+            if critic is not None and warming_up and probe is None:
+                probe = full  # the first warm-up batch: the critic's loss on it before and after warm-up
+                record["critic/warmup_probe_loss"] = _value_mse(critic, probe, mbs)
             actor.set_lr(_lr(cfg, step))
-            metrics = []
+            actor_metrics, critic_metrics = [], []
             minis = cfg.algorithm.mini_batches_per_step
             rows = full.num_rows // minis
             for _ in range(cfg.algorithm.ppo_epochs):
                 for m in range(minis):
-                    part = local_batch(actor.chunks, full.rows(m * rows, (m + 1) * rows))
-                    metrics.append(train_step(actor.chunks, actor.optimizer, part, actor_loss, mbs))
+                    part = full.rows(m * rows, (m + 1) * rows)
+                    if critic is not None:
+                        critic_metrics.append(train_step(critic.chunks, critic.optimizer,
+                                                         local_batch(critic.chunks, part), critic_loss, mbs))
+                    if not warming_up:
+                        actor_metrics.append(train_step(actor.chunks, actor.optimizer,
+                                                        local_batch(actor.chunks, part), actor_loss, mbs))
             for key in ("actor/pg_loss", "actor/clipfrac", "actor/entropy", "actor/grad_norm"):
-                record[key] = sum(float(x[key]) for x in metrics) / len(metrics)
+                if actor_metrics:
+                    record[key] = sum(float(x[key]) for x in actor_metrics) / len(actor_metrics)
+            if critic_metrics:
+                record["critic/value_loss"] = sum(float(x["critic/value_loss"]) for x in critic_metrics) / len(critic_metrics)
+                record["critic/explained_var"] = float(explained_variance(values, returns, loss_mask))
+            record["actor/updated"] = bool(actor_metrics)
+            if probe is not None and step == recipe.value_warmup_steps:
+                record["critic/warmup_probe_loss"] = _value_mse(critic, probe, mbs)
             tokens_trained = int(loss_mask.sum())
         record["timing/train_s"] = time.perf_counter() - train_start
-        sync = sync_weights(actor.chunks, arch, engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20)))
-        record["timing/weight_sync_s"] = sync.seconds
+        record["timing/weight_sync_s"] = 0.0
+        if record.get("actor/updated"):
+            sync = sync_weights(actor.chunks, arch, engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20)))
+            record["timing/weight_sync_s"] = sync.seconds
         if cfg.rollout.parity_every and step % cfg.rollout.parity_every == 0 and groups:
             seqs = [g.samples[0].prompt_ids + g.samples[0].token_ids for g in groups[:4]]
             report = check_parity(actor.chunks, engine, seqs, arch.vocab_size, seq_length,
@@ -179,12 +221,24 @@ def train(cfg: Config) -> dict:
         record["timing/step_s"] = time.perf_counter() - step_start
         generated_tokens = rollout.mean_length_all * rollout.generated_groups * cfg.rollout.n_samples
         record["throughput/tokens_per_s"] = (generated_tokens + tokens_trained) / record["timing/step_s"]
+        stop = False
+        if monitor is not None:
+            monitor.on_step(record["timing/step_s"])  # collective every detect_every_steps
+            record["monitor/declared_machines"] = len(monitor.declared)
+            stop = _agree(cfg.monitor.stop_on_alert and monitor.stop_requested)
         history.append(record)
         log.write(record)
         interval = cfg.checkpoint.save_interval
-        if step == cfg.trainer.max_steps or (interval and step % interval == 0):
+        if stop or step == cfg.trainer.max_steps or (interval and step % interval == 0):
             _save(ckpt_root, step, actor, loader, base_dir, cfg)
+        if stop:
+            if rank == 0:
+                print(f"stopping after step {step}: the monitor declared {sorted(monitor.declared)} faulty "
+                      f"(listed in {monitor.exclude_file})", flush=True)
+            break
     checkpoint.wait_pending()  # an async save still writing must commit before we exit
+    if monitor is not None:
+        monitor.stop()
     log.close()
     verifier.close()
     if not history:
@@ -219,6 +273,36 @@ def _resume(root: Path, actor, loader, engine, arch, cfg: Config) -> int:
     if dist.get_rank() == 0:
         print(f"resumed from {root} step {extra['step']}", flush=True)
     return int(extra["step"])
+
+
+def _value_mse(critic, batch, micro_batch_size: int) -> float:
+    """Mean squared error of the critic's values against ``batch.returns`` over response tokens."""
+    from megatron_rl.schedules import compute_values, gather_data_parallel, local_batch
+
+    values = gather_data_parallel(critic.chunks, compute_values(critic.chunks, local_batch(critic.chunks, batch),
+                                                                micro_batch_size))
+    mask = batch.loss_mask.float()
+    return float(((values - batch.returns) ** 2 * mask).sum() / mask.sum())
+
+
+def _start_monitor(cfg: Config, run_dir: Path):
+    """Minder beside training: every machine samples, rank 0 detects (monitor.enabled)."""
+    if not cfg.monitor.enabled:
+        return None
+    import os
+
+    from megatron_rl.monitor.online import OnlineMonitor, torch_gather
+
+    return OnlineMonitor(cfg.monitor, run_dir, is_detector=dist.get_rank() == 0,
+                         sample_here=int(os.environ.get("LOCAL_RANK", "0")) == 0,
+                         gather=torch_gather()).start()
+
+
+def _agree(flag: bool) -> bool:
+    """Rank 0's decision, on every rank (only the detector rank knows)."""
+    value = torch.tensor([1 if flag else 0], device=platform.current().device)
+    dist.broadcast(value, src=0)
+    return bool(value.item())
 
 
 def _lr(cfg: Config, step: int) -> float:

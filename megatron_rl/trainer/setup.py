@@ -78,8 +78,8 @@ def build_trainable(role: str, arch: ModelArch, parallel: ParallelConfig, option
     from megatron_rl.bridge import load_hf
 
     chunks = build_model(role, arch, parallel, options)
-    if hf_dir is not None and role == "actor":
-        load_hf(chunks, hf_dir, arch)
+    if hf_dir is not None:  # the critic starts from the actor's backbone and a fresh value head
+        load_hf(chunks, hf_dir, arch, backbone_only=role == "critic")
     config = chunks[0].config
     with platform.megatron_scope():
         ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=False)

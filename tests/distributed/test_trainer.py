@@ -74,7 +74,28 @@ def test_grpo_dense_tp2_world2_then_resume_in_dp2(tmp_path, bases):
     assert resumed[3]["rollout/logprob_abs_diff"] < 1e-3, resumed[3]
 
 
-def test_dapo_moe_tp2_ep2_world4(tmp_path, bases):
+def test_dapo_moe_tp2_ep2_world4_with_monitor(tmp_path, bases):
     rows, _ = _train(tmp_path, 4, bases["qwen3_moe"], "dapo", "parallel.tensor_model_parallel_size=2",
-                     "parallel.expert_model_parallel_size=2")
+                     "parallel.expert_model_parallel_size=2", "monitor.enabled=true",
+                     "monitor.detect_every_steps=1", "monitor.interval_s=0.2")
     _check(rows)
+    # The monitor sampled this machine and ran the detector each step: a healthy box, no alerts.
+    assert all(r["monitor/declared_machines"] == 0 for r in rows)
+    traces = list((tmp_path / "run-dapo" / "monitor" / "traces").glob("*.csv"))
+    assert len(traces) == 1 and len(traces[0].read_text().splitlines()) > 2
+
+
+def test_vapo_value_pretraining_then_policy_world2(tmp_path, bases):
+    """Critic-only steps on the frozen initial policy lower the value loss; then PPO starts."""
+    # An overlong limit below every response's length shifts all returns by -1: a critic that
+    # starts near 0 has a large error it can only lose by learning the return level.
+    rows, _ = _train(tmp_path, 2, bases["qwen3"], "vapo",
+                     "algorithm.overrides={value_warmup_steps: 4, overlong: {max_len: 2, buffer_len: 1}}",
+                     "rollout.prompts_per_step=8", steps=5)
+    assert [r["actor/updated"] for r in rows] == [False] * 4 + [True]
+    assert all(r["timing/weight_sync_s"] == 0.0 for r in rows[:4])  # frozen policy: nothing to sync
+    # The critic's error on the first warm-up batch, before step 1 and after step 4.
+    before, after = rows[0]["critic/warmup_probe_loss"], rows[3]["critic/warmup_probe_loss"]
+    assert after < 0.5 * before, (before, after)
+    assert "critic/explained_var" in rows[-1] and "actor/pg_loss" in rows[-1]
+    assert rows[-1]["rollout/parity_max_abs_diff"] < 1e-3

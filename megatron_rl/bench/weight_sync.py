@@ -1,0 +1,610 @@
+"""Weight-sync benchmark: a sharded Megatron actor into a colocated vLLM engine.
+
+One torchrun launch builds one HF model (a qwen3 / qwen3_moe size preset or ``--hf DIR``)
+and one vLLM engine per rank (vLLM's parallel groups are process-wide, so the engine
+outlives the Megatron layouts). For each Megatron layout and bucket size it times
+:func:`megatron_rl.rollout.sync.sync_weights` and, to say where the time goes, its two
+halves run alone: the gather (iterating ``iter_hf_tensors`` into buckets, no engine) and
+vLLM's load (the same buckets, pre-gathered). The yardstick is a plain ``copy_`` of the
+same bytes into preallocated tensors of the same shapes, timed in the same run on rank 0
+alone (the issue's target: sync <= 3x that copy on CPU) and on every rank at once (the
+same core sharing the sync sees). Peak memory is the extra above the pre-sync level:
+VmHWM reset through /proc/self/clear_refs on CPU, ``max_memory_allocated`` on GPU.
+
+    torchrun --nproc-per-node=2 tools/bench_weight_sync.py --preset cpu-dense
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gc
+import json
+import math
+import os
+import platform as host
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from megatron_rl.models.hf_config import ModelArch
+from megatron_rl.parallel.config import LayoutError, ParallelConfig
+from megatron_rl.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
+
+DESCRIPTION = (
+    "Time the Megatron -> vLLM weight sync per layout and bucket size (run under torchrun): "
+    "seconds, GB/s, peak extra memory, the gather / vLLM-load split, and the ratio to a plain "
+    "copy of the same bytes."
+)
+EPILOG = """\
+examples:
+  torchrun --nproc-per-node=2 tools/bench_weight_sync.py --preset cpu-dense
+  torchrun --nproc-per-node=4 tools/bench_weight_sync.py --preset cpu-moe --vllm-tp 2 \\
+      --layouts tp2,pp2,ep2,tp2_ep2_etp1 --bucket-mb 16,64,512 --json ws.json
+  torchrun --nproc-per-node=2 tools/bench_weight_sync.py --hf /path/to/hf_model --dtype bf16
+
+Layouts are '_'-joined sizes: tp2, pp2, ep2, tp2_pp2, tp2_ep2_etp1, tp1 (DP only); those
+that do not fit the world size or the model are skipped (listed in the output).
+"""
+
+
+def _arch(family: str, hidden: int, layers: int, heads: int, groups: int, head_dim: int, ffn: int,
+          vocab: int, **moe) -> ModelArch:
+    return ModelArch(
+        family=family, vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_attention_heads=heads,
+        num_query_groups=groups, head_dim=head_dim, ffn_hidden_size=ffn, norm_epsilon=1e-6,
+        rope_theta=10000.0, max_position_embeddings=2048, tie_word_embeddings=False, qkv_bias=False,
+        qk_layernorm=True, **moe,
+    )
+
+
+#: Sizes in fp32. qwen3 / qwen3_moe only: the families
+#: :func:`megatron_rl.testing.hf_models.save_tiny_model` can write. Head size 64 suits
+#: vLLM's CPU attention; layers, heads and groups divide by 2 and 4 for TP/PP/EP.
+PRESETS: dict[str, ModelArch] = {
+    "tiny-dense": TINY_DENSE,  # 0.21 M params, 0.8 MiB
+    "tiny-moe": TINY_QWEN3_MOE,  # 0.21 M params, 0.8 MiB
+    "cpu-dense": _arch("qwen3", 384, 4, 6, 2, 64, 1024, 4096),  # 9.4 M params, 36 MiB
+    "cpu-moe": _arch("qwen3_moe", 384, 4, 6, 2, 64, 1024, 4096,  # 14.2 M params, 54 MiB
+                     num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=256),
+    "cpu-dense-big": _arch("qwen3", 1024, 4, 16, 4, 64, 3072, 16384),  # 81.8 M params, 312 MiB
+    "gpu-dense-1b": _arch("qwen3", 2048, 16, 16, 8, 128, 8192, 32768),  # 1.1 B params
+    "gpu-moe-2b": _arch("qwen3_moe", 2048, 16, 16, 8, 128, 8192, 32768,  # 2.0 B params
+                        num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=2048),
+}
+
+_LAYOUT_PART = re.compile(r"^(tp|pp|vpp|cp|ep|etp)(\d+)$")
+_LAYOUT_FIELDS = {
+    "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "vpp": "virtual_pipeline_model_parallel_size",
+    "cp": "context_parallel_size",
+    "ep": "expert_model_parallel_size",
+    "etp": "expert_tensor_parallel_size",
+}
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+_MB = 1 << 20
+
+
+class BenchArgumentError(ValueError):
+    """Arguments that cannot run; reported before torch or any process group is touched."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one run does (identical on every rank)."""
+
+    arch: ModelArch
+    model_label: str
+    hf_dir: Optional[Path]
+    """An existing HF model (``--hf``), or None: rank 0 writes the preset under work_dir."""
+    work_dir: Path
+    layouts: tuple[tuple[str, ParallelConfig], ...]
+    skipped: tuple[str, ...]
+    """'name: why' for each requested layout that does not fit."""
+    bucket_bytes: tuple[int, ...]
+    dtype: str
+    vllm_tp: int
+    iterations: int
+    warmup: int
+    copy_repeats: int
+    kv_cache_gib: int
+    json_path: Path
+
+
+# ---- arguments -----------------------------------------------------------------------
+
+
+def parse_layout(text: str) -> ParallelConfig:
+    """'tp2_ep2_etp1' -> ParallelConfig; ValueError naming the bad part."""
+    sizes: dict[str, int] = {}
+    for part in text.split("_"):
+        match = _LAYOUT_PART.match(part)
+        if not match:
+            raise ValueError(
+                f"layout {text!r}: {part!r} is not <kind><size> with kind one of {', '.join(_LAYOUT_FIELDS)}"
+            )
+        kind, size = match.group(1), int(match.group(2))
+        if kind in sizes:
+            raise ValueError(f"layout {text!r} gives {kind} twice")
+        sizes[kind] = size
+    fields = {_LAYOUT_FIELDS[k]: v for k, v in sizes.items()}
+    if fields.get("virtual_pipeline_model_parallel_size") == 1:
+        fields["virtual_pipeline_model_parallel_size"] = None
+    try:
+        return ParallelConfig(**fields)
+    except TypeError as err:
+        raise ValueError(f"layout {text!r}: {err}") from None
+
+
+def _positive_floats(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x]
+    except ValueError:
+        values = []
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be comma-separated positive numbers, e.g. 16,64,512")
+    return values
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    model = p.add_mutually_exclusive_group()
+    model.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                       help="model size to generate (default cpu-dense); written once under --work-dir")
+    model.add_argument("--hf", type=Path, default=None, help="an existing HF model directory instead")
+    p.add_argument("--layouts", default="tp2,pp2,ep2,tp2_ep2_etp1",
+                   help="comma-separated Megatron layouts, e.g. tp2,pp2,ep2,tp2_ep2_etp1 (default)")
+    p.add_argument("--bucket-mb", type=_positive_floats, default=[16.0, 64.0, 512.0], metavar="16,64,512",
+                   help="sync bucket sizes in MiB")
+    p.add_argument("--vllm-tp", type=_positive, default=1, help="vLLM tensor_parallel_size (divides the world)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="Megatron and vLLM weights")
+    p.add_argument("--iterations", type=_positive, default=3, help="timed syncs per layout x bucket")
+    p.add_argument("--warmup", type=int, default=1, help="untimed syncs first")
+    p.add_argument("--copy-repeats", type=_positive, default=5, help="timed plain copies (median)")
+    p.add_argument("--kv-cache-gib", type=_positive, default=1,
+                   help="vLLM KV cache per rank on CPU (whole GiB: vLLM reads VLLM_CPU_KVCACHE_SPACE as an int)")
+    p.add_argument("--work-dir", type=Path, default=Path("runs/bench/weight_sync"),
+                   help="generated models and compile caches")
+    p.add_argument("--json", type=Path, default=None,
+                   help="results file (default <work-dir>/weight_sync_<model>_world<W>.json)")
+    return p
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    """The ``weight-sync`` subcommand for ``megatron-rl bench``."""
+    p = sub.add_parser(
+        "weight-sync", help="Megatron -> vLLM weight sync: time, GB/s, memory, vs a plain copy",
+        description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return add_arguments(p)
+
+
+def _resolve_model(args) -> tuple[ModelArch, str, Optional[Path]]:
+    if args.hf is not None:
+        from megatron_rl.bench.presets import resolve_model
+
+        if not (args.hf / "config.json").is_file():
+            raise BenchArgumentError(f"--hf {args.hf}: no config.json there (an HF model directory is needed)")
+        try:
+            return resolve_model(str(args.hf)), args.hf.name or "model", args.hf
+        except ValueError as err:
+            raise BenchArgumentError(f"--hf {args.hf}: {err}") from None
+    name = args.preset or "cpu-dense"
+    return PRESETS[name], name, None
+
+
+def make_plan(args: argparse.Namespace, world: int) -> Plan:
+    """The run's plan from parsed arguments; BenchArgumentError when nothing can run."""
+    arch, label, hf_dir = _resolve_model(args)
+    if world % args.vllm_tp:
+        raise BenchArgumentError(f"--vllm-tp {args.vllm_tp} must divide the world size {world}")
+    if args.warmup < 0:
+        raise BenchArgumentError(f"--warmup {args.warmup} must be >= 0")
+    layouts, skipped = [], []
+    for name in [n.strip() for n in args.layouts.split(",") if n.strip()]:
+        try:
+            layout = parse_layout(name)
+        except ValueError as err:
+            raise BenchArgumentError(str(err)) from None
+        try:
+            layout.validate(world, arch.shape())
+        except LayoutError as err:
+            skipped.append(f"{name}: {err}")
+            continue
+        layouts.append((name, layout))
+    if not layouts:
+        hint = " (run it under torchrun --nproc-per-node=2 or more, or pass --layouts tp1)" if world == 1 else ""
+        raise BenchArgumentError(
+            f"none of --layouts {args.layouts} fits world size {world} and this model{hint}: " + "; ".join(skipped)
+        )
+    json_path = args.json or args.work_dir / f"weight_sync_{label}_world{world}.json"
+    return Plan(
+        arch=arch, model_label=label, hf_dir=hf_dir, work_dir=args.work_dir, layouts=tuple(layouts),
+        skipped=tuple(skipped), bucket_bytes=tuple(int(mb * _MB) for mb in args.bucket_mb),
+        dtype=DTYPES[args.dtype], vllm_tp=args.vllm_tp, iterations=args.iterations, warmup=args.warmup,
+        copy_repeats=args.copy_repeats, kv_cache_gib=args.kv_cache_gib, json_path=json_path,
+    )
+
+
+# ---- measurement -----------------------------------------------------------------------
+
+
+def _cuda() -> bool:
+    from megatron_rl import platform
+
+    return platform.current().is_cuda
+
+
+def _current_memory(cuda: bool) -> int:
+    import torch
+
+    if cuda:
+        return int(torch.cuda.memory_allocated())
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _measure(fn: Callable[[], object]) -> tuple[float, float, int]:
+    """(wall seconds, this process's CPU seconds, peak bytes above the start level) of ``fn``.
+
+    CPU seconds exclude time spent waiting, for the network or for a core: on a shared
+    host they show what the work itself costs.
+    """
+    import torch
+
+    from megatron_rl.bench import hardware
+
+    cuda = _cuda()
+    gc.collect()
+    if cuda:
+        torch.cuda.synchronize()
+    hardware.reset_peak_memory(cuda)  # also returns freed heap pages to the OS on CPU
+    before = _current_memory(cuda)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    return seconds, cpu_seconds, max(hardware.peak_memory_bytes(cuda) - before, 0)
+
+
+def _max_over_ranks(values: list[float]) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    from megatron_rl import platform
+
+    device = platform.current().device if _cuda() else "cpu"
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+@dataclasses.dataclass
+class Timing:
+    """Repeated collective runs of one phase: per run the slowest rank."""
+
+    wall_s: list[float]
+    cpu_s: list[float]
+    peak_bytes: int
+    """The largest peak of any run on any rank."""
+
+    @property
+    def wall(self) -> float:
+        return statistics.median(self.wall_s)
+
+    @property
+    def cpu(self) -> float:
+        return statistics.median(self.cpu_s)
+
+
+def _repeat(fn: Callable[[], object], times: int) -> Timing:
+    import torch.distributed as dist
+
+    timing = Timing([], [], 0)
+    for _ in range(times):
+        dist.barrier()
+        wall, cpu, peak = _max_over_ranks(list(map(float, _measure(fn))))
+        timing.wall_s.append(wall)
+        timing.cpu_s.append(cpu)
+        timing.peak_bytes = max(timing.peak_bytes, int(peak))
+    return timing
+
+
+def _copy_seconds(sources: list, repeats: int) -> tuple[list[float], list[float]]:
+    """(wall, CPU) seconds of a plain copy_ of ``sources`` into preallocated same-shape tensors."""
+    import torch
+
+    targets = [torch.empty_like(t) for t in sources]
+    cuda = _cuda()
+
+    def copy_all():
+        for dst, src in zip(targets, sources):
+            dst.copy_(src)
+        if cuda:
+            torch.cuda.synchronize()
+
+    copy_all()  # touch the target pages once: a real buffer is reused, not freshly mapped
+    walls, cpus = [], []
+    for _ in range(repeats):
+        start, cpu_start = time.perf_counter(), time.process_time()
+        copy_all()
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu_start)
+    return walls, cpus
+
+
+def _plain_copy(sources: list, repeats: int) -> dict:
+    """Copy time of the same bytes: rank 0 alone (others wait), then every rank at once."""
+    import torch.distributed as dist
+
+    alone = ([0.0] * repeats, [0.0] * repeats)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        alone = _copy_seconds(sources, repeats)
+    alone_wall, alone_cpu = _max_over_ranks(alone[0]), _max_over_ranks(alone[1])
+    dist.barrier()
+    together = _max_over_ranks(_copy_seconds(sources, repeats)[0])
+    return {
+        "copy_s": statistics.median(alone_wall),
+        "copy_cpu_s": statistics.median(alone_cpu),
+        "copy_all_ranks_s": statistics.median(together),
+    }
+
+
+def gather_received_bytes(chunks, arch: ModelArch) -> int:
+    """Bytes this rank receives from other ranks during one gather (the network part)."""
+    import torch.distributed as dist
+
+    from megatron_rl.bridge import export_plan
+
+    rank = dist.get_rank()
+    total = 0
+    for unit in export_plan(chunks, arch).units:
+        itemsize = unit.dtype.itemsize
+        for owner, parts in unit.sources:
+            if owner != rank:
+                total += sum(math.prod(shape) for _, _, shape in parts) * itemsize
+    return total
+
+
+# ---- one layout ---------------------------------------------------------------------------
+
+
+def _build_layout(plan: Plan, layout: ParallelConfig, hf_dir: Path):
+    from megatron_rl.bridge import load_hf
+    from megatron_rl.models.builder import BuildOptions, build_model
+    from megatron_rl.parallel import initialize
+
+    initialize(layout, seed=1, model=plan.arch.shape())
+    dtype = {"float32": "fp32", "bfloat16": "bf16"}[plan.dtype]
+    chunks = build_model("actor", plan.arch, layout, BuildOptions(dtype=dtype))
+    load_hf(chunks, hf_dir, plan.arch)
+    return chunks
+
+
+def bench_bucket(chunks, arch: ModelArch, engine, plan: Plan, bucket_bytes: int) -> dict:
+    """Time sync / gather alone / load alone / plain copy for one bucket size (collective)."""
+    import torch
+
+    from megatron_rl.bridge import iter_hf_tensors
+    from megatron_rl.rollout.sync import buckets, sync_weights
+
+    dtype = getattr(torch, plan.dtype)
+    stats = []
+    for _ in range(plan.warmup):
+        sync_weights(chunks, arch, engine, bucket_bytes)
+    sync = _repeat(lambda: stats.append(sync_weights(chunks, arch, engine, bucket_bytes)), plan.iterations)
+    last = stats[-1]
+
+    def gather_only():
+        for _ in buckets(iter_hf_tensors(chunks, arch, dtype=dtype), bucket_bytes):
+            pass
+
+    gather = _repeat(gather_only, plan.iterations)
+    gathered = list(iter_hf_tensors(chunks, arch, dtype=dtype))
+
+    def load_only():
+        for bucket in buckets(gathered, bucket_bytes):
+            engine.load_weights(bucket)
+        engine.finish_weight_update()
+
+    load = _repeat(load_only, plan.iterations)
+    copy = _plain_copy([t for _, t in gathered], plan.copy_repeats)
+    del gathered
+    return {
+        "bucket_mb": bucket_bytes / _MB,
+        "buckets": last.buckets,
+        "tensors": last.tensors,
+        "bytes": last.bytes,
+        "largest_bucket_mb": last.largest_bucket_bytes / _MB,
+        "sync_s": sync.wall,
+        "sync_s_all": sync.wall_s,
+        "sync_cpu_s": sync.cpu,
+        "gb_per_s": last.bytes / sync.wall / 1e9,
+        "gather_s": gather.wall,
+        "gather_cpu_s": gather.cpu,
+        "load_s": load.wall,
+        "load_cpu_s": load.cpu,
+        "other_s": sync.wall - gather.wall - load.wall,
+        **copy,
+        "copy_gb_per_s": last.bytes / copy["copy_s"] / 1e9,
+        "ratio_to_copy": sync.wall / copy["copy_s"],
+        "ratio_to_copy_all_ranks": sync.wall / copy["copy_all_ranks_s"],
+        "ratio_cpu_time_to_copy": sync.cpu / max(copy["copy_cpu_s"], 1e-9),
+        "peak_extra_mb": sync.peak_bytes / _MB,
+        "gather_peak_extra_mb": gather.peak_bytes / _MB,
+        "load_peak_extra_mb": load.peak_bytes / _MB,
+    }
+
+
+def bench_layout(plan: Plan, name: str, layout: ParallelConfig, hf_dir: Path, engine) -> list[dict]:
+    import torch
+    import torch.distributed as dist
+
+    from megatron_rl.parallel import destroy
+
+    world = dist.get_world_size()
+    chunks = _build_layout(plan, layout, hf_dir)
+    try:
+        received = _max_over_ranks([float(gather_received_bytes(chunks, plan.arch))])[0]
+        rows = []
+        for bucket_bytes in plan.bucket_bytes:
+            row = bench_bucket(chunks, plan.arch, engine, plan, bucket_bytes)
+            rows.append({"layout": name, "parallel": layout.describe(world),
+                         "gather_received_mb_max_rank": received / _MB, **row})
+            _print_row(rows[-1])
+        return rows
+    finally:
+        del chunks
+        destroy()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+
+def _prepare_model(plan: Plan) -> Path:
+    """The HF directory every rank loads: ``--hf`` or the preset, written once by rank 0."""
+    import torch.distributed as dist
+
+    from megatron_rl.testing.hf_models import save_tiny_model
+
+    if plan.hf_dir is not None:
+        return plan.hf_dir
+    path = plan.work_dir / "models" / plan.model_label
+    if dist.get_rank() == 0:
+        save_tiny_model(plan.arch, path, seed=0)
+    dist.barrier()
+    return path
+
+
+def _build_engine(plan: Plan, hf_dir: Path):
+    from megatron_rl.rollout import EngineConfig, RolloutEngine
+
+    config = EngineConfig(
+        tensor_parallel_size=plan.vllm_tp, dtype=plan.dtype, max_model_len=128, load_tokenizer=False,
+        cpu_kv_cache_gib=plan.kv_cache_gib, cache_dir=str(plan.work_dir / "cache"),
+    )
+    return RolloutEngine(hf_dir, config)
+
+
+_COLUMNS = ("layout", "bucket MB", "bkts", "MB/rank", "sync s", "GB/s", "gather s", "load s",
+            "copy s", "x copy", "x copy(all)", "x copy(cpu)", "peak+ MB")
+
+
+def _row_cells(r: dict) -> tuple:
+    return (r["layout"], f"{r['bucket_mb']:.3g}", r["buckets"], f"{r['bytes'] / _MB:.1f}", f"{r['sync_s']:.3f}",
+            f"{r['gb_per_s']:.2f}", f"{r['gather_s']:.3f}", f"{r['load_s']:.3f}", f"{r['copy_s']:.4f}",
+            f"{r['ratio_to_copy']:.1f}", f"{r['ratio_to_copy_all_ranks']:.1f}", f"{r['ratio_cpu_time_to_copy']:.1f}",
+            f"{r['peak_extra_mb']:.1f}")
+
+
+def _fmt(cells: Sequence) -> str:
+    widths = (14, 9, 4, 8, 7, 6, 8, 7, 7, 6, 11, 11, 8)
+    return " ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+
+def _print_row(row: dict) -> None:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        print(_fmt(_row_cells(row)), flush=True)
+
+
+def table(rows: list[dict]) -> str:
+    """The printed table (also for the docs)."""
+    return "\n".join([_fmt(_COLUMNS)] + [_fmt(_row_cells(r)) for r in rows])
+
+
+def run(plan: Plan) -> dict:
+    """The whole benchmark under torchrun (every rank); rank 0 prints and writes JSON."""
+    import torch
+    import torch.distributed as dist
+
+    from megatron_rl import platform
+
+    platform.init_distributed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    load_before = os.getloadavg()  # shared machines: how busy the host was is part of the result
+    hf_dir = _prepare_model(plan)
+    engine = _build_engine(plan, hf_dir)
+    if rank == 0:
+        for line in plan.skipped:
+            print(f"skipped layout {line}", flush=True)
+        print(f"engine built in {engine.build_s:.1f} s; world {world}, vLLM TP{plan.vllm_tp}, "
+              f"{plan.iterations} timed syncs (median)\n{_fmt(_COLUMNS)}", flush=True)
+    rows = []
+    for name, layout in plan.layouts:
+        rows.extend(bench_layout(plan, name, layout, hf_dir, engine))
+    result = {
+        "benchmark": "weight_sync",
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "host": host.node(),
+        "device": torch.cuda.get_device_name() if _cuda() else f"CPU ({os.cpu_count()} cores visible)",
+        "world_size": world,
+        "torch_threads": torch.get_num_threads(),
+        "host_load_average_1min": {"start": load_before[0], "end": os.getloadavg()[0]},
+        "model": {"name": plan.model_label, "hf_dir": str(hf_dir), "family": plan.arch.family,
+                  "arch": dataclasses.asdict(plan.arch)},
+        "dtype": plan.dtype,
+        "vllm_tp": plan.vllm_tp,
+        "iterations": plan.iterations,
+        "warmup": plan.warmup,
+        "engine_build_s": engine.build_s,
+        "memory_kind": "torch.cuda.max_memory_allocated - memory_allocated" if _cuda()
+        else "VmHWM (reset via /proc/self/clear_refs) - VmRSS before, max over ranks",
+        "skipped_layouts": list(plan.skipped),
+        "results": rows,
+    }
+    if rank == 0:
+        plan.json_path.parent.mkdir(parents=True, exist_ok=True)
+        plan.json_path.write_text(json.dumps(result, indent=1))
+        print(f"wrote {plan.json_path}", flush=True)
+    dist.barrier()
+    return result
+
+
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
+
+
+def run_args(args: argparse.Namespace) -> int:
+    """Run from parsed arguments (``megatron-rl bench weight-sync``); the exit code."""
+    try:
+        plan = make_plan(args, _world_size())
+    except BenchArgumentError as err:
+        print(f"megatron-rl bench weight-sync: error: {err}", file=sys.stderr)
+        return 2
+    run(plan)
+    # The process group stays: vLLM's exit hook destroys its groups on it, then the rest.
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = add_arguments(argparse.ArgumentParser(
+        prog="bench_weight_sync", description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ))
+    return run_args(parser.parse_args(list(sys.argv[1:] if argv is None else argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

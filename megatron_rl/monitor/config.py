@@ -1,0 +1,89 @@
+"""The monitor's settings as the trainer's `monitor:` config section (no torch import)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MODES = ("any", "top1")
+
+
+@dataclass(frozen=True)
+class DetectConfig:
+    """Detector settings; times are in the trace's seconds."""
+
+    window_s: float = 8.0
+    """Length of one window (8 s in the published system)."""
+    stride_s: float = 8.0
+    """Step between windows; equal to window_s means non-overlapping windows."""
+    threshold: float = 4.5
+    """A machine is a candidate when its normalised score exceeds this. Tuned for the
+    packaged denoiser (docs/monitor.md); re-tune with `monitor eval` after retraining."""
+    continuity_s: float = 240.0
+    """Declare a machine only after it has been the candidate this long (~4 min published)."""
+    max_gap_s: float = 24.0
+    """A run of candidacy survives this many seconds without the machine being the
+    candidate (0 = strictly consecutive, as in the spec); lets flapping faults through."""
+    min_fraction: float = 0.75
+    """... but the machine must be the candidate in at least this fraction of the run's windows."""
+    max_fill_s: float = 3.0
+    """Missing samples are forward-filled for at most this long; longer gaps void a window."""
+    min_machines: int = 3
+    """A metric window is scored only if at least this many machines have it."""
+    step_s: float = 1.0
+    """Sampling period the trace is resampled to."""
+    mode: str = "any"
+    """Candidate rule: "any" (every machine above threshold) or "top1" (the spec's
+    single top scorer per window); see the module docstring."""
+
+    def __post_init__(self):
+        checks = [
+            (self.mode in MODES, f"mode must be one of {', '.join(MODES)}"),
+            (self.step_s > 0, "step_s must be > 0"),
+            (self.window_s >= 2 * self.step_s, "window_s must cover at least 2 samples"),
+            (self.step_s <= self.stride_s, "stride_s must be >= step_s"),
+            (self.threshold > 0, "threshold must be > 0"),
+            (self.continuity_s >= 0 and self.max_gap_s >= 0 and self.max_fill_s >= 0,
+             "continuity_s, max_gap_s and max_fill_s must be >= 0"),
+            (0 < self.min_fraction <= 1, "min_fraction must be in (0, 1]"),
+            (self.min_machines >= 3, "min_machines must be >= 3 (two machines cannot outvote each other)"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(f"DetectConfig: {msg}; got {self}")
+
+    @property
+    def window(self) -> int:
+        return int(round(self.window_s / self.step_s))
+
+    @property
+    def stride(self) -> int:
+        return int(round(self.stride_s / self.step_s))
+
+
+@dataclass(frozen=True)
+class OnlineConfig:
+    """Settings of the monitor that runs beside training."""
+
+    enabled: bool = False
+    """Whether the trainer starts the monitor (`monitor.enabled=true`)."""
+    interval_s: float = 1.0
+    """Sampling period on every machine."""
+    detect_every_steps: int = 5
+    """Gather samples and run the detector every this many training steps (RL steps
+    take tens of seconds to minutes, so this adds that much to the detection delay)."""
+    lookback_s: float = 900.0
+    """Seconds of history the detector looks at on each run."""
+    exclude_file: str | None = None
+    """Hostnames declared faulty are appended here; default <run_dir>/monitor/exclude_hosts.txt."""
+    model_dir: str | None = None
+    """Denoiser weights (train-denoiser output); None: the packaged default; "none": raw windows."""
+    stop_on_alert: bool = False
+    """Set `stop_requested` on the detector rank when a machine is declared."""
+    write_traces: bool = True
+    """Each sampling machine also writes <run_dir>/monitor/traces/<host>.csv."""
+    detect: DetectConfig = field(default_factory=DetectConfig)
+
+    def __post_init__(self):
+        if self.interval_s <= 0 or self.detect_every_steps < 1 or self.lookback_s <= 0:
+            raise ValueError(f"OnlineConfig: interval_s and lookback_s must be > 0 and "
+                             f"detect_every_steps >= 1; got {self}")
