@@ -115,13 +115,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 summary = run(cfg)
                 print(f"run dir: {summary['run_dir']}  lm_loss {summary['first_loss']:.3f} -> "
                       f"{summary['last_loss']:.3f} (chance {summary['chance_loss']:.3f})")
-                return 0
+                return summary.get("exit_code", 0)
             from megatron_rl.trainer import train
 
             summary = train(cfg)
-            print(f"run dir: {summary['run_dir']}  reward (mean of first 5 steps) {summary['first_reward']:.3f} -> "
-                  f"(last 5) {summary['last_reward']:.3f}")
-            return 0
+            if summary["steps"] == 0:
+                print(f"run dir: {summary['run_dir']} already holds step {summary['last_step']} of "
+                      f"trainer.max_steps={cfg.trainer.max_steps}: nothing to train (choose another "
+                      "trainer.run_dir or a larger trainer.max_steps)")
+            else:
+                print(f"run dir: {summary['run_dir']}  reward (mean of first 5 steps of this run) "
+                      f"{summary['first_reward']:.3f} -> (last 5) {summary['last_reward']:.3f}")
+            return summary["exit_code"]
         raise AssertionError(args.command)
     except ConfigError as err:
         print(f"megatron-rl: config error: {err}", file=sys.stderr)

@@ -24,6 +24,9 @@ import torch.distributed as dist
 
 from megatron_rl import checkpoint, platform
 from megatron_rl.config import Config, ConfigError, dump_yaml, validate
+from megatron_rl.launch import exit_codes
+from megatron_rl.launch.slurm_env import SlurmEnv
+from megatron_rl.launch.status import write_status
 from megatron_rl.models.builder import BuildOptions, padded_vocab_size
 from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.parallel import initialize
@@ -62,7 +65,18 @@ def _rows_usable(num_groups: int, group_size: int, multiple: int) -> int:
 
 
 def train(cfg: Config) -> dict:
-    """Run ``trainer.max_steps`` RL steps; returns a summary (rank 0 writes the run dir)."""
+    """Run ``trainer.max_steps`` RL steps; returns a summary (rank 0 writes the run dir).
+
+    SIGUSR1 / SIGTERM (Slurm preemption, scancel) stop the run after the current step with
+    a committed checkpoint; the summary's ``exit_code`` then says "requeue me" (launch.exit_codes).
+    The handlers go in first, so that a signal during start-up is not fatal either."""
+    from megatron_rl.launch.signals import StopSignals
+
+    with StopSignals() as stop:
+        return _train(cfg, stop)
+
+
+def _train(cfg: Config, stop) -> dict:
     from transformers import AutoTokenizer
 
     from megatron_rl.data import PromptDataset, PromptFields, PromptLoader
@@ -135,8 +149,10 @@ def train(cfg: Config) -> dict:
     first_step = 1 + _resume(ckpt_root, actor, loader, engine, arch, cfg)
     log = MetricsLog(run_dir, enabled=rank == 0, total_steps=cfg.trainer.max_steps, resume_after=first_step - 1)
     monitor = _start_monitor(cfg, run_dir)
+    slurm = SlurmEnv.from_environ()
     probe = None
     history = []
+    step, stop_signal = first_step - 1, None
     for step in range(first_step, cfg.trainer.max_steps + 1):
         step_start = time.perf_counter()
         rollout = collect_rollouts(
@@ -221,36 +237,40 @@ def train(cfg: Config) -> dict:
         record["timing/step_s"] = time.perf_counter() - step_start
         generated_tokens = rollout.mean_length_all * rollout.generated_groups * cfg.rollout.n_samples
         record["throughput/tokens_per_s"] = (generated_tokens + tokens_trained) / record["timing/step_s"]
-        stop = False
+        faulty = False
         if monitor is not None:
             monitor.on_step(record["timing/step_s"])  # collective every detect_every_steps
             record["monitor/declared_machines"] = len(monitor.declared)
-            stop = _agree(cfg.monitor.stop_on_alert and monitor.stop_requested)
+            faulty = _agree(cfg.monitor.stop_on_alert and monitor.stop_requested)
+        record["slurm/restart_count"] = slurm.restart_count
         history.append(record)
         log.write(record)
+        stop_signal = stop.agree()  # every rank, every step: all stop at the same step
         interval = cfg.checkpoint.save_interval
-        if stop or step == cfg.trainer.max_steps or (interval and step % interval == 0):
+        if faulty or stop_signal or step == cfg.trainer.max_steps or (interval and step % interval == 0):
             _save(ckpt_root, step, actor, loader, base_dir, cfg)
-        if stop:
-            if rank == 0:
-                print(f"stopping after step {step}: the monitor declared {sorted(monitor.declared)} faulty "
-                      f"(listed in {monitor.exclude_file})", flush=True)
+        if faulty and rank == 0:
+            print(f"stopping after step {step}: the monitor declared {sorted(monitor.declared)} faulty "
+                  f"(listed in {monitor.exclude_file})", flush=True)
+        if stop_signal is not None and rank == 0:
+            print(f"stopped on {stop_signal.name} after step {step}; checkpoint saved in {ckpt_root}", flush=True)
+        if faulty or stop_signal is not None:
             break
     checkpoint.wait_pending()  # an async save still writing must commit before we exit
     if monitor is not None:
         monitor.stop()
+    done = step >= cfg.trainer.max_steps
+    code = exit_codes.DONE if done else exit_codes.STOPPED
+    if rank == 0:
+        write_status(run_dir, code, step, None if stop_signal is None else stop_signal.name, slurm)
     log.close()
     verifier.close()
-    if not history:
-        return {"run_dir": str(run_dir), "first_reward": float("nan"), "last_reward": float("nan"), "steps": 0}
-    first = [r["reward/mean"] for r in history[:5]]
-    last = [r["reward/mean"] for r in history[-5:]]
-    return {
-        "run_dir": str(run_dir),
-        "first_reward": sum(first) / len(first),
-        "last_reward": sum(last) / len(last),
-        "steps": len(history),
-    }
+    summary = {"run_dir": str(run_dir), "steps": len(history), "last_step": step, "exit_code": code}
+    if history:
+        first = [r["reward/mean"] for r in history[:5]]
+        last = [r["reward/mean"] for r in history[-5:]]
+        summary.update(first_reward=sum(first) / len(first), last_reward=sum(last) / len(last))
+    return summary
 
 
 def _save(root: Path, step: int, actor, loader, base_dir: Path, cfg: Config) -> None:

@@ -1,0 +1,63 @@
+"""Stop requests by signal, agreed on by every rank at the same step.
+
+Slurm (or torchrun, or an operator) may signal only some ranks, and a signal lands at a
+random point of a step. So the handler only sets a flag; once per step the loop calls
+:meth:`StopSignals.agree`, an all-reduce (MAX) of the flag, and every rank gets the same
+answer at the same step, checkpoints together and exits together.
+
+SIGUSR1 means "save and get requeued" (`sbatch --signal=B:USR1@N`, `scancel --signal=USR1`);
+SIGTERM means "save and stop" (scancel, time limit, torchrun shutting workers down). When
+ranks saw different signals, SIGTERM wins: a cancel must not turn into a requeue.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Optional
+
+REQUEUE_SIGNAL = signal.SIGUSR1
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+# Ranked so that MAX over ranks picks the strongest request.
+_RANK = {0: 0, int(signal.SIGUSR1): 1, int(signal.SIGTERM): 2}
+_BY_RANK = {v: k for k, v in _RANK.items()}
+
+
+class StopSignals:
+    """Context manager: installs the handlers on enter, restores the previous ones on exit."""
+
+    def __init__(self, signals=STOP_SIGNALS):
+        self.signals = tuple(signal.Signals(s) for s in signals)
+        self.received: Optional[signal.Signals] = None
+        self._previous = {}
+
+    def _handle(self, signum, frame) -> None:
+        sig = signal.Signals(signum)
+        if self.received is None or _RANK[int(sig)] > _RANK[int(self.received)]:
+            self.received = sig
+
+    def __enter__(self) -> "StopSignals":
+        for s in self.signals:
+            self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()
+
+    def agree(self, group=None) -> Optional[signal.Signals]:
+        """Collective: the strongest stop signal any rank has received, or None.
+
+        Call it at the same point of every step on every rank of ``group`` (default: world).
+        Without an initialised process group it answers for this process alone.
+        """
+        import torch
+        import torch.distributed as dist
+
+        local = _RANK[int(self.received)] if self.received is not None else 0
+        if dist.is_available() and dist.is_initialized():
+            nccl = dist.get_backend(group) == "nccl"
+            flag = torch.tensor([local], dtype=torch.int64, device=torch.cuda.current_device() if nccl else "cpu")
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+            local = int(flag.item())
+        return signal.Signals(_BY_RANK[local]) if local else None
