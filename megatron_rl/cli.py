@@ -21,9 +21,10 @@ examples:
   megatron-rl convert hf-to-megatron --hf HF_DIR --out CKPT --tp 2 --ep 2
   megatron-rl convert megatron-to-hf --ckpt CKPT --out HF_DIR
   megatron-rl ckpt inspect CKPT --verify
+  megatron-rl plot runs/dapo --keys reward/mean,actor/entropy
 
 Overrides are dotted key=value pairs over the config tree (sections: model, parallel,
-trainer); unknown keys and bad values fail at once, naming the key and what is allowed.
+trainer, algorithm, rollout, data, checkpoint, monitor); unknown keys and bad values fail at once, naming the key and what is allowed.
 """
 
 
@@ -32,6 +33,7 @@ OWN_PARSERS = {
     "convert": ("megatron_rl.bridge.cli", "HF <-> Megatron checkpoints: hf-to-megatron, megatron-to-hf; see `convert --help`"),
     "ckpt": ("megatron_rl.checkpoint.cli", "inspect and verify checkpoints; see `ckpt --help`"),
     "bench": ("megatron_rl.bench.cli", "benchmarks: mfu | weight-sync | checkpoint; see `bench --help`"),
+    "plot": ("megatron_rl.trainer.plot", "draw a run's reward/length/entropy curves to RUN_DIR/curves.png"),
     "monitor": ("megatron_rl.monitor.cli", "faulty-machine detection (Minder): detect, eval, train-denoiser, synth; see `monitor --help`"),
 }
 

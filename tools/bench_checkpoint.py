@@ -5,7 +5,10 @@ vs torch.distributed.checkpoint, same model and distributed-optimizer state, one
 
 Saves from TP2 (x DP) and loads back into the same layout and into TP1 (DP = world), and
 prints per method: training-loop blocking time of a save, total save time (until committed),
-load time, load-with-reshard time (max over ranks), and ratios to torch DCP. The DCP
+load time, load-with-reshard time (max over ranks), and ratios to torch DCP. The async
+blocking time (after the first async save, which allocates the host buffers and is reported
+apart) and the DCP save are each timed ``--repeats`` times; the medians are reported, with
+every sample and the load average in the JSON (the machine may be shared). The DCP
 baseline saves each rank's pieces as plain tensors keyed by canonical name and offsets (DCP
 writes keys shared by several ranks once); such a state dict has no sharding metadata, so
 it cannot reshard (reported as n/a). `--help` lists the options.
@@ -15,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -139,15 +144,27 @@ def run(args) -> dict:
     total = [None] * world
     dist.all_gather_object(total, nbytes)
     r: dict = {"world_size": world, "model_bytes": sum(total) // 2, "save_layout": "TP2", "reshard_layout": "TP1"}
+    r["loadavg_start"] = os.getloadavg()
     save = lambda step, a: checkpoint.save(root / "ours", step, model=chunks, optimizer=optimizer, async_save=a)
     r["ours_sync_save_s"], _ = _timed(lambda: save(1, False))
     r["ours_async_first_blocking_s"], handle = _timed(lambda: save(2, True))
     handle.wait()
-    r["ours_async_blocking_s"], handle = _timed(lambda: save(3, True))  # plan cached, buffers reused
-    handle.wait()
-    r["ours_async_save_s"], _ = _timed(lambda: (save(4, True).wait()))
+    samples = []
+    for step in range(3, 3 + args.repeats):  # steady state: items, plan and host buffers reused
+        blocking, handle = _timed(lambda: save(step, True))
+        handle.wait()
+        samples.append(blocking)
+    r["ours_async_blocking_samples_s"], r["ours_async_blocking_s"] = samples, statistics.median(samples)
+    r["ours_async_save_s"], _ = _timed(lambda: (save(3 + args.repeats, True).wait()))
     r["torch_dist_save_s"], _ = _timed(lambda: _torch_dist_save(chunks, optimizer, root / "torch_dist"))
-    r["dcp_save_s"], _ = _timed(lambda: _dcp_save(chunks, optimizer, root / "dcp"))
+    samples = []
+    for i in range(args.repeats):
+        if rank == 0 and i:  # a fresh directory each time, as for the first sample
+            shutil.rmtree(root / "dcp")
+            (root / "dcp").mkdir()
+        seconds, _ = _timed(lambda: _dcp_save(chunks, optimizer, root / "dcp"))
+        samples.append(seconds)
+    r["dcp_save_samples_s"], r["dcp_save_s"] = samples, statistics.median(samples)
     r["ours_load_s"], _ = _timed(lambda: checkpoint.load(root / "ours", model=chunks, optimizer=optimizer))
     r["torch_dist_load_s"], _ = _timed(lambda: _torch_dist_load(chunks, optimizer, root / "torch_dist"))
     r["dcp_load_s"], _ = _timed(lambda: _dcp_load(chunks, optimizer, root / "dcp"))
@@ -157,10 +174,13 @@ def run(args) -> dict:
     r["ours_reshard_load_s"], _ = _timed(lambda: checkpoint.load(root / "ours", model=chunks, optimizer=optimizer))
     r["torch_dist_reshard_load_s"], _ = _timed(lambda: _torch_dist_load(chunks, optimizer, root / "torch_dist"))
     r["dcp_reshard_load_s"] = None
-    r["checkpoint_bytes"] = {m: sum(f.stat().st_size for f in (root / m).rglob("*") if f.is_file()) // (4 if m == "ours" else 1)
-                             for m in ("ours", "torch_dist", "dcp")}  # ours holds 4 steps (no keep_last)
+    newest = root / "ours" / f"step_{checkpoint.latest_step(root / 'ours')}"
+    r["checkpoint_bytes"] = {m: sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+                             for m, d in (("ours", newest), ("torch_dist", root / "torch_dist"), ("dcp", root / "dcp"))}
+    r["loadavg_end"] = os.getloadavg()
     r["ratios"] = {
         "dcp_save_over_ours_async_blocking": r["dcp_save_s"] / r["ours_async_blocking_s"],
+        "dcp_save_over_ours_async_blocking_worst": min(r["dcp_save_samples_s"]) / max(r["ours_async_blocking_samples_s"]),
         "dcp_save_over_ours_sync_save": r["dcp_save_s"] / r["ours_sync_save_s"],
         "torch_dist_save_over_ours_sync_save": r["torch_dist_save_s"] / r["ours_sync_save_s"],
         "dcp_load_over_ours_load": r["dcp_load_s"] / r["ours_load_s"],
@@ -185,6 +205,10 @@ def _print(r: dict) -> None:
         print(f"{name:<22}" + "".join(f"{v:>{w}.3f}" if v is not None else f"{'n/a':>{w}}" for v, w in zip(values, (11, 9, 9, 11))))
     for key, value in r["ratios"].items():
         print(f"  {key}: {value:.1f}x")
+    show = lambda xs: " ".join(f"{x:.3f}" for x in xs)
+    print(f"  async blocking samples s: {show(r['ours_async_blocking_samples_s'])}; DCP save samples s: {show(r['dcp_save_samples_s'])}")
+    print(f"  first async save (allocates host buffers) blocking s: {r['ours_async_first_blocking_s']:.3f}")
+    print(f"  load average at start {show(r['loadavg_start'])}, at end {show(r['loadavg_end'])}")
 
 
 def main(argv=None) -> int:
@@ -193,8 +217,11 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, default=768, help="hidden size (heads = hidden/64)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--repeats", type=int, default=5, help="timed steady-state async saves and DCP saves (medians reported)")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
     result = run(args)
     if dist.get_rank() == 0:
         _print(result)

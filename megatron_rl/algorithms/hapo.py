@@ -110,10 +110,14 @@ def adaptive_temperature(
 ) -> Tensor:
     """HAPO per-token sampling temperature T_t = T·(1 + τ·ĥ_t), logits [..., V] -> [...].
 
-    ĥ_t comes from the current logits' entropy under the previous training step's
+    ĥ_t comes from the entropy of the given logits under the previous training step's
     `stats`; with stats None (first step) every token gets the plain T. High-entropy
     forks are explored more, confident tokens sampled more greedily. The sampler
     divides the logits by the result (unsqueezed on the vocabulary dim).
+
+    The trainer's statistics are of the entropy at the base temperature (Megatron's
+    entropy at T), so pass ``logits / T`` to match them; the rollout engine's processor
+    (rollout/adaptive_temperature.py) sees exactly those logits.
     """
     if not 0.0 <= tau < 1.0:
         raise ValueError(f"tau must be in [0, 1) so that T_t > 0, got {tau}")

@@ -4,12 +4,14 @@ One torchrun launch builds one HF model (a qwen3 / qwen3_moe size preset or ``--
 and one vLLM engine per rank (vLLM's parallel groups are process-wide, so the engine
 outlives the Megatron layouts). For each Megatron layout and bucket size it times
 :func:`megatron_rl.rollout.sync.sync_weights` and, to say where the time goes, its two
-halves run alone: the gather (iterating ``iter_hf_tensors`` into buckets, no engine) and
-vLLM's load (the same buckets, pre-gathered). The yardstick is a plain ``copy_`` of the
+halves run alone: the gather (iterating ``iter_hf_buckets``, no engine) and the engine's
+load (the same buckets, pre-gathered). The yardstick is a plain ``copy_`` of the
 same bytes into preallocated tensors of the same shapes, timed in the same run on rank 0
 alone (the issue's target: sync <= 3x that copy on CPU) and on every rank at once (the
 same core sharing the sync sees). Peak memory is the extra above the pre-sync level:
-VmHWM reset through /proc/self/clear_refs on CPU, ``max_memory_allocated`` on GPU.
+VmHWM reset through /proc/self/clear_refs on CPU, ``max_memory_allocated`` on GPU; the
+gather buffers the sync keeps between syncs on CPU (one bucket plus one receive buffer)
+are reported apart ("kept MB"), as they are already there before the timed syncs.
 
     torchrun --nproc-per-node=2 tools/bench_weight_sync.py --preset cpu-dense
 """
@@ -402,7 +404,8 @@ def bench_bucket(chunks, arch: ModelArch, engine, plan: Plan, bucket_bytes: int)
     """Time sync / gather alone / load alone / plain copy for one bucket size (collective)."""
     import torch
 
-    from megatron_rl.bridge import iter_hf_tensors
+    from megatron_rl.bridge import PER_EXPERT, iter_hf_buckets, iter_hf_tensors
+    from megatron_rl.bridge.export import plan_buffers
     from megatron_rl.rollout.sync import buckets, sync_weights
 
     dtype = getattr(torch, plan.dtype)
@@ -411,9 +414,10 @@ def bench_bucket(chunks, arch: ModelArch, engine, plan: Plan, bucket_bytes: int)
         sync_weights(chunks, arch, engine, bucket_bytes)
     sync = _repeat(lambda: stats.append(sync_weights(chunks, arch, engine, bucket_bytes)), plan.iterations)
     last = stats[-1]
+    kept = sum(t.numel() * t.element_size() for t in plan_buffers(chunks, arch, PER_EXPERT).values())
 
     def gather_only():
-        for _ in buckets(iter_hf_tensors(chunks, arch, dtype=dtype), bucket_bytes):
+        for _ in iter_hf_buckets(chunks, arch, bucket_bytes, dtype=dtype):
             pass
 
     gather = _repeat(gather_only, plan.iterations)
@@ -450,6 +454,7 @@ def bench_bucket(chunks, arch: ModelArch, engine, plan: Plan, bucket_bytes: int)
         "peak_extra_mb": sync.peak_bytes / _MB,
         "gather_peak_extra_mb": gather.peak_bytes / _MB,
         "load_peak_extra_mb": load.peak_bytes / _MB,
+        "kept_buffers_mb": kept / _MB,
     }
 
 
@@ -507,18 +512,18 @@ def _build_engine(plan: Plan, hf_dir: Path):
 
 
 _COLUMNS = ("layout", "bucket MB", "bkts", "MB/rank", "sync s", "GB/s", "gather s", "load s",
-            "copy s", "x copy", "x copy(all)", "x copy(cpu)", "peak+ MB")
+            "copy s", "x copy", "x copy(all)", "x copy(cpu)", "peak+ MB", "kept MB")
 
 
 def _row_cells(r: dict) -> tuple:
     return (r["layout"], f"{r['bucket_mb']:.3g}", r["buckets"], f"{r['bytes'] / _MB:.1f}", f"{r['sync_s']:.3f}",
             f"{r['gb_per_s']:.2f}", f"{r['gather_s']:.3f}", f"{r['load_s']:.3f}", f"{r['copy_s']:.4f}",
             f"{r['ratio_to_copy']:.1f}", f"{r['ratio_to_copy_all_ranks']:.1f}", f"{r['ratio_cpu_time_to_copy']:.1f}",
-            f"{r['peak_extra_mb']:.1f}")
+            f"{r['peak_extra_mb']:.1f}", f"{r['kept_buffers_mb']:.1f}")
 
 
 def _fmt(cells: Sequence) -> str:
-    widths = (14, 9, 4, 8, 7, 6, 8, 7, 7, 6, 11, 11, 8)
+    widths = (14, 9, 4, 8, 7, 6, 8, 7, 7, 6, 11, 11, 8, 7)
     return " ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
 

@@ -3,11 +3,12 @@
 - :func:`load_hf`: HF safetensors -> a sharded Megatron model in any TP/PP/VPP/EP/ETP
   layout; each rank reads only its slices (no collectives).
 - :func:`iter_hf_tensors`: the model -> (HF name, full tensor) pairs on every rank, one
-  small unit at a time (collective; used by the vLLM weight sync).
+  small unit at a time (collective); :func:`iter_hf_buckets`: the same in layer-aligned
+  buckets of views into one reused buffer (the vLLM weight sync).
 - :func:`save_hf`: the model -> an HF directory transformers and vLLM load.
 """
 
-from megatron_rl.bridge.export import ExportPlan, export_plan, iter_hf_tensors, save_hf
+from megatron_rl.bridge.export import ExportPlan, export_plan, iter_hf_buckets, iter_hf_tensors, release_buffers, save_hf
 from megatron_rl.bridge.families import EXPERT_STYLES, FUSED, PER_EXPERT, SUPPORTED_FAMILIES, detect_style, rules_for
 from megatron_rl.bridge.load import load_hf, tensor_map
 from megatron_rl.bridge.mapping import BridgeError
@@ -21,8 +22,10 @@ __all__ = [
     "SUPPORTED_FAMILIES",
     "detect_style",
     "export_plan",
+    "iter_hf_buckets",
     "iter_hf_tensors",
     "load_hf",
+    "release_buffers",
     "rules_for",
     "save_hf",
     "tensor_map",

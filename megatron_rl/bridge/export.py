@@ -2,11 +2,13 @@
 
 The global plan (which rank holds which main-replica piece of which tensor, and which
 Megatron tensors make up which HF tensors) is computed once per model with one metadata
-exchange and cached. After that, each step moves one *unit* (the smallest set of
-Megatron tensors that closes over a set of HF tensors: a layer's linear_qkv -> q/k/v, one
-expert's linear_fc1 -> gate/up, or all experts of a layer in the fused style): each owner
-broadcasts its pieces of the unit as one flat tensor, every rank assembles the unit's HF
-tensors, yields them, and drops them. Peak memory is one unit, whatever the layout.
+exchange and cached, together with the collectives and copies derived from it. Each step
+then moves one group: a *unit* (the smallest set of Megatron tensors that closes over a
+set of HF tensors: a layer's linear_qkv -> q/k/v, one expert's linear_fc1 -> gate/up) for
+:func:`iter_hf_tensors`, or a whole decoder layer for :func:`iter_hf_buckets`. Each owner
+packs its pieces of the group into its slice of one reusable receive buffer and broadcasts
+it; every rank copies each received piece straight into the HF tensors it belongs to (no
+full Megatron tensors in between). Peak memory is one group plus the HF tensors handed out.
 """
 
 from __future__ import annotations
@@ -182,24 +184,6 @@ def _index(offsets, shape) -> tuple[slice, ...]:
     return tuple(slice(o, o + s) for o, s in zip(offsets, shape))
 
 
-def _gather_unit(unit: Unit, tmap: TensorMap, local: dict, rank: int, world: int, device) -> dict[str, torch.Tensor]:
-    """The unit's full Megatron tensors on every rank: one broadcast per owner."""
-    full = {m: torch.empty(tmap.megatron_shapes[m], dtype=unit.dtype, device=device) for m in unit.megatron}
-    for owner, parts in unit.sources:
-        if owner == rank:
-            flat = torch.cat([local[m, offsets].reshape(-1).to(device, unit.dtype) for m, offsets, _ in parts])
-        else:
-            flat = torch.empty(sum(math.prod(shape) for _, _, shape in parts), dtype=unit.dtype, device=device)
-        if world > 1:
-            dist.broadcast(flat, src=owner)
-        cursor = 0
-        for m, offsets, shape in parts:
-            n = math.prod(shape)
-            full[m][_index(offsets, shape)] = flat[cursor : cursor + n].view(shape)
-            cursor += n
-    return full
-
-
 def assemble_hf(h: str, tmap: TensorMap, full: dict[str, torch.Tensor]) -> torch.Tensor:
     """HF tensor ``h`` from the full Megatron tensors of its group."""
     pieces = tmap.pieces_of_hf[h]
@@ -224,23 +208,256 @@ def iter_hf_tensors(
 
     Collective over the default group: every rank must call it and consume it fully, in
     the same order. ``style`` picks per-expert (``save_pretrained``) or fused expert names.
+    Each tensor is newly allocated (the caller may keep it); extra memory is one unit.
     """
-    plan = export_plan(chunks, arch, style)
-    local = {
+    gather = gather_plan(chunks, arch, style, by_layer=False)
+    device = platform.current().device
+    local = _local_pieces(chunks)
+    buffers: dict = {}  # the receive buffer lives as long as this stream
+    with torch.no_grad():
+        for group in gather.groups:
+            out = {h: torch.empty(shape, dtype=dtype or group.dtype, device=device) for h, shape in group.hf}
+            gather.fill(group, out, local, buffers)
+            yield from out.items()
+            del out
+
+
+def iter_hf_buckets(
+    chunks: Sequence[torch.nn.Module],
+    arch: ModelArch,
+    bucket_bytes: int,
+    dtype: Optional[torch.dtype] = None,
+    style: str = PER_EXPERT,
+    keep_buffers: bool = True,
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Yield the model as buckets of (HF name, full tensor) of at most ``bucket_bytes``.
+
+    A bucket ends only between decoder layers (a consumer may need a whole layer at once),
+    so a layer larger than ``bucket_bytes`` makes a bucket of its own.
+    The tensors are views into one buffer reused for every bucket: valid only until the
+    next bucket is requested. Collective like :func:`iter_hf_tensors`, with one broadcast
+    per decoder layer and owner instead of one per unit and owner. ``keep_buffers`` keeps
+    the bucket buffer and the receive buffer for the next call (no fresh pages to map
+    then); otherwise they are freed at the end. Extra memory: one bucket plus one layer.
+    """
+    gather = gather_plan(chunks, arch, style, by_layer=True)
+    layout = gather.bucket_layout(bucket_bytes, dtype)
+    buffers = plan_buffers(chunks, arch, style)
+    device = platform.current().device
+    local = _local_pieces(chunks)
+    arena = buffers.get("arena")
+    if arena is None or arena.numel() < layout.nbytes or arena.device != torch.device(device):
+        arena = torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
+        buffers["arena"] = arena
+    try:
+        with torch.no_grad():
+            for bucket in layout.buckets:
+                items = []
+                for group, placed in bucket:
+                    out = {h: arena[o : o + n].view(dt).view(shape) for h, shape, dt, o, n in placed}
+                    gather.fill(group, out, local, buffers)
+                    items.extend(out.items())
+                yield items
+    finally:
+        if not keep_buffers:
+            buffers.clear()
+
+
+def release_buffers(chunks: Sequence[torch.nn.Module]) -> None:
+    """Free the gather buffers kept for this model (:func:`iter_hf_buckets`)."""
+    for key, value in _PLANS.get(_root(chunks[0]), {}).items():
+        if key[0] == "buffers":
+            value.clear()
+
+
+def _local_pieces(chunks) -> dict:
+    return {
         (canonical(s.name), tuple(s.offsets)): s.data.detach()
         for s in local_shards(chunks)
         if s.is_main_replica
     }
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    device = platform.current().device
-    with torch.no_grad():
+
+
+def plan_buffers(chunks, arch: ModelArch, style: str) -> dict:
+    """Reusable gather buffers of this model (receive buffer, bucket arena)."""
+    return _PLANS.setdefault(_root(chunks[0]), {}).setdefault(("buffers", arch, style), {})
+
+
+def gather_plan(chunks, arch: ModelArch, style: str = PER_EXPERT, by_layer: bool = False) -> "GatherPlan":
+    cache = _PLANS.setdefault(_root(chunks[0]), {})
+    key = ("gather", arch, style, by_layer)
+    if key not in cache:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        cache[key] = GatherPlan.build(export_plan(chunks, arch, style), by_layer, rank, world)
+    return cache[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Copy:
+    """Rows of one owner's piece that land in one HF tensor: out[hf][dst] = piece[src]."""
+
+    hf: str
+    dst: tuple
+    owner: int
+    start: int
+    """Element offset of the piece in the group's receive buffer."""
+    local: tuple[str, tuple[int, ...]]
+    shape: tuple[int, ...]
+    src: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Units moved together: one broadcast per owner (a decoder layer, or one unit)."""
+
+    dtype: torch.dtype
+    hf: tuple[tuple[str, tuple[int, ...]], ...]
+    segments: tuple[tuple[int, int, int, tuple[_Part, ...]], ...]
+    """(owner, start, numel, pieces in packing order) of each owner's slice of the buffer."""
+    numel: int
+    copies: tuple[_Copy, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketLayout:
+    buckets: tuple
+    """Per bucket: (group, [(hf name, shape, dtype, byte offset, nbytes)]) pairs."""
+    nbytes: int
+
+
+class GatherPlan:
+    """Precomputed collectives and copies: each received piece goes straight into the HF
+    tensors it belongs to (no full Megatron tensors in between)."""
+
+    def __init__(self, groups: tuple[Group, ...], rank: int, world: int):
+        self.groups = groups
+        self.rank = rank
+        self.world = world
+        self._layouts: dict = {}
+
+    @classmethod
+    def build(cls, plan: ExportPlan, by_layer: bool, rank: int, world: int) -> "GatherPlan":
+        batches: list[list[Unit]] = []
+        last_key = None
         for unit in plan.units:
-            full = _gather_unit(unit, plan.tmap, local, rank, world, device)
-            for h in unit.hf:
-                tensor = assemble_hf(h, plan.tmap, full)
-                yield h, tensor if dtype is None else tensor.to(dtype)
-            del full
+            key = (_layer_of(unit), unit.dtype)
+            if by_layer and batches and key == last_key and key[0] is not None:
+                batches[-1].append(unit)
+            else:
+                batches.append([unit])
+            last_key = key
+        return cls(tuple(_group(units, plan.tmap) for units in batches), rank, world)
+
+    def fill(self, group: Group, out: dict[str, torch.Tensor], local: dict, buffers: dict) -> None:
+        """Gather ``group`` into the HF tensors ``out`` (collective)."""
+        if self.world == 1:
+            for c in group.copies:
+                out[c.hf][c.dst].copy_(local[c.local][c.src])
+            return
+        device = next(iter(out.values())).device
+        flat = buffers.get(("recv", group.dtype))
+        if flat is None or flat.numel() < group.numel or flat.device != device:
+            flat = torch.empty(max(group.numel, self._max_numel(group.dtype)), dtype=group.dtype, device=device)
+            buffers[("recv", group.dtype)] = flat
+        for owner, start, numel, parts in group.segments:
+            segment = flat[start : start + numel]
+            if owner == self.rank:
+                views = [local[m, offsets].reshape(-1) for m, offsets, _ in parts]
+                if len(views) == 1:
+                    segment.copy_(views[0])
+                else:
+                    torch.cat(views, out=segment)
+            dist.broadcast(segment, src=owner)
+        for c in group.copies:
+            piece = flat[c.start : c.start + math.prod(c.shape)].view(c.shape)
+            out[c.hf][c.dst].copy_(piece[c.src])
+
+    def _max_numel(self, dtype: torch.dtype) -> int:
+        return max((g.numel for g in self.groups if g.dtype == dtype), default=0)
+
+    def bucket_layout(self, bucket_bytes: int, dtype: Optional[torch.dtype]) -> BucketLayout:
+        """Groups packed into buckets of at most ``bucket_bytes`` (or one group, if larger)."""
+        key = (bucket_bytes, dtype)
+        if key not in self._layouts:
+            buckets, current, size, largest = [], [], 0, 0
+            for group in self.groups:
+                dt = dtype or group.dtype
+                group_bytes = sum(_aligned(math.prod(shape) * dt.itemsize) for _, shape in group.hf)
+                if current and size + group_bytes > bucket_bytes:
+                    buckets.append(tuple(current))
+                    current, size = [], 0
+                placed = []
+                for h, shape in group.hf:
+                    nbytes = math.prod(shape) * dt.itemsize
+                    placed.append((h, shape, dt, size, nbytes))
+                    size += _aligned(nbytes)  # 64-byte aligned views
+                current.append((group, tuple(placed)))
+                largest = max(largest, size)
+            if current:
+                buckets.append(tuple(current))
+            self._layouts[key] = BucketLayout(tuple(buckets), largest)
+        return self._layouts[key]
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // 64) * 64
+
+
+def _layer_of(unit: Unit) -> Optional[int]:
+    match = re.match(r"decoder\.layers\.(\d+)\.", unit.megatron[0])
+    return int(match.group(1)) if match else None
+
+
+def _group(units: Sequence[Unit], tmap: TensorMap) -> Group:
+    by_owner: dict[int, list[_Part]] = {}
+    for unit in units:
+        for owner, parts in unit.sources:
+            by_owner.setdefault(owner, []).extend(parts)
+    segments, copies, start = [], [], 0
+    for owner in sorted(by_owner):
+        parts = tuple(by_owner[owner])
+        numel = sum(math.prod(shape) for _, _, shape in parts)
+        cursor = start
+        for m, offsets, shape in parts:
+            copies.extend(_copies_of_piece(tmap, m, offsets, shape, owner, cursor))
+            cursor += math.prod(shape)
+        segments.append((owner, start, numel, parts))
+        start += numel
+    hf = tuple((h, tuple(tmap.hf_shapes[h])) for unit in units for h in unit.hf)
+    covered: dict[str, int] = {}
+    for c in copies:
+        covered[c.hf] = covered.get(c.hf, 0) + math.prod(_extent(c.dst, tmap.hf_shapes[c.hf]))
+    for h, shape in hf:
+        if covered.get(h, 0) != math.prod(shape):
+            raise BridgeError(f"the export plan covers {covered.get(h, 0)} of {math.prod(shape)} elements of {h}")
+    return Group(units[0].dtype, hf, tuple(segments), start, tuple(copies))
+
+
+def _copies_of_piece(tmap: TensorMap, m: str, offsets, shape, owner: int, start: int) -> list[_Copy]:
+    """Where the rows of one owner's piece of Megatron tensor ``m`` go in the HF tensors."""
+    out = []
+    first, count = offsets[0], shape[0]
+    rest_dst = tuple(slice(o, o + n) for o, n in zip(offsets[1:], shape[1:]))
+    for p in tmap.pieces_of_megatron[m]:
+        a, b = max(first, p.rows[0]), min(first + count, p.rows[1])
+        if a >= b:
+            continue
+        hf_a = p.hf_rows[0] + a - p.rows[0]
+        dst = (*p.hf_lead, slice(hf_a, hf_a + b - a), *rest_dst)
+        out.append(_Copy(p.hf, dst, owner, start, (m, tuple(offsets)), tuple(shape), (slice(a - first, b - first),)))
+    return out
+
+
+def _extent(index: tuple, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Shape selected by ``index`` (ints and slices) in a tensor of ``shape``."""
+    dims = []
+    for i, size in enumerate(shape):
+        if i >= len(index):
+            dims.append(size)
+        elif isinstance(index[i], slice):
+            dims.append(len(range(*index[i].indices(size))))
+    return tuple(dims)
 
 
 def config_dtype(hf_config: Optional[dict]) -> Optional[torch.dtype]:

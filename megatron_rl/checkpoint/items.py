@@ -9,7 +9,7 @@ storage it lies, which is what lets the distributed optimizer's flat slices be n
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -30,6 +30,9 @@ class Item:
     """Live view: loading writes into it."""
     allow_shape_mismatch: bool = False
     """Megatron's flag for tensors whose global shape depends on the layout (padded vocab)."""
+    alias_of: Optional[str] = None
+    """Name of a model tensor whose saved box holds these very bytes (the fp32 main params of an
+    fp32 model are views of the model parameters): not written again, the metadata points at it."""
 
     @property
     def key(self) -> ChunkKey:

@@ -66,6 +66,18 @@ def ensure_state(sub) -> None:
                 state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
 
 
+def state_tensors(optimizer) -> list[torch.Tensor]:
+    """Every main parameter and tensor state the inner optimizers hold (cache fingerprints)."""
+    out = []
+    for sub in sub_optimizers(optimizer):
+        inner = sub.optimizer
+        for group in inner.param_groups:
+            for param in group["params"]:
+                out.append(param)
+                out.extend(v for v in inner.state.get(param, {}).values() if isinstance(v, torch.Tensor))
+    return out
+
+
 def _param_ranges(sub):
     """(model parameter, its flat [start, end) held by this DP rank) in Megatron's order."""
     for gbuf_range_maps in sub.gbuf_ranges:
@@ -97,12 +109,21 @@ def optimizer_items(optimizer, pieces_of: dict[int, list[ParamPiece]]) -> list[I
     return items
 
 
+def _aliases_model(flat: torch.Tensor, start: int, piece: ParamPiece) -> bool:
+    """True when the flat state slice (parameter elements from ``start``) is the model piece's
+    own memory: an fp32 model's main parameters are views of its parameters."""
+    shard = piece.item.data
+    expected = shard.data_ptr() + (start - piece.start) * shard.element_size()
+    return flat.dtype == shard.dtype and flat.data_ptr() == expected
+
+
 def _boxes_of_slice(state: str, flat: torch.Tensor, start: int, end: int, piece: ParamPiece) -> list[Item]:
     shard = piece.item
     lo, hi = max(start, piece.start), min(end, piece.start + shard.data.numel())
     out = []
     if lo >= hi:
         return out
+    alias_of = shard.name if state == "fp32_param" and _aliases_model(flat, start, piece) else None
     for box_flat, (offsets, shape) in flat_range_boxes(shard.data.shape, lo - piece.start, hi - piece.start):
         first = piece.start + box_flat - start
         out.append(
@@ -112,6 +133,7 @@ def _boxes_of_slice(state: str, flat: torch.Tensor, start: int, end: int, piece:
                 offsets=tuple(o + p for o, p in zip(offsets, shard.offsets)),
                 data=flat[first : first + volume(shape)].view(shape),
                 allow_shape_mismatch=shard.allow_shape_mismatch,
+                alias_of=alias_of,
             )
         )
     return out

@@ -85,5 +85,12 @@ class PlanCache:
     def get(self, digests: Sequence[str]) -> Optional[Plan]:
         return self._plan if self._digests == tuple(digests) else None
 
+    def guess(self, rank: int, own_digest: str) -> Optional[Plan]:
+        """The cached plan if this rank's own list is unchanged: what it will most likely write,
+        known before the other ranks' digests arrive (confirmed or discarded by :meth:`get`)."""
+        if self._digests is None or rank >= len(self._digests) or self._digests[rank] != own_digest:
+            return None
+        return self._plan
+
     def put(self, digests: Sequence[str], plan: Plan) -> None:
         self._digests, self._plan = tuple(digests), plan

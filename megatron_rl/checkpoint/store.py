@@ -13,6 +13,9 @@ import torch.distributed as dist
 
 from megatron_rl.checkpoint import format as fmt
 from megatron_rl.checkpoint import rng
+from megatron_rl.checkpoint.collectives import gather_objects, start_digest_gather
+from megatron_rl.checkpoint.collectives import world as _world
+from megatron_rl.checkpoint.item_cache import ItemCache
 from megatron_rl.checkpoint.items import Item, dedup_local, model_items, model_sharded_state_dict, unwrap
 from megatron_rl.checkpoint.optimizer_state import (
     common_state,
@@ -21,7 +24,7 @@ from megatron_rl.checkpoint.optimizer_state import (
     optimizer_items,
     sub_optimizers,
 )
-from megatron_rl.checkpoint.planner import PlanCache, balanced_plan, digest
+from megatron_rl.checkpoint.planner import ChunkKey, PlanCache, balanced_plan, digest
 from megatron_rl.checkpoint.reader import Reader, iter_tensors
 from megatron_rl.checkpoint.writer import HostBuffers, SaveHandle, commit, write_rank
 
@@ -32,23 +35,9 @@ _LAYOUT_FIELDS = (
 )
 
 _plans = PlanCache()
+_items = ItemCache()
 _buffers = HostBuffers()
 _pending: Optional[SaveHandle] = None
-
-
-def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _all_gather(obj) -> list:
-    rank, world = _world()
-    if world == 1:
-        return [obj]
-    out: list = [None] * world
-    dist.all_gather_object(out, obj)
-    return out
 
 
 def layout_of(chunks: Sequence[torch.nn.Module]) -> dict:
@@ -93,7 +82,7 @@ def save(root, step: int, model, optimizer=None, extra: Optional[dict] = None,
     extra = {} if extra is None else extra
     _check_save_args(step, extra, keep_last)
     wait_pending()
-    items = _collect(model, optimizer)
+    items = _items.get(model, optimizer, lambda: _collect(model, optimizer))
     record = {"rng": rng.capture(), "optimizer": common_state(optimizer) if optimizer is not None else None}
     header = {"extra": extra, "layout": layout_of(model)}
     return save_items(root, step, items, header, record, async_save, keep_last)
@@ -105,6 +94,12 @@ def save_items(root, step: int, items: list[Item], header: dict, record: dict,
 
     ``header`` ({extra, layout}) goes into the metadata once; ``record`` ({rng, optimizer})
     once per rank. :func:`save` builds both from a Megatron model and optimizer.
+
+    Blocking part of an async save: list the items, copy this rank's share into host buffers,
+    issue the digest exchange. Its result is awaited on the background thread, which then
+    writes and (rank 0) commits. The share comes from the plan cached at the previous save
+    when this rank's own list is unchanged (the steady state); otherwise every held item is
+    copied, so whatever the new plan assigns is in the snapshot.
     """
     global _pending
     wait_pending()
@@ -116,17 +111,30 @@ def save_items(root, step: int, items: list[Item], header: dict, record: dict,
         if tmp.exists():  # left by a save that died: never committed, safe to discard
             shutil.rmtree(tmp)
     items = dedup_local(items)
+    aliases = {i.name: i.alias_of for i in items if i.alias_of is not None}
+    items = [i for i in items if i.alias_of is None]
+    record = dict(record, aliases=aliases)
     infos = [i.info() for i in items]
-    digests = _all_gather(digest(infos))  # also orders rank 0's cleanup before any write
-    plan = _plans.get(digests)
-    if plan is None:
-        plan = balanced_plan(_all_gather(infos))
-        _plans.put(digests, plan)
-    mine = sorted((i for i in items if plan.writers[i.key] == rank), key=lambda i: i.key)
-    tensors = _buffers.snapshot(mine) if async_save else [i.data for i in mine]
-    tmp.mkdir(parents=True, exist_ok=True)
+    own = digest(infos)
+    share = lambda plan: sorted((i for i in items if plan.writers[i.key] == rank), key=lambda i: i.key)
+    snapshot: Optional[dict[ChunkKey, torch.Tensor]] = None
+    if async_save:
+        guess = _plans.guess(rank, own)
+        snapshot = _buffers.snapshot(share(guess) if guess is not None else items)
+    # issued after rank 0's cleanup and this rank's copy: once it completes, every rank has
+    # its snapshot and the directory is clean, so the writers start then
+    gathered = start_digest_gather(own)
 
     def work() -> None:
+        _buffers.release_retired()
+        digests = gathered()
+        plan = _plans.get(digests)
+        if plan is None:
+            plan = balanced_plan(gather_objects(infos))
+            _plans.put(digests, plan)
+        mine = share(plan)
+        tensors = [i.data for i in mine] if snapshot is None else _from_snapshot(snapshot, mine)
+        tmp.mkdir(parents=True, exist_ok=True)
         write_rank(tmp, rank, mine, tensors, record)
         if rank == 0:
             commit(root, step, world, header, keep_last, COMMIT_TIMEOUT_S)
@@ -135,6 +143,16 @@ def save_items(root, step: int, items: list[Item], header: dict, record: dict,
     if async_save:
         _pending = handle
     return handle
+
+
+def _from_snapshot(snapshot: dict, mine: list[Item]) -> list[torch.Tensor]:
+    missing = [i.key for i in mine if i.key not in snapshot]
+    if missing:  # only when other ranks' lists changed while this one's did not
+        raise fmt.CheckpointError(
+            f"the save plan changed on other ranks after this rank copied its usual share; {len(missing)} chunk(s) "
+            f"to write were not copied (first: {missing[0].name} at {list(missing[0].offsets)}). Save again: the new plan is cached now"
+        )
+    return [snapshot[i.key] for i in mine]
 
 
 def _agreed_step(root: Path, step: Optional[int]) -> int:
@@ -173,7 +191,8 @@ def load(root, model, optimizer=None, step: Optional[int] = None) -> dict:
             for sub in sub_optimizers(optimizer):
                 ensure_state(sub)
             load_common_state(optimizer, metadata.optimizer)  # before taking views: it may re-wrap state
-            reader.fill(dedup_local(optimizer_items(optimizer, pieces_of)))
+            # state that aliases the model's memory (fp32 main params) was filled just above
+            reader.fill([i for i in dedup_local(optimizer_items(optimizer, pieces_of)) if i.alias_of is None])
     rank, _ = _world()
     if metadata.layout == layout_of(model) and str(rank) in metadata.rng:
         rng.restore(metadata.rng[str(rank)])

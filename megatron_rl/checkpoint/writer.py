@@ -1,19 +1,22 @@
 """Writing one step: host snapshot, background write, and the atomic commit.
 
 The training loop is blocked only while this rank's share of the chunks is copied into
-host buffers (reused across saves; pinned on GPU). The rest runs on a background thread:
-raw bytes into ``data_<rank>.bin`` with a crc32 per 1 MiB block, fsync, then a small
-``rank_<r>.json`` listing what was written. Rank 0's thread waits for every rank's list,
-writes ``metadata.json`` and the ``COMMIT`` marker, renames ``.tmp_step_<N>`` to
-``step_<N>``, updates ``latest`` and prunes. The commit needs no collective (so a background
-thread can do it while the training loop uses the process groups): ranks meet through the
-checkpoint directory, which a multi-node job must share anyway.
+host buffers (reused across saves; pinned on GPU). The rest runs on one long-lived,
+lower-priority background thread: raw bytes into ``data_<rank>.bin`` with a crc32 per 1 MiB
+block, fsync, then a small ``rank_<r>.json`` listing what was written. Rank 0's thread waits
+for every rank's list, writes ``metadata.json`` and the ``COMMIT`` marker, renames
+``.tmp_step_<N>`` to ``step_<N>``, updates ``latest`` and prunes. The commit needs no
+collective (so a background thread can do it while the training loop uses the process
+groups): ranks meet through the checkpoint directory, which a multi-node job must share anyway.
+Tensors that alias a model tensor's bytes (fp32 main params) are not written: rank 0 lists
+that tensor's chunks for them in the metadata.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import threading
 import time
@@ -26,30 +29,40 @@ import torch
 from megatron_rl.checkpoint import format as fmt
 from megatron_rl.checkpoint.items import Item
 from megatron_rl.checkpoint.optimizer_state import merge_common_states
+from megatron_rl.checkpoint.planner import ChunkKey
 
 FAILED = "FAILED"
 POLL_S = 0.005
+BACKGROUND_NICE = 10
+"""Niceness of the background writer thread: under CPU contention it yields to training
+(about 1/10 of a core's share), when the CPU is free it writes at full speed."""
 
 
 class HostBuffers:
-    """Host copies of the chunks this rank writes, reused while the chunk set is unchanged."""
+    """Host copies of the chunks this rank writes, reused across saves (the steady state copies
+    into memory that is already mapped: first-touch page faults cost more than the copy)."""
 
     def __init__(self) -> None:
         self._buffers: dict = {}
+        self._retired: list[torch.Tensor] = []
 
-    def snapshot(self, items: list[Item]) -> list[torch.Tensor]:
+    def release_retired(self) -> None:
+        """Free the buffers the last snapshot no longer needed (call off the training thread:
+        unmapping hundreds of MB is not free)."""
+        self._retired = []
+
+    def snapshot(self, items: list[Item]) -> dict[ChunkKey, torch.Tensor]:
         cuda = any(i.data.is_cuda for i in items)
-        wanted = {(i.key, i.data.dtype) for i in items}
-        if set(self._buffers) != wanted:
-            self._buffers = {
-                (i.key, i.data.dtype): torch.empty(i.data.shape, dtype=i.data.dtype, pin_memory=i.data.is_cuda)
-                for i in items
-            }
-        out = []
+        kept, out = {}, {}
         for item in items:
-            buffer = self._buffers[item.key, item.data.dtype]
+            key = (item.key, item.data.dtype)
+            buffer = self._buffers.get(key)
+            if buffer is None:
+                buffer = torch.empty(item.data.shape, dtype=item.data.dtype, pin_memory=item.data.is_cuda)
             buffer.copy_(item.data.detach(), non_blocking=cuda)
-            out.append(buffer)
+            kept[key] = out[item.key] = buffer
+        self._retired = [b for key, b in self._buffers.items() if key not in kept]
+        self._buffers = kept
         if cuda:
             torch.cuda.synchronize()
         return out
@@ -107,12 +120,30 @@ def _wait_for_ranks(tmp: Path, world: int, timeout_s: float) -> list[dict]:
     return [records[r] for r in range(world)]
 
 
+def _add_aliases(tensors: dict[str, fmt.TensorEntry], records: list[dict]) -> None:
+    """Tensors saved as aliases (same bytes as a model tensor) list that tensor's chunks."""
+    aliases: dict[str, str] = {}
+    for record in records:
+        for name, target in record.get("aliases", {}).items():
+            if aliases.setdefault(name, target) != target:
+                raise fmt.CheckpointError(f"tensor {name}: ranks alias it to both {aliases[name]} and {target}")
+    for name, target in sorted(aliases.items()):
+        source = tensors.get(target)
+        if source is None:
+            raise fmt.CheckpointError(f"tensor {name} aliases {target}, which no rank wrote")
+        entry = tensors.setdefault(name, fmt.TensorEntry(source.dtype, source.shape, []))
+        if (entry.dtype, entry.shape) != (source.dtype, source.shape):
+            raise fmt.CheckpointError(f"tensor {name} ({entry.dtype} {entry.shape}) cannot alias {target} ({source.dtype} {source.shape})")
+        entry.chunks = list(source.chunks) + entry.chunks
+
+
 def merged_metadata(step: int, records: list[dict], header: dict) -> fmt.Metadata:
     tensors: dict[str, fmt.TensorEntry] = {}
     for record in records:
         for c in record["chunks"]:
             entry = tensors.setdefault(c["name"], fmt.TensorEntry(c["dtype"], c["global_shape"], []))
             entry.chunks.append(fmt.Chunk(**c["chunk"]))
+    _add_aliases(tensors, records)
     return fmt.Metadata(
         step=step,
         tensors=dict(sorted(tensors.items())),
@@ -172,6 +203,47 @@ def wait_committed(root: Path, step: int, timeout_s: float) -> None:
         time.sleep(POLL_S)
 
 
+def _lower_priority() -> None:
+    """Renice the calling thread only (Linux: a thread id is a valid PRIO_PROCESS target)."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), BACKGROUND_NICE))
+    except (AttributeError, OSError):  # other platforms: the writer just runs at normal priority
+        pass
+
+
+class _Writer:
+    """The process's one long-lived background thread. Handing it a save does not wait for a
+    new thread to be scheduled (under CPU contention that alone took 100+ ms of the blocking time)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._loop, name="ckpt-writer", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        _lower_priority()
+        while True:
+            self._jobs.get()()
+
+    def usable(self) -> bool:
+        return self._pid == os.getpid() and self._thread.is_alive()  # a forked child has no thread
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+
+_writer: Optional[_Writer] = None
+
+
+def _in_background(job: Callable[[], None]) -> None:
+    global _writer
+    if _writer is None or not _writer.usable():
+        _writer = _Writer()
+    _writer.submit(job)
+
+
 class SaveHandle:
     """A save in flight. ``wait()`` returns once the step is committed (on every rank)."""
 
@@ -179,10 +251,12 @@ class SaveHandle:
         self.root, self.step, self.rank = Path(root), step, rank
         self._timeout_s = timeout_s
         self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._run, args=(work,), name=f"ckpt-save-{step}", daemon=True)
-        self._thread.start()
+        self._finished = threading.Event()
         self._waited = False
-        if not background:
+        if background:
+            _in_background(lambda: self._run(work))
+        else:
+            self._run(work)
             self.wait()
 
     def _run(self, work: Callable[[], None]) -> None:
@@ -192,18 +266,23 @@ class SaveHandle:
             self._error = e
             tmp = fmt.tmp_dir(self.root, self.step)
             try:
+                tmp.mkdir(parents=True, exist_ok=True)
                 name = FAILED if self.rank == 0 else f"rank_{self.rank}.failed"
                 (tmp / name).write_text(f"{type(e).__name__}: {e}")
             except OSError:
                 pass
+            if not isinstance(e, Exception) and threading.current_thread() is threading.main_thread():
+                raise  # KeyboardInterrupt / SystemExit during a synchronous save
+        finally:
+            self._finished.set()
 
     def done(self) -> bool:
-        return self._waited or not self._thread.is_alive()
+        return self._waited or self._finished.is_set()
 
     def wait(self) -> None:
         if self._waited:
             return
-        self._thread.join()
+        self._finished.wait()
         if self._error is not None:
             self._waited = True
             raise fmt.CheckpointError(f"saving step {self.step} failed on rank {self.rank}: {self._error}") from self._error

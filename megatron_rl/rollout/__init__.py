@@ -4,8 +4,9 @@ Loaded lazily: importing vLLM takes seconds and is only needed by ranks that rol
 """
 
 _ENGINE = ("EngineConfig", "RolloutEngine", "Sample", "Sampling")
+_ADAPTIVE_TEMPERATURE = ("AdaptiveTemperatureProcessor",)
 
-__all__ = list(_ENGINE)
+__all__ = list(_ENGINE + _ADAPTIVE_TEMPERATURE)
 
 
 def __getattr__(name):
@@ -13,4 +14,8 @@ def __getattr__(name):
         from megatron_rl.rollout import engine
 
         return getattr(engine, name)
+    if name in _ADAPTIVE_TEMPERATURE:
+        from megatron_rl.rollout import adaptive_temperature
+
+        return getattr(adaptive_temperature, name)
     raise AttributeError(name)

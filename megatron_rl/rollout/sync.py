@@ -1,13 +1,14 @@
 """The weight sync: a sharded Megatron actor (any TP/PP/VPP/EP/ETP) into vLLM, in place.
 
-The bridge's export stream (:func:`megatron_rl.bridge.iter_hf_tensors`) gathers each
-HF-named full tensor onto every rank with real collectives (TP all-gather per the
-family's split rules, expert gathers, broadcast from the owning pipeline stage). Here we
-group the stream into size-bounded buckets and load each bucket into the colocated engine
-with vLLM's in-place reload. Buckets end only between decoder layers: vLLM re-processes a
-layer once all of its weights arrived in one reload, so a bucket that split a layer would
-leave half of it stale. Extra memory is about one bucket (plus one layer if a single layer
-is bigger than the bucket).
+The bridge's bucketed export (:func:`megatron_rl.bridge.iter_hf_buckets`) gathers the
+HF-named full tensors onto every rank, one broadcast per decoder layer and owning rank,
+into one bucket buffer reused from bucket to bucket (and from sync to sync on CPU). Each
+bucket is loaded into the colocated engine in place (:meth:`RolloutEngine.load_weights`:
+on CPU the fast per-layer path of :mod:`megatron_rl.rollout.inplace_load`, else vLLM's
+reload). Buckets end only between decoder layers: packed kernel weights are rebuilt
+from all of a module's weights at once (fused qkv, all experts of a layer), and vLLM's
+reload processes a layer only once all of it arrived. Extra memory is about one bucket
+plus one layer.
 
 The parity guard then compares vLLM's logprobs with Megatron's on a few sequences, since
 a silently wrong weight (a skipped tensor, the CPU MoE packing defect) only shows there.
@@ -54,19 +55,27 @@ def layer_key(hf_name: str) -> str:
 
 
 def buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Group a (name, tensor) stream into buckets of about ``bucket_bytes``, never splitting a layer."""
+    """Group a (name, tensor) stream into buckets of at most ``bucket_bytes`` (one layer, if
+    larger), never splitting a layer. Same rule as :func:`megatron_rl.bridge.iter_hf_buckets`."""
     bucket: list[tuple[str, torch.Tensor]] = []
-    size, key = 0, None
+    layer: list[tuple[str, torch.Tensor]] = []
+    size = layer_size = 0
+    key = None
     for name, tensor in named_tensors:
         k = layer_key(name)
-        if bucket and k != key and size >= bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += tensor.numel() * tensor.element_size()
+        if layer and k != key:
+            if bucket and size + layer_size > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket, size, layer, layer_size = bucket + layer, size + layer_size, [], 0
+        layer.append((name, tensor))
+        layer_size += tensor.numel() * tensor.element_size()
         key = k
-    if bucket:
+    if bucket and size + layer_size > bucket_bytes:
         yield bucket
+        bucket = []
+    if bucket + layer:
+        yield bucket + layer
 
 
 def sync_weights(
@@ -75,20 +84,26 @@ def sync_weights(
     engine: RolloutEngine,
     bucket_bytes: int = 512 << 20,
     skip: Sequence[str] = (),
+    keep_buffers: Optional[bool] = None,
 ) -> SyncStats:
     """Push the actor's current weights into ``engine`` (collective over the world group).
 
-    ``skip`` names HF tensors to leave out: only for tests of the parity guard.
+    ``keep_buffers``: keep the gather's bucket and receive buffers for the next sync
+    (None: on CPU, where mapping fresh pages costs as much as a copy; freed on GPU, where
+    training wants the memory back). ``skip`` names HF tensors to leave out: only for
+    tests of the parity guard.
     """
-    from megatron_rl.bridge import iter_hf_tensors
+    from megatron_rl.bridge import iter_hf_buckets
 
     dtype = _TORCH_DTYPES[engine.config.dtype]
+    if keep_buffers is None:
+        keep_buffers = not torch.cuda.is_available()
     start = time.perf_counter()
     moved = count = n_buckets = largest = 0
-    stream = ((n, t) for n, t in iter_hf_tensors(chunks, arch, dtype=dtype) if n not in skip)
-    for bucket in buckets(stream, bucket_bytes):
+    for bucket in iter_hf_buckets(chunks, arch, bucket_bytes, dtype=dtype, keep_buffers=keep_buffers):
+        bucket = [(n, t) for n, t in bucket if n not in skip]
         size = sum(t.numel() * t.element_size() for _, t in bucket)
-        engine.load_weights(bucket)
+        engine.load_weights(bucket)  # the views are reused for the next bucket: load them now
         moved += size
         count += len(bucket)
         n_buckets += 1

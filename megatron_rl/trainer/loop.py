@@ -6,13 +6,19 @@ epochs over mini-batches for the actor [and the critic] -> weight sync into vLLM
 metrics and checkpoints.
 
 One code path for every recipe: the recipe object says which pieces are on (ppo, grpo,
-dapo, vapo with value pre-training). Generation windows (tppo), HAPO's adaptive sampling
-temperature and the KL reference model are rejected with a clear message until they land.
-The critic shares the actor's layout (Megatron's parallel state is per process).
+dapo, vapo with value pre-training, tppo). T-PPO's generation window only changes where
+the step's rows come from (trainer.windows: responses carried across steps) and which
+tokens each loss sees (policy: the tokens no earlier step trained on; critic: finished
+responses only). HAPO samples each token at its own temperature inside vLLM (from the
+previous step's entropy statistics); the trainer recomputes those temperatures and ĥ from
+Megatron's entropy (trainer.hapo). A KL penalty adds a frozen reference policy
+(trainer.reference). The critic shares the actor's layout (Megatron's parallel state is
+per process).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -31,30 +37,83 @@ from megatron_rl.models.builder import BuildOptions, padded_vocab_size
 from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.parallel import initialize
 from megatron_rl.trainer import setup
+from megatron_rl.trainer.hapo import hapo_token_fields
 from megatron_rl.trainer.metrics import MetricsLog
-from megatron_rl.trainer.rollouts import Group, collect_rollouts
+from megatron_rl.trainer.reference import ReferencePolicy
+from megatron_rl.trainer.rollouts import TrainRows, collect_rollouts, windowed_rollouts
+from megatron_rl.trainer.windows import WindowPool
 
 
-def _advantages(recipe, groups: list[Group], max_len: int, values: Optional[list[torch.Tensor]] = None):
-    """Per-response-token (advantages, returns or None), [rows, max_len] (rows = groups, then samples)."""
-    from megatron_rl.algorithms import compute_advantages
+def _response_span(lengths: list[int], starts: list[int], max_len: int) -> torch.Tensor:
+    """[rows, max_len] bool: response tokens starts[row] .. lengths[row] - 1."""
+    positions = torch.arange(max_len)
+    return (positions >= torch.tensor(starts)[:, None]) & (positions < torch.tensor(lengths)[:, None])
 
-    lengths = [len(s.token_ids) for g in groups for s in g.samples]
-    mask = torch.zeros(len(lengths), max_len, dtype=torch.bool)
-    for row, n in enumerate(lengths):
-        mask[row, :n] = True
-    rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32)
-    group_index = torch.tensor([i for i, g in enumerate(groups) for _ in g.samples])
+
+def _aligned_span(prompt_lens: list[int], response_lens: list[int], starts: list[int], seq_length: int):
+    """[rows, seq_length] bool in the training layout (schedules.batch): response tokens starts[row] onwards."""
+    from megatron_rl.schedules.batch import scatter_response
+
+    spans = _response_span(response_lens, starts, max(response_lens))
+    return scatter_response([m[:r] for m, r in zip(spans, response_lens)], prompt_lens, seq_length).bool()
+
+
+def _advantages(recipe, rows: TrainRows, max_len: int, values: Optional[list[torch.Tensor]] = None):
+    """Per-response-token (advantages, returns or None), [rows, max_len].
+
+    Estimated over whole responses (a window's advantages need the values after it);
+    whitening uses only the tokens of the policy loss (all of them without windows)."""
+    from megatron_rl.algorithms import compute_advantages, masked_whiten
+
+    lengths = [len(s.token_ids) for s in rows.samples]
+    mask = _response_span(lengths, [0] * len(lengths), max_len)
     extra = {}
     if values is not None:
         padded = torch.zeros(len(lengths), max_len)
         for row, v in enumerate(values):
             padded[row, : v.numel()] = v
         extra["values"] = padded
-    inputs = recipe.advantage_inputs(mask, seq_rewards=rewards, group_index=group_index,
+    if any(rows.truncated):
+        extra["truncated"] = torch.tensor(rows.truncated)
+    inputs = recipe.advantage_inputs(mask, seq_rewards=torch.tensor(rows.rewards, dtype=torch.float32),
+                                     group_index=torch.tensor(rows.group_index),
                                      lengths=torch.tensor(lengths), **extra)
-    out = compute_advantages(recipe.advantage_estimator, inputs)
-    return out.advantages, out.returns
+    out = compute_advantages(recipe.advantage_estimator, dataclasses.replace(inputs, whiten=False))
+    advantages = out.advantages
+    if recipe.whiten_advantages:
+        advantages = masked_whiten(advantages, _response_span(lengths, rows.loss_start, max_len))
+    return advantages, out.returns
+
+
+def _take_prompts(loader, count: int):
+    """``count`` prompts from a loader of batch size 1 (its position stays exact for resume)."""
+    from megatron_rl.data import PromptBatch
+
+    batches = [loader.next_batch() for _ in range(count)]
+    return PromptBatch(prompt_ids=[b.prompt_ids[0] for b in batches], answers=[b.answers[0] for b in batches],
+                       dataset_indices=[b.dataset_indices[0] for b in batches],
+                       epochs=[b.epochs[0] for b in batches], group_ids=list(range(count)))
+
+
+def _window_record(step: int, rollout, pool: WindowPool, rows) -> dict:
+    """A T-PPO step's rollout metrics (reward/mean: responses that finished this step)."""
+    return {
+        "step": step,
+        "reward/mean": rollout.mean_correct_finished,
+        "response_length/mean": rollout.mean_length_finished,
+        "rollout/kept_groups": len({r.prompt_key for r in rows}),
+        "rollout/generated_groups": rollout.counts.new_prompts,
+        "rollout/generation_batches": rollout.generation_batches,
+        "rollout/new_prompts": rollout.counts.new_prompts,
+        "rollout/carried_samples": rollout.counts.carried,
+        "rollout/finished_samples": rollout.counts.finished,
+        "rollout/trained_rows": len(rows),
+        "rollout/truncated_rows": sum(not r.finished for r in rows),
+        "rollout/held_rows": len(pool.samples) - len(rows),
+        "rollout/context_response_tokens": sum(r.trained for r in rows),
+        "rollout/max_windows": max((r.windows for r in rows), default=0),
+        "timing/rollout_s": rollout.seconds,
+    }
 
 
 def _rows_usable(num_groups: int, group_size: int, multiple: int) -> int:
@@ -92,12 +151,14 @@ def _train(cfg: Config, stop) -> dict:
     world, rank = dist.get_world_size(), dist.get_rank()
     validate(cfg, world)
     recipe = cfg.algorithm.build()
-    if recipe.generation_window or recipe.token_aware or recipe.kl is not None:
-        raise ConfigError(
-            f"algorithm.recipe={cfg.algorithm.recipe!r} needs a reference model (kl), generation "
-            "windows (tppo) or HAPO temperatures, which this trainer does not run yet; supported now: "
-            "ppo, grpo, dapo, vapo (overrides without kl, generation_window, HAPO pieces)"
-        )
+    windowed = recipe.generation_window is not None
+    if windowed and recipe.token_aware:
+        raise ConfigError("algorithm: generation_window (tppo) cannot be combined with the HAPO pieces "
+                          "(temperature_tau, entropy_clip_alpha, redistribution_beta): a response's windows "
+                          "would be sampled under different entropy statistics")
+    if windowed and recipe.dynamic_sampling:
+        raise ConfigError("algorithm: generation_window (tppo) cannot be combined with dynamic_sampling: "
+                          "responses finish at different steps, so there are no whole groups to filter")
     run_dir = Path(cfg.trainer.run_dir)
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -120,11 +181,14 @@ def _train(cfg: Config, stop) -> dict:
     critic = (setup.build_trainable("critic", arch, cfg.parallel, options,
                                     cfg.trainer.lr * recipe.critic_lr_multiplier, base_dir)
               if recipe.use_critic else None)
+    reference = ReferencePolicy(arch, cfg.parallel, options, base_dir) if recipe.kl is not None else None
 
     # Data and rewards: the same seeded prompt order on every rank.
     dataset = PromptDataset(setup.prompt_files(cfg, base_dir), tokenizer,
                             fields=PromptFields(prompt=cfg.data.prompt_key, answer=cfg.data.answer_key))
-    loader = PromptLoader(dataset, batch_size=cfg.rollout.prompts_per_step, seed=cfg.trainer.seed)
+    # T-PPO refills single rows of the pool: the loader hands out one prompt at a time.
+    loader = PromptLoader(dataset, batch_size=1 if windowed else cfg.rollout.prompts_per_step,
+                          seed=cfg.trainer.seed)
     verifier = build_verifier(setup.verifier_name(cfg))
 
     # The colocated engine starts from the same HF weights as the actor.
@@ -138,104 +202,152 @@ def _train(cfg: Config, stop) -> dict:
     ))
     sampling = Sampling(n=cfg.rollout.n_samples, max_tokens=cfg.rollout.max_new_tokens,
                         temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                        stop_token_ids=(tokenizer.eos_token_id,))
+                        stop_token_ids=(tokenizer.eos_token_id,), window=recipe.generation_window)
     seq_length = cfg.trainer.seq_length
     dp = cfg.parallel.dp(world)
     mbs = cfg.trainer.micro_batch_size
     row_multiple = dp * mbs * cfg.algorithm.mini_batches_per_step
     actor_loss = ActorLoss(recipe, arch.vocab_size)
     critic_loss = CriticLoss.from_recipe(recipe) if critic is not None else None
+    pool = None
+    if windowed:
+        try:
+            pool = WindowPool(cfg.rollout.prompts_per_step * cfg.rollout.n_samples, cfg.rollout.n_samples,
+                              row_multiple)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     ckpt_root = run_dir / "checkpoints"
-    first_step = 1 + _resume(ckpt_root, actor, loader, engine, arch, cfg)
+    # HAPO: the previous step's entropy statistics (None: the first step samples at plain T).
+    first_step, hapo_stats = _resume(ckpt_root, actor, loader, engine, arch, cfg, pool)
+    first_step += 1
     log = MetricsLog(run_dir, enabled=rank == 0, total_steps=cfg.trainer.max_steps, resume_after=first_step - 1)
     monitor = _start_monitor(cfg, run_dir)
     slurm = SlurmEnv.from_environ()
     probe = None
     history = []
     step, stop_signal = first_step - 1, None
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     for step in range(first_step, cfg.trainer.max_steps + 1):
         step_start = time.perf_counter()
-        rollout = collect_rollouts(
-            engine, loader.next_batch, sampling, recipe, verifier.score_batch,
-            lambda ids: tokenizer.decode(ids, skip_special_tokens=True), cfg.rollout.prompts_per_step,
-        )
-        groups = rollout.groups[: _rows_usable(len(rollout.groups), cfg.rollout.n_samples, row_multiple)]
-        record = {
-            "step": step,
-            "reward/mean": rollout.mean_correct_all,
-            "response_length/mean": rollout.mean_length_all,
-            "rollout/kept_groups": len(groups),
-            "rollout/generated_groups": rollout.generated_groups,
-            "rollout/generation_batches": rollout.generation_batches,
-            "timing/rollout_s": rollout.seconds,
-        }
+        step_sampling = sampling
+        if recipe.temperature_tau > 0 and hapo_stats is not None:
+            step_sampling = dataclasses.replace(sampling, temperature_tau=recipe.temperature_tau,
+                                                entropy_stats=hapo_stats)
+        if pool is None:
+            rollout = collect_rollouts(engine, loader.next_batch, step_sampling, recipe, verifier.score_batch,
+                                       decode, cfg.rollout.prompts_per_step)
+            groups = rollout.groups[: _rows_usable(len(rollout.groups), cfg.rollout.n_samples, row_multiple)]
+            rows = TrainRows.from_groups(groups)
+            record = {
+                "step": step,
+                "reward/mean": rollout.mean_correct_all,
+                "response_length/mean": rollout.mean_length_all,
+                "rollout/kept_groups": len(groups),
+                "rollout/generated_groups": rollout.generated_groups,
+                "rollout/generation_batches": rollout.generation_batches,
+                "timing/rollout_s": rollout.seconds,
+            }
+            generated_tokens = rollout.mean_length_all * rollout.generated_groups * cfg.rollout.n_samples
+        else:
+            rollout = windowed_rollouts(engine, pool, lambda count: _take_prompts(loader, count), sampling, recipe,
+                                        verifier.score_batch, decode)
+            window_rows = pool.training_rows()
+            rows = TrainRows.from_window_rows(window_rows)
+            record = _window_record(step, rollout, pool, window_rows)
+            generated_tokens = rollout.new_tokens
         train_start = time.perf_counter()
         tokens_trained = 0
-        if groups:
-            samples = [s for g in groups for s in g.samples]
+        if len(rows):
+            samples = rows.samples
             prompts = [s.prompt_ids for s in samples]
             responses = [s.token_ids for s in samples]
-            tokens, loss_mask = pack_sequences(prompts, responses, seq_length, tokenizer.pad_token_id or 0)
+            tokens, response_mask = pack_sequences(prompts, responses, seq_length, tokenizer.pad_token_id or 0)
             max_len = max(len(r) for r in responses)
             prompt_lens, response_lens = [len(p) for p in prompts], [len(r) for r in responses]
+            # Policy loss: tokens no earlier step trained on; mismatch: tokens vLLM sampled with the
+            # current weights; critic: finished responses (the window's cut-offs have no outcome yet).
+            loss_mask = _aligned_span(prompt_lens, response_lens, rows.loss_start, seq_length)
+            fresh_mask = _aligned_span(prompt_lens, response_lens, rows.fresh_start, seq_length)
+            critic_mask = response_mask & ~torch.tensor(rows.truncated)[:, None]
             temperature = torch.full(tokens.shape, cfg.rollout.temperature)
+            h_hat = None
+            if recipe.token_aware:  # per-token sampling temperatures and ĥ from Megatron's entropy at T
+                fields = hapo_token_fields(actor.chunks, TrainBatch(tokens=tokens, loss_mask=response_mask), mbs,
+                                           arch.vocab_size, temperature=cfg.rollout.temperature,
+                                           tau=recipe.temperature_tau, prev_stats=hapo_stats,
+                                           pivot_quantile=recipe.entropy_pivot_quantile)
+                temperature, h_hat, hapo_stats = fields.temperature, fields.h_hat, fields.stats
+                record["rollout/temperature_std"] = float(temperature[response_mask].std()) \
+                    if int(response_mask.sum()) > 1 else 0.0
             values = None
             if critic is not None:
-                plain = TrainBatch(tokens=tokens, loss_mask=loss_mask)
+                plain = TrainBatch(tokens=tokens, loss_mask=response_mask)
                 values = gather_data_parallel(critic.chunks, compute_values(critic.chunks, local_batch(critic.chunks, plain), mbs))
-            adv, ret = _advantages(recipe, groups, max_len,
+            adv, ret = _advantages(recipe, rows, max_len,
                                    gather_response(values, prompt_lens, response_lens) if values is not None else None)
             advantages = scatter_response([a[:r] for a, r in zip(adv, response_lens)], prompt_lens, seq_length)
             returns = (scatter_response([x[:r] for x, r in zip(ret, response_lens)], prompt_lens, seq_length)
                        if ret is not None else None)
             vllm_logp = scatter_response([torch.tensor(s.logprobs) for s in samples], prompt_lens, seq_length)
-            is_positive = torch.tensor([c > 0 for g in groups for c in g.correct])
+            is_positive = torch.tensor([c > 0 for c in rows.correct])
             plain = TrainBatch(tokens=tokens, loss_mask=loss_mask, temperature=temperature)
             old_logp, _ = compute_logprobs(actor.chunks, local_batch(actor.chunks, plain), mbs, arch.vocab_size)
             old_logp = gather_data_parallel(actor.chunks, old_logp)
-            mask = loss_mask.float()
-            record["rollout/logprob_abs_diff"] = float(((old_logp - vllm_logp).abs() * mask).sum() / mask.sum())
+            mask = fresh_mask.float()
+            if mask.sum() > 0:
+                record["rollout/logprob_abs_diff"] = float(((old_logp - vllm_logp).abs() * mask).sum() / mask.sum())
+            ref_logp = reference.logprobs(plain, mbs) if reference is not None else None
             full = TrainBatch(tokens=tokens, loss_mask=loss_mask, advantages=advantages, temperature=temperature,
-                              old_logprobs=old_logp, returns=returns, old_values=values, is_positive=is_positive)
+                              old_logprobs=old_logp, ref_logprobs=ref_logp, h_hat=h_hat, returns=returns,
+                              old_values=values, is_positive=is_positive)
+            critic_batch = dataclasses.replace(full, loss_mask=critic_mask)
+            if pool is not None:
+                record["critic/rows"] = int(critic_mask.any(dim=1).sum())
+                record["critic/tokens"] = int(critic_mask.sum())
+                record["actor/loss_tokens"] = int(loss_mask.sum())
             warming_up = step <= recipe.value_warmup_steps  # VAPO: critic only, policy frozen
             if critic is not None and warming_up and probe is None:
-                probe = full  # the first warm-up batch: the critic's loss on it before and after warm-up
+                probe = critic_batch  # the first warm-up batch: the critic's loss on it before and after warm-up
                 record["critic/warmup_probe_loss"] = _value_mse(critic, probe, mbs)
             actor.set_lr(_lr(cfg, step))
             actor_metrics, critic_metrics = [], []
             minis = cfg.algorithm.mini_batches_per_step
-            rows = full.num_rows // minis
+            rows_per_mini = full.num_rows // minis
             for _ in range(cfg.algorithm.ppo_epochs):
                 for m in range(minis):
-                    part = full.rows(m * rows, (m + 1) * rows)
-                    if critic is not None:
+                    part = full.rows(m * rows_per_mini, (m + 1) * rows_per_mini)
+                    critic_part = critic_batch.rows(m * rows_per_mini, (m + 1) * rows_per_mini)
+                    # Every rank holds the whole batch, so all skip a mini-batch without finished rows alike.
+                    if critic is not None and bool(critic_part.loss_mask.any()):
                         critic_metrics.append(train_step(critic.chunks, critic.optimizer,
-                                                         local_batch(critic.chunks, part), critic_loss, mbs))
+                                                         local_batch(critic.chunks, critic_part), critic_loss, mbs))
                     if not warming_up:
                         actor_metrics.append(train_step(actor.chunks, actor.optimizer,
                                                         local_batch(actor.chunks, part), actor_loss, mbs))
-            for key in ("actor/pg_loss", "actor/clipfrac", "actor/entropy", "actor/grad_norm"):
-                if actor_metrics:
+            for key in ("actor/pg_loss", "actor/clipfrac", "actor/entropy", "actor/grad_norm", "actor/kl_loss"):
+                if actor_metrics and key in actor_metrics[0]:
                     record[key] = sum(float(x[key]) for x in actor_metrics) / len(actor_metrics)
             if critic_metrics:
                 record["critic/value_loss"] = sum(float(x["critic/value_loss"]) for x in critic_metrics) / len(critic_metrics)
-                record["critic/explained_var"] = float(explained_variance(values, returns, loss_mask))
+                record["critic/explained_var"] = float(explained_variance(values, returns, critic_mask))
             record["actor/updated"] = bool(actor_metrics)
             if probe is not None and step == recipe.value_warmup_steps:
                 record["critic/warmup_probe_loss"] = _value_mse(critic, probe, mbs)
             tokens_trained = int(loss_mask.sum())
+        if pool is not None:
+            pool.trained(window_rows)  # finished rows leave; unfinished ones keep their tokens as context
         record["timing/train_s"] = time.perf_counter() - train_start
         record["timing/weight_sync_s"] = 0.0
         if record.get("actor/updated"):
             sync = sync_weights(actor.chunks, arch, engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20)))
             record["timing/weight_sync_s"] = sync.seconds
-        if cfg.rollout.parity_every and step % cfg.rollout.parity_every == 0 and groups:
-            seqs = [g.samples[0].prompt_ids + g.samples[0].token_ids for g in groups[:4]]
+        if cfg.rollout.parity_every and step % cfg.rollout.parity_every == 0 and len(rows):
+            first_of_group = [row for row, g in enumerate(rows.group_index) if g not in rows.group_index[:row]]
+            seqs = [rows.samples[row].prompt_ids + rows.samples[row].token_ids for row in first_of_group[:4]]
             report = check_parity(actor.chunks, engine, seqs, arch.vocab_size, seq_length,
                                   threshold=cfg.rollout.parity_threshold)
             record["rollout/parity_max_abs_diff"] = report.max_abs_diff
         record["timing/step_s"] = time.perf_counter() - step_start
-        generated_tokens = rollout.mean_length_all * rollout.generated_groups * cfg.rollout.n_samples
         record["throughput/tokens_per_s"] = (generated_tokens + tokens_trained) / record["timing/step_s"]
         faulty = False
         if monitor is not None:
@@ -248,7 +360,7 @@ def _train(cfg: Config, stop) -> dict:
         stop_signal = stop.agree()  # every rank, every step: all stop at the same step
         interval = cfg.checkpoint.save_interval
         if faulty or stop_signal or step == cfg.trainer.max_steps or (interval and step % interval == 0):
-            _save(ckpt_root, step, actor, loader, base_dir, cfg)
+            _save(ckpt_root, step, actor, loader, base_dir, cfg, pool, hapo_stats)
         if faulty and rank == 0:
             print(f"stopping after step {step}: the monitor declared {sorted(monitor.declared)} faulty "
                   f"(listed in {monitor.exclude_file})", flush=True)
@@ -267,32 +379,56 @@ def _train(cfg: Config, stop) -> dict:
     verifier.close()
     summary = {"run_dir": str(run_dir), "steps": len(history), "last_step": step, "exit_code": code}
     if history:
-        first = [r["reward/mean"] for r in history[:5]]
-        last = [r["reward/mean"] for r in history[-5:]]
-        summary.update(first_reward=sum(first) / len(first), last_reward=sum(last) / len(last))
+        # T-PPO steps in which no response finished have no reward (nan).
+        rewards = [r["reward/mean"] for r in history if math.isfinite(r["reward/mean"])]
+        if rewards:
+            first, last = rewards[:5], rewards[-5:]
+            summary.update(first_reward=sum(first) / len(first), last_reward=sum(last) / len(last))
     return summary
 
 
-def _save(root: Path, step: int, actor, loader, base_dir: Path, cfg: Config) -> None:
-    """Actor, optimizer, RNG, data position; plus what an HF export needs."""
+def _save(root: Path, step: int, actor, loader, base_dir: Path, cfg: Config, pool: Optional[WindowPool],
+          hapo_stats=None) -> None:
+    """Actor, optimizer, RNG, data position, T-PPO's in-flight responses, HAPO's entropy statistics;
+    plus what an HF export needs."""
     hf_config = json.loads((base_dir / "config.json").read_text())
     extra = {"step": step, "data": loader.state_dict(), "hf_config": hf_config, "hf_expert_style": "per_expert"}
+    if pool is not None:
+        extra["windows"] = pool.state_dict()
+    if hapo_stats is not None:
+        extra["hapo_entropy_stats"] = dataclasses.asdict(hapo_stats)
     checkpoint.save(root, step, model=actor.chunks, optimizer=actor.optimizer, extra=extra,
                     async_save=cfg.checkpoint.async_save, keep_last=cfg.checkpoint.keep_last)
 
 
-def _resume(root: Path, actor, loader, engine, arch, cfg: Config) -> int:
-    """Load the newest committed step (any layout), push its weights into vLLM; return it (0: fresh)."""
+def _resume(root: Path, actor, loader, engine, arch, cfg: Config, pool: Optional[WindowPool]):
+    """Load the newest committed step (any layout), push its weights into vLLM; return
+    (step, HAPO entropy stats or None); (0, None) for a fresh run.
+
+    A T-PPO run also gets its in-flight responses back, so it continues them where it stopped;
+    a HAPO run its sampling statistics, so the next rollout samples as it would have."""
+    from megatron_rl.algorithms.hapo import EntropyStats
     from megatron_rl.rollout.sync import sync_weights
 
     if checkpoint.latest_step(root) is None:
-        return 0
+        return 0, None
     extra = checkpoint.load(root, model=actor.chunks, optimizer=actor.optimizer)
     loader.load_state_dict(extra["data"])
+    note = ""
+    if pool is not None:
+        if "windows" in extra:
+            try:
+                pool.load_state_dict(extra["windows"])
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+            note = f" with {len(pool.samples)} in-flight responses of the window pool"
+        else:
+            note = " (the checkpoint has no window pool: T-PPO starts with new prompts only)"
     sync_weights(actor.chunks, arch, engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20)))
     if dist.get_rank() == 0:
-        print(f"resumed from {root} step {extra['step']}", flush=True)
-    return int(extra["step"])
+        print(f"resumed from {root} step {extra['step']}{note}", flush=True)
+    stats = extra.get("hapo_entropy_stats")
+    return int(extra["step"]), (EntropyStats(**stats) if stats else None)
 
 
 def _value_mse(critic, batch, micro_batch_size: int) -> float:

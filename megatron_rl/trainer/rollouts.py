@@ -6,6 +6,10 @@ gathered back so every rank sees the same list of samples in group order. Reward
 overlong shaping and DAPO's dynamic sampling (drop groups whose rewards are all equal,
 refill from new prompts, up to max_gen_batches) are then computed identically on every
 rank, so no further communication is needed to agree on the training batch.
+
+T-PPO (``generation_window``) runs :func:`windowed_rollouts` instead: the unfinished
+responses of the window pool are continued (dealt to the replicas and gathered back the
+same way), new prompts fill the free rows, and only responses that finished are scored.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from megatron_rl.algorithms import dynamic_sampling_keep, overlong_penalty
 from megatron_rl.algorithms.recipes import AlgorithmRecipe
 from megatron_rl.data import PromptBatch
 from megatron_rl.rollout import RolloutEngine, Sample, Sampling
+from megatron_rl.trainer.windows import StepCounts, WindowPool, WindowSample
 
 
 @dataclasses.dataclass
@@ -49,6 +54,41 @@ class RolloutResult:
     verifier_stats: dict
 
 
+@dataclasses.dataclass
+class TrainRows:
+    """The step's training rows, whatever produced them (groups, or the T-PPO window pool)."""
+
+    samples: list[Sample]
+    rewards: list[float]
+    """Per row; 0 for a response still in flight (it has no outcome yet)."""
+    correct: list[float]
+    group_index: list[int]
+    """Rows of one prompt share it."""
+    loss_start: list[int]
+    """First response token of each row in the policy loss (earlier ones are context)."""
+    fresh_start: list[int]
+    """First response token each row's vLLM sampled under the current weights."""
+    truncated: list[bool]
+    """Cut off by the generation window: EGAE bootstraps it, the critic skips it."""
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @classmethod
+    def from_groups(cls, groups: list[Group]) -> "TrainRows":
+        samples = [s for g in groups for s in g.samples]
+        zeros = [0] * len(samples)
+        return cls(samples, [r for g in groups for r in g.rewards], [c for g in groups for c in g.correct],
+                   [i for i, g in enumerate(groups) for _ in g.samples], zeros, list(zeros),
+                   [False] * len(samples))
+
+    @classmethod
+    def from_window_rows(cls, rows: list[WindowSample]) -> "TrainRows":
+        return cls([r.sample for r in rows], [r.reward if r.finished else 0.0 for r in rows],
+                   [r.correct if r.finished else 0.0 for r in rows], [r.prompt_key for r in rows],
+                   [r.trained for r in rows], [r.fresh for r in rows], [not r.finished for r in rows])
+
+
 def generate_groups(engine: RolloutEngine, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:
     """``sampling.n`` samples per prompt of ``prompts``, the same list on every rank."""
     world = dist.get_world_size()
@@ -65,6 +105,82 @@ def generate_groups(engine: RolloutEngine, prompts: PromptBatch, sampling: Sampl
         for index, samples in zip(*item):
             groups[index] = samples
     return groups
+
+
+def continue_samples(engine: RolloutEngine, samples: list[Sample], sampling: Sampling) -> list[Sample]:
+    """Every sample extended by one more window (``engine.continue_``), the same list on every rank."""
+    world = dist.get_world_size()
+    per_replica = -(-len(samples) // engine.num_replicas)
+    start = engine.replica * per_replica
+    mine = samples[start: start + per_replica]
+    local = engine.continue_(mine, sampling) if mine else []
+    leader = dist.get_rank() % engine.tp == 0
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, (start, local) if leader else None)
+    result: list = [None] * len(samples)
+    for item in everyone:
+        if item is not None:
+            result[item[0]: item[0] + len(item[1])] = item[1]
+    return result
+
+
+@dataclasses.dataclass
+class WindowedRollout:
+    counts: StepCounts
+    generation_batches: int
+    mean_correct_finished: float
+    """Accuracy over the responses that finished this step (nan when none did)."""
+    mean_length_finished: float
+    new_tokens: int
+    """Tokens sampled this step (every window generated, new prompts and continuations)."""
+    seconds: float
+    verifier_stats: dict
+
+
+def windowed_rollouts(
+    engine: RolloutEngine,
+    pool: WindowPool,
+    take_prompts: Callable[[int], PromptBatch],
+    sampling: Sampling,
+    recipe: AlgorithmRecipe,
+    score: Callable[[list[str], list[str]], tuple[list[float], dict]],
+    decode: Callable[[list[int]], str],
+) -> WindowedRollout:
+    """One T-PPO generation step on ``pool``: continue the unfinished, add new prompts, score the finished."""
+    start = time.perf_counter()
+    before = {id(s): s.length for s in pool.samples}
+    todo = pool.begin_step()
+    batches = 0
+    if todo:
+        pool.continued(continue_samples(engine, todo, sampling))
+        batches += 1
+    new_prompts = pool.new_prompt_count()
+    if new_prompts:
+        prompts = take_prompts(new_prompts)
+        for answer, group in zip(prompts.answers, generate_groups(engine, prompts, sampling)):
+            pool.add_group(answer, group)
+        batches += 1
+    entries = pool.to_score()
+    stats: dict = {}
+    correct: list[float] = []
+    if entries:
+        correct, stats = score([decode(e.sample.token_ids) for e in entries], [e.answer for e in entries])
+        rewards = torch.tensor(correct, dtype=torch.float64)
+        if recipe.overlong is not None:
+            o = recipe.overlong
+            lengths = torch.tensor([e.length for e in entries])
+            rewards = rewards + overlong_penalty(lengths, o.max_len, o.buffer_len, o.factor).double()
+        pool.set_scores(entries, correct, rewards.tolist())
+    nan = float("nan")
+    return WindowedRollout(
+        counts=StepCounts(carried=len(todo), new_prompts=new_prompts, finished=len(entries)),
+        generation_batches=batches,
+        mean_correct_finished=sum(correct) / len(correct) if correct else nan,
+        mean_length_finished=sum(e.length for e in entries) / len(entries) if entries else nan,
+        new_tokens=sum(s.length - before.get(id(s), 0) for s in pool.samples),
+        seconds=time.perf_counter() - start,
+        verifier_stats=stats,
+    )
 
 
 def collect_rollouts(

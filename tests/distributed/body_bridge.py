@@ -2,8 +2,8 @@
 
 Per case: build the Megatron actor in the layout, load the tiny HF checkpoint with
 load_hf (each rank reads its slices), compare Megatron's logits with transformers' on the
-same tokens, and stream the model back with iter_hf_tensors: every rank must receive
-tensors bitwise equal to the input file's. "save" cases also write an HF directory with
+same tokens, and stream the model back with iter_hf_tensors and iter_hf_buckets: every rank
+must receive tensors bitwise equal to the input file's. "save" cases also write an HF directory with
 save_hf and load it with transformers.AutoModelForCausalLM.
 """
 
@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 import torch.distributed as dist
 
-from megatron_rl.bridge import FUSED, PER_EXPERT, BridgeError, iter_hf_tensors, load_hf, save_hf
+from megatron_rl.bridge import FUSED, PER_EXPERT, BridgeError, iter_hf_buckets, iter_hf_tensors, load_hf, save_hf
 from megatron_rl.bridge.parity import hf_logits, make_tiny_hf, megatron_logits, read_config
 from megatron_rl.models import build_model
 from megatron_rl.models.hf_config import arch_from_hf
@@ -94,6 +94,16 @@ def case(family: str, layout: dict, style: str = PER_EXPERT, save: bool = False)
     exported = dict(iter_hf_tensors(chunks, arch, style=loaded_style))
     wrong = sorted(n for n in source if n not in exported or not torch.equal(exported[n], source[n]))
     extra = sorted(set(exported) - set(source))
+    # The weight sync's bucketed stream: the same tensors, buckets of whole layers (tiny
+    # buckets: one layer each; the views are reused, so compare before the next bucket).
+    bucketed = set()
+    for bucket in iter_hf_buckets(chunks, arch, 1, style=loaded_style):
+        layers = {n.split(".")[2] for n, _ in bucket if n.startswith("model.layers.")}
+        if len(layers) > 1:
+            wrong.append(f"bucket with layers {sorted(layers)}")
+        wrong += [f"bucketed {n}" for n, t in bucket if n not in source or not torch.equal(t, source[n])]
+        bucketed.update(n for n, _ in bucket)
+    extra += sorted(set(source) ^ bucketed)
     result = {
         "logit_diff": all_ranks_max(diff),
         "logit_scale": float(reference.abs().max()),

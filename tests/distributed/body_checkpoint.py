@@ -162,9 +162,21 @@ def saved(kind, layout_name, layout, steps=2, more=2):
         continued = run.train(range(steps + 1, steps + more + 1))  # overlaps the background write
         handle.wait()
         SAVED[key] = dict(root=root, step=steps, params=params, optim=optim, continued=continued,
-                          final=run.full_params(), blocking_s=blocking, steps=steps, more=more)
+                          final=run.full_params(), blocking_s=blocking, steps=steps, more=more,
+                          fp32_param_aliased=_fp32_params_stored_once(root, steps))
         destroy()
     return SAVED[key]
+
+
+def _fp32_params_stored_once(root, step):
+    """fp32 model: the main params are the parameters' own memory, so the metadata of every
+    optimizer.fp32_param.<name> must point at <name>'s bytes instead of a second copy."""
+    from megatron_rl.checkpoint import format as fmt
+
+    tensors = fmt.read_metadata(root, step).tensors
+    spans = lambda entry: {(c.file, c.byte_offset, c.nbytes) for c in entry.chunks}
+    fp32 = [n for n in tensors if n.startswith("optimizer.fp32_param.")]
+    return bool(fp32) and all(spans(tensors[n]) == spans(tensors[n.removeprefix("optimizer.fp32_param.")]) for n in fp32)
 
 
 def reshard(kind, save_name, save_layout, load_layout):
@@ -181,6 +193,7 @@ def reshard(kind, save_name, save_layout, load_layout):
         "num_optim": len(optim),
         "optim_steps": run.step_count(),
         "saved_step": ref["step"],
+        "fp32_param_aliased": ref["fp32_param_aliased"],
     }
     continued = run.train(range(ref["steps"] + 1, ref["steps"] + ref["more"] + 1))
     result["losses"], result["ref_losses"] = continued, ref["continued"]

@@ -36,6 +36,7 @@ def _check_reshard(r):
     assert r["param_diff"] == 0.0, "parameters differ from the saved ones"
     assert r["optim_diff"] == 0.0, "optimizer state (fp32 main params, exp_avg, exp_avg_sq) differs"
     assert r["num_optim"] == 3 * r["num_params"]
+    assert r["fp32_param_aliased"], "fp32 main params should be stored once, as views of the model's bytes"
     assert r["optim_steps"] == [float(r["saved_step"])], r["optim_steps"]
     assert r["extra"] == {"data_position": r["saved_step"], "note": "async"}
     assert r["loss_diff"] < LOSS_TOL, (r["losses"], r["ref_losses"])

@@ -3,7 +3,8 @@ weight syncs for 3 steps, dense and MoE actors, with the train/inference logprob
 measured before the first update.
 
 Launches: a dense actor at TP2 with two vLLM TP1 replicas (world 2), and a MoE actor at
-TP2*EP2 with four vLLM TP1 replicas (world 4). Both start from a tiny supervised base built
+TP2*EP2 with four vLLM TP1 replicas (world 4); VAPO and T-PPO (generation windows carried
+across steps, then resumed) with a dense actor and critic at world 2. Both start from a tiny supervised base built
 once for the module.
 """
 
@@ -59,7 +60,7 @@ def _check(rows):
         assert r["rollout/logprob_abs_diff"] < 1e-3, r
         assert r["rollout/parity_max_abs_diff"] < 1e-3, r  # vLLM == Megatron after the sync
         for key in ("actor/pg_loss", "actor/clipfrac", "actor/entropy", "actor/grad_norm"):
-            assert key in r
+            assert key in r or not r["actor/updated"]
 
 
 def test_grpo_dense_tp2_world2_then_resume_in_dp2(tmp_path, bases):
@@ -99,3 +100,79 @@ def test_vapo_value_pretraining_then_policy_world2(tmp_path, bases):
     assert after < 0.5 * before, (before, after)
     assert "critic/explained_var" in rows[-1] and "actor/pg_loss" in rows[-1]
     assert rows[-1]["rollout/parity_max_abs_diff"] < 1e-3
+
+
+def test_tppo_windows_carry_responses_across_steps_tp2_world2_then_resume(tmp_path, bases):
+    """T-PPO: 4-token windows of a 12-token budget; cut-off responses continue at the next step
+    under the updated policy, the policy loss sees only tokens no earlier step trained on, and
+    the critic learns from finished responses only. A resumed run gets the in-flight responses back."""
+    tppo = ("parallel.tensor_model_parallel_size=2", "algorithm.overrides={generation_window: 4}",
+            "rollout.max_new_tokens=12")
+    rows, _ = _train(tmp_path, 2, bases["qwen3"], "tppo", *tppo)
+    _check(rows)  # includes logprob_abs_diff (this step's windows) and parity < 1e-3
+    first, later = rows[0], rows[1:]
+    assert first["rollout/carried_samples"] == 0 and first["rollout/new_prompts"] == 4  # 4 prompts x 4 samples
+    assert first["rollout/context_response_tokens"] == 0 and first["rollout/max_windows"] == 1
+    assert first["rollout/truncated_rows"] > 0, first  # some responses outgrow one window
+    for prev, r in zip(rows, later):
+        # Every response the window cut off at the previous step is continued (none is dropped) ...
+        assert r["rollout/carried_samples"] >= prev["rollout/truncated_rows"] > 0, (prev, r)
+        # ... and trained again on top of the tokens an earlier step already trained on.
+        assert r["rollout/context_response_tokens"] >= 4 * prev["rollout/truncated_rows"], (prev, r)
+        assert r["rollout/max_windows"] >= 2
+        if prev["rollout/held_rows"] == 0:  # no row waited: each loss covers at most one window
+            assert r["actor/loss_tokens"] <= 4 * r["rollout/trained_rows"], r
+    for r in rows:
+        # The critic's rows are exactly the finished ones; it trains whenever there are any.
+        assert r["critic/rows"] == r["rollout/trained_rows"] - r["rollout/truncated_rows"], r
+        assert ("critic/value_loss" in r) == (r["critic/rows"] > 0), r
+        assert r["rollout/trained_rows"] % 4 == 0 and r["rollout/trained_rows"] >= 16, r
+    assert any(r["rollout/finished_samples"] > 0 and r["reward/mean"] is not None for r in later)
+    # Resume for one more step: the checkpoint's pool comes back and its cut-off responses go on.
+    resumed, out = _train(tmp_path, 2, bases["qwen3"], "tppo", *tppo, steps=4)
+    last = rows[-1]
+    in_flight = last["rollout/truncated_rows"] + last["rollout/held_rows"]
+    assert f"step 3 with {in_flight} in-flight responses" in out, out[-2000:]
+    assert resumed[:3] == rows
+    assert resumed[3]["rollout/carried_samples"] >= last["rollout/truncated_rows"], resumed[3]
+    assert resumed[3]["rollout/context_response_tokens"] >= 4 * last["rollout/truncated_rows"], resumed[3]
+    assert resumed[3]["rollout/logprob_abs_diff"] < 1e-3, resumed[3]
+
+
+# The rest of "every recipe at world 2 and 4", dense and MoE, in layouts the tests above do
+# not use: (recipe, world, base, layout and recipe overrides).
+MATRIX = [
+    ("ppo", 2, "qwen3_moe", ("parallel.expert_model_parallel_size=2",)),
+    ("ppo", 4, "qwen3", ("parallel.tensor_model_parallel_size=2", "rollout.tensor_parallel_size=2")),
+    ("grpo", 4, "qwen3_moe", ("parallel.expert_model_parallel_size=4", "algorithm.overrides={kl: {kind: k3, coef: 0.04}}")),
+    ("dapo", 2, "qwen3", ("parallel.pipeline_model_parallel_size=2",)),
+    ("vapo", 4, "qwen3_moe", ("parallel.tensor_model_parallel_size=2", "parallel.expert_model_parallel_size=2",
+                              "algorithm.overrides={value_warmup_steps: 1}")),
+    ("tppo", 4, "qwen3_moe", ("parallel.expert_model_parallel_size=2", "algorithm.overrides={generation_window: 4}",
+                              "rollout.max_new_tokens=12")),
+    ("hapo", 2, "qwen3", ("parallel.tensor_model_parallel_size=2", "algorithm.overrides={temperature_tau: 0.5}")),
+    ("hapo", 4, "qwen3_moe", ("parallel.tensor_model_parallel_size=2", "parallel.expert_model_parallel_size=2",
+                              "algorithm.overrides={temperature_tau: 0.5}")),
+]
+
+
+@pytest.mark.parametrize("recipe,world,base,overrides", MATRIX,
+                         ids=[f"{r}-world{w}-{b}" for r, w, b, _ in MATRIX])
+def test_recipe_runs_three_steps(tmp_path, bases, recipe, world, base, overrides):
+    rows, _ = _train(tmp_path, world, bases[base], recipe, *overrides)
+    _check(rows)
+    updated = [r for r in rows if r.get("actor/updated")]
+    assert updated, rows
+    if recipe in ("ppo", "vapo", "tppo"):  # the critic trains beside the actor
+        assert any("critic/value_loss" in r for r in rows), rows
+    if recipe == "grpo":  # the KL penalty against the frozen initial policy grows once the actor moves
+        assert all(r["actor/kl_loss"] >= 0 for r in updated)
+        assert updated[-1]["actor/kl_loss"] > 0, updated
+    if recipe == "hapo":
+        # Step 1 samples at plain T; later steps at T(1 + 0.5 h) per token inside vLLM. Megatron
+        # recomputes those temperatures; had vLLM sampled at plain T, its logprobs would be far off.
+        trained = [r for r in rows if r["rollout/kept_groups"] > 0]
+        assert trained[0]["rollout/temperature_std"] == 0.0, trained[0]
+        later = [r for r in trained[1:] if "rollout/temperature_std" in r]
+        assert later and all(r["rollout/temperature_std"] > 0.05 for r in later), later
+        assert all(r["rollout/logprob_abs_diff"] < 1e-3 for r in later), later

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from megatron_rl.checkpoint import boxes as bx
-from megatron_rl.checkpoint.planner import ChunkInfo, ChunkKey, balanced_plan, digest
+from megatron_rl.checkpoint.planner import ChunkInfo, ChunkKey, PlanCache, balanced_plan, digest
 
 
 @pytest.mark.parametrize("shape", [(7,), (3, 4), (2, 3, 5), (1, 1, 4), (4, 1, 3)])
@@ -64,3 +64,13 @@ def test_plan_rejects_ranks_that_disagree_on_a_tensor():
 def test_digest_changes_with_the_chunk_list():
     a, b = _info("a", 0, 40), _info("a", 10, 40)
     assert digest([a]) == digest([a]) != digest([b])
+
+
+def test_plan_cache_guesses_from_the_own_digest_and_confirms_with_all():
+    plan = balanced_plan([[ChunkInfo(ChunkKey("w", (0,), (4,)), (4,), "float32", 16)]])
+    cache = PlanCache()
+    assert cache.guess(0, "a") is None
+    cache.put(["a", "b"], plan)
+    assert cache.guess(0, "a") is plan and cache.guess(1, "b") is plan
+    assert cache.guess(1, "a") is None and cache.guess(2, "a") is None  # own list changed / new rank
+    assert cache.get(["a", "b"]) is plan and cache.get(["a", "c"]) is None  # another rank's changed

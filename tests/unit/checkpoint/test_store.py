@@ -6,12 +6,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 import torch
 
 from megatron_rl.checkpoint import format as fmt
-from megatron_rl.checkpoint import cli, latest_step, iter_model_tensors, store
+from megatron_rl.checkpoint import cli, latest_step, iter_model_tensors, store, writer
 from megatron_rl.checkpoint.items import Item
 from megatron_rl.checkpoint.reader import Reader
 
@@ -59,6 +60,49 @@ def test_async_save_keeps_the_values_at_save_time(tmp_path):
     full.add_(1.0)  # training goes on while the background thread writes
     handle.wait()
     assert dict(iter_model_tensors(tmp_path))["w"].equal(before)
+
+
+def test_async_saves_reuse_host_buffers_and_follow_a_new_layout(tmp_path):
+    full = torch.randn(64, 64)
+    items = _items(full, [(0, 32), (32, 64)])
+    _save(tmp_path, 1, items, async_save=True).wait()
+    first = {key: buffer.data_ptr() for key, buffer in store._buffers._buffers.items()}
+    full.add_(1.0)
+    _save(tmp_path, 2, items, async_save=True).wait()
+    # the steady state copies into the same (already mapped) host memory
+    assert {key: buffer.data_ptr() for key, buffer in store._buffers._buffers.items()} == first
+    assert dict(iter_model_tensors(tmp_path))["w"].equal(full)
+    full.add_(1.0)
+    _save(tmp_path, 3, _items(full, [(0, 16), (16, 64)]), async_save=True).wait()  # the list changed
+    assert len(fmt.read_metadata(tmp_path, 3).tensors["w"].chunks) == 2
+    assert dict(iter_model_tensors(tmp_path))["w"].equal(full)
+
+
+def test_alias_is_stored_once_and_reads_its_target(tmp_path):
+    full = torch.randn(6, 4)
+    # an optimizer box viewing model rows 1..4, as an fp32 model's main params do
+    alias = Item("optimizer.fp32_param.w", (6, 4), (1, 0), full[1:5], alias_of="w")
+    _save(tmp_path, 1, _items(full, [(0, 3), (3, 6)]) + [alias], async_save=True).wait()
+    meta = fmt.read_metadata(tmp_path, 1)
+    assert meta.tensors["optimizer.fp32_param.w"].chunks == meta.tensors["w"].chunks
+    assert (tmp_path / "step_1" / "data_0.bin").stat().st_size == full.numel() * full.element_size()
+    assert _read(tmp_path, 1, "optimizer.fp32_param.w", (1, 0), torch.zeros(4, 4)).equal(full[1:5])
+    assert [name for name, _ in iter_model_tensors(tmp_path)] == ["w"]
+
+
+def test_alias_of_a_tensor_nobody_wrote_fails_the_save(tmp_path):
+    orphan = Item("optimizer.fp32_param.v", (2,), (0,), torch.ones(2), alias_of="v")
+    with pytest.raises(fmt.CheckpointError, match="aliases v, which no rank wrote"):
+        _save(tmp_path, 1, [orphan], async_save=True).wait()
+    assert fmt.committed_steps(tmp_path) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux-only")
+def test_background_writer_yields_to_training(tmp_path):
+    _save(tmp_path, 1, _items(torch.randn(4, 4), [(0, 4)]), async_save=True).wait()
+    thread = next(t for t in threading.enumerate() if t.name == "ckpt-writer")
+    assert os.getpriority(os.PRIO_PROCESS, thread.native_id) >= writer.BACKGROUND_NICE
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < writer.BACKGROUND_NICE
 
 
 def test_flipped_byte_names_file_and_tensor(tmp_path):

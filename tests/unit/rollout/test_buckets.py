@@ -27,8 +27,11 @@ def test_every_tensor_once_in_order_and_layers_whole():
         for other in out:
             if other is not b:
                 assert not layers & {layer_key(n) for n, _ in other}
-    # 1500 B: a bucket closes at the first layer boundary after 1.5 KiB -> 2 KiB buckets.
-    assert [len(b) for b in out] == [3, 2, 2, 2]
+    # 1500 B: a layer (2 KiB) is a bucket of its own; embeddings, norm and head are 1 KiB
+    # keys that do not fit together in 1.5 KiB either.
+    assert [len(b) for b in out] == [1, 2, 2, 2, 1, 1]
+    # 4 KiB: whole layers up to the size, never more.
+    assert [len(b) for b in buckets(iter(stream), bucket_bytes=4096)] == [3, 4, 2]
 
 
 def test_one_bucket_when_large():

@@ -1,0 +1,39 @@
+"""The frozen reference policy of the KL penalty (GRPO's k3 against the initial model).
+
+The reference is the actor's starting point: the same HF weights, loaded into a second
+set of chunks in the actor's layout, never wrapped for training (no gradient buffers, no
+optimizer state: it costs one copy of the weights). It is always rebuilt from the base
+model, so a resumed run penalises against the same policy as the fresh one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from megatron_rl.models.builder import BuildOptions, build_model
+from megatron_rl.models.hf_config import ModelArch
+from megatron_rl.parallel.config import ParallelConfig
+
+
+class ReferencePolicy:
+    """π_ref's token logprobs on a packed batch, on every rank (like the old logprobs)."""
+
+    def __init__(self, arch: ModelArch, parallel: ParallelConfig, options: BuildOptions, hf_dir: Path):
+        from megatron_rl.bridge import load_hf
+
+        self.vocab_size = arch.vocab_size
+        self.chunks = build_model("actor", arch, parallel, options)
+        load_hf(self.chunks, hf_dir, arch)
+        for chunk in self.chunks:
+            chunk.eval()
+            chunk.requires_grad_(False)
+
+    @torch.no_grad()
+    def logprobs(self, batch, micro_batch_size: int) -> torch.Tensor:
+        """[N, S] log π_ref(token t + 1) at each token's sampling temperature (batch: every row)."""
+        from megatron_rl.schedules import compute_logprobs, gather_data_parallel, local_batch
+
+        local, _ = compute_logprobs(self.chunks, local_batch(self.chunks, batch), micro_batch_size, self.vocab_size)
+        return gather_data_parallel(self.chunks, local)

@@ -1,0 +1,44 @@
+"""Every YAML in examples/ loads, validates and builds its recipe: the tiny CPU variants at
+world 1, the cluster variants at 64 ranks against Qwen3-30B-A3B's published config.json."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from megatron_rl.algorithms.recipes import RECIPES
+from megatron_rl.config import load_config, validate
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+TINY = sorted(p for p in EXAMPLES.glob("*.yaml") if p.stem in RECIPES)
+CLUSTER = sorted((EXAMPLES / "cluster").glob("*.yaml"))
+
+
+def test_every_recipe_has_a_tiny_and_a_cluster_variant():
+    assert sorted(p.stem for p in TINY) == sorted(RECIPES)
+    assert sorted(p.stem.split("_")[0] for p in CLUSTER) == sorted(RECIPES)
+
+
+@pytest.mark.parametrize("path", TINY, ids=lambda p: p.stem)
+def test_tiny_variant_validates_on_one_rank(path):
+    cfg = load_config(str(path), [])
+    validate(cfg, 1)
+    recipe = cfg.algorithm.build()
+    assert recipe.name == path.stem and cfg.model.preset == "tiny-moe"
+    assert cfg.data.source.startswith("task:")
+    if recipe.overlong is not None:  # shaping sized to the tiny response budget, not 20K tokens
+        assert recipe.overlong.max_len <= cfg.rollout.max_new_tokens
+
+
+@pytest.mark.parametrize("path", CLUSTER, ids=lambda p: p.stem)
+def test_cluster_variant_fits_qwen3_30b_a3b_on_64_gpus(path, tmp_path):
+    shutil.copy(Path(__file__).parent / "data" / "qwen3_30b_a3b_config.json", tmp_path / "config.json")
+    cfg = load_config(str(path), [f"model.hf_path={tmp_path}"])
+    validate(cfg, 64)
+    recipe = cfg.algorithm.build()
+    assert recipe.name == path.stem.split("_")[0]
+    assert cfg.model.dtype == "bf16" and 64 % cfg.rollout.tensor_parallel_size == 0
+    # The response budget fits the training sequence, which fits the model's positions.
+    assert cfg.rollout.max_new_tokens < cfg.trainer.seq_length <= 40960
+    with pytest.raises(Exception, match="world|divid|multiple"):
+        validate(cfg, 60)  # 60 ranks do not fit TP2 x EP8

@@ -1,0 +1,71 @@
+"""Subprocess body of test_inplace_load.py (vLLM keeps process-wide state).
+
+Argument: WORKDIR. Prints one JSON line: for a tiny MoE model (linear, fused-MoE and LM
+head kinds), the logprob differences between the fast in-place load and vLLM's own
+reload_weights of the same new weights, also with buckets split inside decoder layers.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from megatron_rl.rollout import EngineConfig, RolloutEngine
+from megatron_rl.rollout.inplace_load import MODE_ENV
+from megatron_rl.testing.hf_models import save_tiny_model
+from megatron_rl.testing.tiny import TINY_QWEN3_MOE
+
+work = Path(sys.argv[1])
+path = work / "moe"
+save_tiny_model(TINY_QWEN3_MOE, path, seed=5)
+engine = RolloutEngine(path, EngineConfig(max_model_len=64, load_tokenizer=False, cache_dir=str(work / "cache")))
+from safetensors.torch import load_file  # noqa: E402
+
+source = {}
+for f in sorted(path.glob("*.safetensors")):
+    source.update(load_file(f))
+sequences = [[5, 9, 17, 33, 2, 8, 40, 41, 42, 7], [3, 4, 5, 6, 7, 8, 90, 91]]
+g = torch.Generator().manual_seed(3)
+
+
+def push(weights: dict, mode: str) -> list:
+    os.environ[MODE_ENV] = mode
+    first = [(k, v) for k, v in weights.items() if ".layers." not in k or ".layers.0." in k]
+    rest = [(k, v) for k, v in weights.items() if ".layers." in k and ".layers.0." not in k]
+    paths = [engine.load_weights(first), engine.load_weights(rest)]
+    engine.finish_weight_update()
+    return paths
+
+
+def max_diff(a, b) -> float:
+    return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+
+
+before = engine.prompt_logprobs(sequences)
+out = {"steps": []}
+for step in range(2):
+    new = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in source.items()}
+    fast_paths = push(new, "inplace")
+    fast = engine.prompt_logprobs(sequences)
+    slow_paths = push(new, "reload")
+    slow = engine.prompt_logprobs(sequences)
+    out["steps"].append({"paths": fast_paths + slow_paths, "fast_vs_reload": max_diff(fast, slow),
+                         "moved": max_diff(fast, before)})
+    before = fast
+
+# Buckets split inside decoder layers at module boundaries (attention, then the rest):
+# each module's weights arrive in one call, the others keep theirs until their call.
+new = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in source.items()}
+os.environ[MODE_ENV] = "inplace"
+attention = [(k, v) for k, v in new.items() if ".self_attn." in k]
+engine.load_weights(attention)
+half_served = engine.prompt_logprobs(sequences)
+engine.load_weights([(k, v) for k, v in new.items() if ".self_attn." not in k])
+engine.finish_weight_update()
+split = engine.prompt_logprobs(sequences)
+push(new, "reload")
+out["split_vs_reload"] = max_diff(split, engine.prompt_logprobs(sequences))
+out["half_vs_full"] = max_diff(half_served, split)
+print(json.dumps(out))
