@@ -185,6 +185,7 @@ class InplaceLoader:
                     _register(s.module, params)
             for pname, module in self.lm_heads.items():
                 if pname in loaded:
+                    _drop_gemm_handle(module)
                     module.quant_method.process_weights_after_loading(module)
         return count
 
@@ -209,12 +210,18 @@ class InplaceLoader:
 
     def _pack(self, s: _Staged, live: dict[str, torch.nn.Parameter]) -> None:
         if s.kind == "linear":
+            _drop_gemm_handle(s.module)
             s.module.quant_method.process_weights_after_loading(s.module)  # packs; drops the plain weight
             return
         staged = {p: s.module._parameters[p] for p in s.meta}
         for p, target in live.items():
             torch.ops._C.prepack_moe_weight(staged[p], target.data, s.isa)
         _register(s.module, live)
+
+
+def _drop_gemm_handle(module: torch.nn.Module) -> None:
+    """Free the old packed weight before packing the new one (peak memory: one copy)."""
+    module.__dict__.pop("cpu_linear", None)
 
 
 def _unwrapped(loader):

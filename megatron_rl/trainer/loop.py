@@ -218,7 +218,7 @@ def _train(cfg: Config, stop) -> dict:
             raise ConfigError(str(err)) from None
     ckpt_root = run_dir / "checkpoints"
     # HAPO: the previous step's entropy statistics (None: the first step samples at plain T).
-    first_step, hapo_stats = _resume(ckpt_root, actor, loader, engine, arch, cfg, pool)
+    first_step, hapo_stats = _resume(ckpt_root, actor, critic, loader, engine, arch, cfg, pool)
     first_step += 1
     log = MetricsLog(run_dir, enabled=rank == 0, total_steps=cfg.trainer.max_steps, resume_after=first_step - 1)
     monitor = _start_monitor(cfg, run_dir)
@@ -360,7 +360,7 @@ def _train(cfg: Config, stop) -> dict:
         stop_signal = stop.agree()  # every rank, every step: all stop at the same step
         interval = cfg.checkpoint.save_interval
         if faulty or stop_signal or step == cfg.trainer.max_steps or (interval and step % interval == 0):
-            _save(ckpt_root, step, actor, loader, base_dir, cfg, pool, hapo_stats)
+            _save(ckpt_root, step, actor, critic, loader, base_dir, cfg, pool, hapo_stats)
         if faulty and rank == 0:
             print(f"stopping after step {step}: the monitor declared {sorted(monitor.declared)} faulty "
                   f"(listed in {monitor.exclude_file})", flush=True)
@@ -387,10 +387,15 @@ def _train(cfg: Config, stop) -> dict:
     return summary
 
 
-def _save(root: Path, step: int, actor, loader, base_dir: Path, cfg: Config, pool: Optional[WindowPool],
-          hapo_stats=None) -> None:
+def _save(root: Path, step: int, actor, critic, loader, base_dir: Path, cfg: Config,
+          pool: Optional[WindowPool], hapo_stats=None) -> None:
     """Actor, optimizer, RNG, data position, T-PPO's in-flight responses, HAPO's entropy statistics;
-    plus what an HF export needs."""
+    plus what an HF export needs. The critic (and its optimizer) goes first into root/critic:
+    a save waits for the previous one, so once the actor's step is committed the critic's is too."""
+    if critic is not None:
+        checkpoint.save(root / CRITIC_DIR, step, model=critic.chunks, optimizer=critic.optimizer,
+                        extra={"step": step}, async_save=cfg.checkpoint.async_save,
+                        keep_last=cfg.checkpoint.keep_last)
     hf_config = json.loads((base_dir / "config.json").read_text())
     extra = {"step": step, "data": loader.state_dict(), "hf_config": hf_config, "hf_expert_style": "per_expert"}
     if pool is not None:
@@ -401,7 +406,7 @@ def _save(root: Path, step: int, actor, loader, base_dir: Path, cfg: Config, poo
                     async_save=cfg.checkpoint.async_save, keep_last=cfg.checkpoint.keep_last)
 
 
-def _resume(root: Path, actor, loader, engine, arch, cfg: Config, pool: Optional[WindowPool]):
+def _resume(root: Path, actor, critic, loader, engine, arch, cfg: Config, pool: Optional[WindowPool]):
     """Load the newest committed step (any layout), push its weights into vLLM; return
     (step, HAPO entropy stats or None); (0, None) for a fresh run.
 
@@ -410,9 +415,15 @@ def _resume(root: Path, actor, loader, engine, arch, cfg: Config, pool: Optional
     from megatron_rl.algorithms.hapo import EntropyStats
     from megatron_rl.rollout.sync import sync_weights
 
-    if checkpoint.latest_step(root) is None:
+    step = checkpoint.latest_step(root)
+    if step is None:
         return 0, None
-    extra = checkpoint.load(root, model=actor.chunks, optimizer=actor.optimizer)
+    if critic is not None:  # first, so that the actor's RNG state is the one restored
+        if step not in checkpoint.committed_steps(root / CRITIC_DIR):
+            raise ConfigError(f"{root} step {step} has no critic checkpoint in {root / CRITIC_DIR}: it was saved "
+                              f"by a recipe without a critic; resume it with that recipe or use a new trainer.run_dir")
+        checkpoint.load(root / CRITIC_DIR, model=critic.chunks, optimizer=critic.optimizer, step=step)
+    extra = checkpoint.load(root, model=actor.chunks, optimizer=actor.optimizer, step=step)
     loader.load_state_dict(extra["data"])
     note = ""
     if pool is not None:
@@ -429,6 +440,10 @@ def _resume(root: Path, actor, loader, engine, arch, cfg: Config, pool: Optional
         print(f"resumed from {root} step {extra['step']}{note}", flush=True)
     stats = extra.get("hapo_entropy_stats")
     return int(extra["step"]), (EntropyStats(**stats) if stats else None)
+
+
+CRITIC_DIR = "critic"
+"""The critic's checkpoints, under the actor's root (step directories only match there)."""
 
 
 def _value_mse(critic, batch, micro_batch_size: int) -> float:

@@ -128,8 +128,13 @@ def test_tppo_windows_carry_responses_across_steps_tp2_world2_then_resume(tmp_pa
         assert ("critic/value_loss" in r) == (r["critic/rows"] > 0), r
         assert r["rollout/trained_rows"] % 4 == 0 and r["rollout/trained_rows"] >= 16, r
     assert any(r["rollout/finished_samples"] > 0 and r["reward/mean"] is not None for r in later)
+    # The critic and its optimizer are saved beside the actor, at the same steps.
+    from megatron_rl.checkpoint import committed_steps
+    ckpts = tmp_path / "run-tppo" / "checkpoints"
+    assert committed_steps(ckpts / "critic") == committed_steps(ckpts) == [3]
     # Resume for one more step: the checkpoint's pool comes back and its cut-off responses go on.
     resumed, out = _train(tmp_path, 2, bases["qwen3"], "tppo", *tppo, steps=4)
+    assert committed_steps(ckpts / "critic")[-1] == 4
     last = rows[-1]
     in_flight = last["rollout/truncated_rows"] + last["rollout/held_rows"]
     assert f"step 3 with {in_flight} in-flight responses" in out, out[-2000:]
