@@ -115,6 +115,7 @@ class Plan:
     warmup: int
     copy_repeats: int
     kv_cache_gib: int
+    cpu_linear: str
     json_path: Path
 
 
@@ -174,6 +175,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=_positive, default=3, help="timed syncs per layout x bucket")
     p.add_argument("--warmup", type=int, default=1, help="untimed syncs first")
     p.add_argument("--copy-repeats", type=_positive, default=5, help="timed plain copies (median)")
+    p.add_argument("--cpu-linear", choices=("packed", "plain"), default="packed",
+                   help="CPU: vLLM's linear weights packed for oneDNN (vLLM's default) or plain (torch's linear)")
     p.add_argument("--kv-cache-gib", type=_positive, default=1,
                    help="vLLM KV cache per rank on CPU (whole GiB: vLLM reads VLLM_CPU_KVCACHE_SPACE as an int)")
     p.add_argument("--work-dir", type=Path, default=Path("runs/bench/weight_sync"),
@@ -236,7 +239,8 @@ def make_plan(args: argparse.Namespace, world: int) -> Plan:
         arch=arch, model_label=label, hf_dir=hf_dir, work_dir=args.work_dir, layouts=tuple(layouts),
         skipped=tuple(skipped), bucket_bytes=tuple(int(mb * _MB) for mb in args.bucket_mb),
         dtype=DTYPES[args.dtype], vllm_tp=args.vllm_tp, iterations=args.iterations, warmup=args.warmup,
-        copy_repeats=args.copy_repeats, kv_cache_gib=args.kv_cache_gib, json_path=json_path,
+        copy_repeats=args.copy_repeats, kv_cache_gib=args.kv_cache_gib, cpu_linear=args.cpu_linear,
+        json_path=json_path,
     )
 
 
@@ -501,12 +505,19 @@ def _prepare_model(plan: Plan) -> Path:
     return path
 
 
+def _transport() -> str:
+    """How buckets are gathered when every rank is on this host (MEGATRON_RL_GATHER)."""
+    from megatron_rl.bridge.host_arena import transport_setting
+
+    return "shared arena" if transport_setting() == "auto" and not _cuda() else "broadcast"
+
+
 def _build_engine(plan: Plan, hf_dir: Path):
     from megatron_rl.rollout import EngineConfig, RolloutEngine
 
     config = EngineConfig(
         tensor_parallel_size=plan.vllm_tp, dtype=plan.dtype, max_model_len=128, load_tokenizer=False,
-        cpu_kv_cache_gib=plan.kv_cache_gib, cache_dir=str(plan.work_dir / "cache"),
+        cpu_kv_cache_gib=plan.kv_cache_gib, cpu_linear=plan.cpu_linear, cache_dir=str(plan.work_dir / "cache"),
     )
     return RolloutEngine(hf_dir, config)
 
@@ -555,6 +566,7 @@ def run(plan: Plan) -> dict:
         for line in plan.skipped:
             print(f"skipped layout {line}", flush=True)
         print(f"engine built in {engine.build_s:.1f} s; world {world}, vLLM TP{plan.vllm_tp}, "
+              f"CPU linear weights {plan.cpu_linear}, gather {_transport()}, "
               f"{plan.iterations} timed syncs (median)\n{_fmt(_COLUMNS)}", flush=True)
     rows = []
     for name, layout in plan.layouts:
@@ -571,6 +583,8 @@ def run(plan: Plan) -> dict:
                   "arch": dataclasses.asdict(plan.arch)},
         "dtype": plan.dtype,
         "vllm_tp": plan.vllm_tp,
+        "cpu_linear": plan.cpu_linear,
+        "gather_transport": _transport(),
         "iterations": plan.iterations,
         "warmup": plan.warmup,
         "engine_build_s": engine.build_s,

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl import platform
+from megatron_rl.bridge import host_arena
 from megatron_rl.bridge.families import PER_EXPERT, canonical, rules_for
 from megatron_rl.bridge.hf_files import write_checkpoint
 from megatron_rl.bridge.mapping import BridgeError, TensorMap, expand
@@ -236,22 +237,36 @@ def iter_hf_buckets(
     so a layer larger than ``bucket_bytes`` makes a bucket of its own.
     The tensors are views into one buffer reused for every bucket: valid only until the
     next bucket is requested. Collective like :func:`iter_hf_tensors`, with one broadcast
-    per decoder layer and owner instead of one per unit and owner. ``keep_buffers`` keeps
-    the bucket buffer and the receive buffer for the next call (no fresh pages to map
-    then); otherwise they are freed at the end. Extra memory: one bucket plus one layer.
+    per decoder layer and owner instead of one per unit and owner; when every rank is on
+    this CPU host, through a shared arena instead (:mod:`megatron_rl.bridge.host_arena`:
+    each owner writes its pieces in place, no broadcasts, one bucket per host).
+    ``keep_buffers`` keeps the bucket buffer and the receive buffer for the next call (no
+    fresh pages to map then); otherwise they are freed at the end. Extra memory: one
+    bucket plus one layer.
     """
     gather = gather_plan(chunks, arch, style, by_layer=True)
     layout = gather.bucket_layout(bucket_bytes, dtype)
     buffers = plan_buffers(chunks, arch, style)
     device = platform.current().device
     local = _local_pieces(chunks)
-    arena = buffers.get("arena")
-    if arena is None or arena.numel() < layout.nbytes or arena.device != torch.device(device):
-        arena = torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
-        buffers["arena"] = arena
+    shared = _shared_arena(gather, buffers, layout.nbytes, device)
+    arena = shared
+    if arena is None:
+        arena = buffers.get("arena")
+        if arena is None or arena.numel() < layout.nbytes or arena.device != torch.device(device):
+            arena = torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
+            buffers["arena"] = arena
     try:
         with torch.no_grad():
             for bucket in layout.buckets:
+                if shared is not None:
+                    items, writes = _shared_bucket(gather, bucket, arena, local)
+                    dist.barrier()  # every rank is done reading the previous bucket
+                    for dst, src in writes:
+                        dst.copy_(src)
+                    dist.barrier()  # every owner's pieces are in
+                    yield items
+                    continue
                 items = []
                 for group, placed in bucket:
                     out = {h: arena[o : o + n].view(dt).view(shape) for h, shape, dt, o, n in placed}
@@ -261,6 +276,40 @@ def iter_hf_buckets(
     finally:
         if not keep_buffers:
             buffers.clear()
+            gather.shared_views.clear()
+
+
+def _shared_bucket(gather: "GatherPlan", bucket, arena: torch.Tensor, local: dict):
+    """(HF items, this rank's (destination, source) copies) of one bucket in the shared arena.
+
+    Both are views that stay valid while the arena and the local pieces do, so they are
+    built once and reused by every later sync (slicing costs more than a small copy)."""
+    cached = gather.shared_views.get(id(bucket))
+    if cached is None or cached[0] is not arena or cached[1] is not local:
+        items, writes = [], []
+        for group, placed in bucket:
+            out = {h: arena[o : o + n].view(dt).view(shape) for h, shape, dt, o, n in placed}
+            writes += [(out[c.hf][c.dst], local[c.local][c.src]) for c in group.copies if c.owner == gather.rank]
+            items.extend(out.items())
+        cached = gather.shared_views[id(bucket)] = (arena, local, items, writes)
+    return cached[2], cached[3]
+
+
+def _shared_arena(gather: "GatherPlan", buffers: dict, nbytes: int, device) -> Optional[torch.Tensor]:
+    """The host-shared bucket buffer (:mod:`megatron_rl.bridge.host_arena`) when every rank
+    is on this CPU host, else None (collective; the same answer on every rank)."""
+    if not gather.same_host or torch.device(device).type != "cpu" or host_arena.transport_setting() != "auto":
+        return None
+    arena = buffers.get("shared_arena")
+    if arena is None or arena.numel() < nbytes:
+        buffers.pop("shared_arena", None)
+        gather.shared_views.clear()
+        arena = host_arena.open_shared(nbytes, "sync")
+        if arena is None:
+            gather.same_host = False  # /dev/shm too small: broadcasts from now on
+            return None
+        buffers["shared_arena"] = arena
+    return arena
 
 
 def release_buffers(chunks: Sequence[torch.nn.Module]) -> None:
@@ -268,14 +317,29 @@ def release_buffers(chunks: Sequence[torch.nn.Module]) -> None:
     for key, value in _PLANS.get(_root(chunks[0]), {}).items():
         if key[0] == "buffers":
             value.clear()
+        elif isinstance(value, GatherPlan):
+            value.shared_views.clear()  # views that hold the shared arena
 
 
 def _local_pieces(chunks) -> dict:
-    return {
-        (canonical(s.name), tuple(s.offsets)): s.data.detach()
-        for s in local_shards(chunks)
-        if s.is_main_replica
-    }
+    """(canonical name, offsets) -> live view of this rank's main-replica piece.
+
+    Megatron's ``sharded_state_dict`` costs more than moving a small model's bytes, so
+    the views are cached per model and rebuilt only when a parameter's storage moved
+    (views of the old storage would export stale weights).
+    """
+    cache = _PLANS.setdefault(_root(chunks[0]), {})
+    params = [p for chunk in chunks for p in chunk.parameters()]
+    storage = [p.data_ptr() for p in params]
+    cached = cache.get("local")
+    if cached is None or cached[0] != storage:
+        pieces = {
+            (canonical(s.name), tuple(s.offsets)): s.data.detach()
+            for s in local_shards(chunks)
+            if s.is_main_replica
+        }
+        cache["local"] = cached = (storage, pieces)
+    return cached[1]
 
 
 def plan_buffers(chunks, arch: ModelArch, style: str) -> dict:
@@ -289,7 +353,10 @@ def gather_plan(chunks, arch: ModelArch, style: str = PER_EXPERT, by_layer: bool
     if key not in cache:
         rank = dist.get_rank() if dist.is_initialized() else 0
         world = dist.get_world_size() if dist.is_initialized() else 1
-        cache[key] = GatherPlan.build(export_plan(chunks, arch, style), by_layer, rank, world)
+        plan = GatherPlan.build(export_plan(chunks, arch, style), by_layer, rank, world)
+        if world > 1:
+            plan.same_host = host_arena.all_ranks_on_this_host()
+        cache[key] = plan
     return cache[key]
 
 
@@ -334,6 +401,10 @@ class GatherPlan:
         self.groups = groups
         self.rank = rank
         self.world = world
+        self.same_host = False
+        """All ranks share this host's memory: buckets go through a shared arena."""
+        self.shared_views: dict = {}
+        """id(bucket) -> (arena, local pieces, HF views, this rank's copies) (:func:`_shared_bucket`)."""
         self._layouts: dict = {}
 
     @classmethod

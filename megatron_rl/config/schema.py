@@ -146,6 +146,9 @@ class RolloutConfig:
     parity_threshold: float = 1e-3
     kv_cache_gib: float = 1.0
     """CPU only: vLLM's KV cache size."""
+    cpu_linear: str = "packed"
+    """CPU only: how vLLM keeps linear weights: packed (oneDNN, vLLM's default: faster
+    decode, each sync re-packs) or plain (torch's linear: a sync is a copy)."""
     gpu_memory_utilization: float = 0.4
     """GPU only: vLLM's share of GPU memory."""
 
@@ -157,6 +160,7 @@ class RolloutConfig:
             raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]")
         if self.temperature <= 0:
             raise ConfigError(f"rollout.temperature={self.temperature} must be > 0")
+        _choice("rollout", "cpu_linear", self.cpu_linear, ("packed", "plain"))
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -51,6 +51,11 @@ class EngineConfig:
     adaptive_temperature: bool = True
     """Register HAPO's adaptive-temperature logits processor (a no-op for requests whose
     Sampling has no entropy_stats); False leaves vLLM's sampler exactly as shipped."""
+    cpu_linear: str = "packed"
+    """CPU only: ``packed`` keeps vLLM's kernel-format linear weights (oneDNN: fastest
+    decode, but each weight sync re-packs every weight, 5-28x the cost of copying it);
+    ``plain`` keeps plain weights used through torch's linear, so a sync is a copy into
+    them (decode GEMMs slower at small batches; docs/benchmarks.md has both)."""
 
     def validate(self, world_size: int) -> None:
         if self.tensor_parallel_size < 1 or world_size % self.tensor_parallel_size:
@@ -61,6 +66,8 @@ class EngineConfig:
             raise ValueError(f"rollout cpu_kv_cache_gib={self.cpu_kv_cache_gib}: vLLM's CPU backend takes whole GiB (>= 1)")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"rollout dtype={self.dtype!r}; allowed: float32, bfloat16, float16")
+        if self.cpu_linear not in vllm_env.CPU_LINEAR_FORMATS:
+            raise ValueError(f"rollout cpu_linear={self.cpu_linear!r}; allowed: {', '.join(vllm_env.CPU_LINEAR_FORMATS)}")
 
 
 @dataclasses.dataclass
@@ -133,7 +140,13 @@ class RolloutEngine:
         from vllm import LLM
 
         start = time.perf_counter()
-        self.llm = LLM(
+        with vllm_env.cpu_linear_format(config.cpu_linear if on_cpu else "packed"):
+            self.llm = self._build(LLM, model_dir, config, kwargs)
+        self.build_s = time.perf_counter() - start
+        self._on_cpu = on_cpu
+
+    def _build(self, LLM, model_dir, config: EngineConfig, kwargs: dict):
+        return LLM(
             model=str(model_dir),
             tokenizer=str(model_dir),
             skip_tokenizer_init=not config.load_tokenizer,
@@ -148,8 +161,6 @@ class RolloutEngine:
             logits_processors=self._logits_processors(),
             **kwargs,
         )
-        self.build_s = time.perf_counter() - start
-        self._on_cpu = on_cpu
 
     # -- generation -------------------------------------------------------------------
 

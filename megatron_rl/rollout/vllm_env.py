@@ -12,6 +12,7 @@ What must happen before the engine is built, and the two CPU defects we work aro
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Optional
@@ -20,6 +21,9 @@ import torch
 
 SHM_DIR = Path("/dev/shm")
 SHM_MARKER = "cpushm"
+CPU_LINEAR_FORMATS = ("packed", "plain")
+PLAIN_LINEAR_ATTR = "_cpu_skip_gemm_dispatch"
+"""vLLM's own marker for a CPU linear layer served by torch's linear from its plain weight."""
 
 
 def prepare_environment(cache_dir: Optional[Path], kv_cache_gib: float, threads: Optional[int]) -> None:
@@ -140,3 +144,49 @@ def _cpu_experts_of(module: torch.nn.Module):
             if child is not None and not isinstance(child, (torch.Tensor, int, float, str)):
                 stack.append(child)
     return None
+
+
+_MARK_PLAIN = [False]
+
+
+@contextlib.contextmanager
+def cpu_linear_format(kind: str):
+    """While the engine is built, choose how vLLM's CPU backend keeps linear weights.
+
+    ``packed`` is vLLM as shipped. ``plain`` marks every 2-D linear weight (and the LM
+    head) the way vLLM marks layers it serves with torch's linear from the plain weight
+    (``_cpu_skip_gemm_dispatch``), so an in-place load is a copy. The marker outlives the
+    build: vLLM's own ``reload_weights`` keeps such layers plain. MoE experts keep their
+    CPU kernel's packed format.
+    """
+    if kind not in CPU_LINEAR_FORMATS:
+        raise ValueError(f"cpu_linear={kind!r}; allowed: {', '.join(CPU_LINEAR_FORMATS)}")
+    if kind == "packed":
+        yield
+        return
+    _install_plain_dispatch()
+    _MARK_PLAIN[0] = True
+    try:
+        yield
+    finally:
+        _MARK_PLAIN[0] = False
+
+
+def _install_plain_dispatch() -> None:
+    """Wrap vLLM's CPU GEMM dispatch once per process: marked layers stay plain."""
+    from vllm.model_executor.layers import utils
+
+    if getattr(utils.dispatch_cpu_unquantized_gemm, "_megatron_rl_plain", False):
+        return
+    original = utils.dispatch_cpu_unquantized_gemm
+
+    def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
+        weight = getattr(layer, "weight", None)
+        if _MARK_PLAIN[0] and weight is not None and not weight.is_meta and weight.dim() == 2:
+            setattr(layer, PLAIN_LINEAR_ATTR, True)
+        if not getattr(layer, PLAIN_LINEAR_ATTR, False):
+            return original(layer, remove_weight)
+        layer.cpu_linear = torch.nn.functional.linear
+
+    dispatch._megatron_rl_plain = True  # type: ignore[attr-defined]
+    utils.dispatch_cpu_unquantized_gemm = dispatch

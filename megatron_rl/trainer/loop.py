@@ -198,7 +198,7 @@ def _train(cfg: Config, stop) -> dict:
         max_model_len=min(arch.max_position_embeddings, cfg.trainer.seq_length),
         seed=cfg.trainer.seed, cpu_kv_cache_gib=cfg.rollout.kv_cache_gib,
         gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-        cache_dir=str(run_dir / "cache"),
+        cpu_linear=cfg.rollout.cpu_linear, cache_dir=str(run_dir / "cache"),
     ))
     sampling = Sampling(n=cfg.rollout.n_samples, max_tokens=cfg.rollout.max_new_tokens,
                         temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,

@@ -8,6 +8,7 @@ vLLM's fp32 logprobs against Megatron's. A sync that skips one tensor must be ca
 the parity guard.
 """
 
+import os
 import sys
 import zlib
 from pathlib import Path
@@ -16,7 +17,9 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl import platform
-from megatron_rl.bridge import load_hf
+from megatron_rl.bridge import PER_EXPERT, iter_hf_buckets, load_hf
+from megatron_rl.bridge.export import gather_plan, plan_buffers
+from megatron_rl.bridge.host_arena import TRANSPORT_ENV
 from megatron_rl.models import build_model
 from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.parallel import ParallelConfig, destroy, initialize
@@ -72,7 +75,12 @@ def sync_case(layout, skip_one=False):
         out = {"mean_abs_diff": report.mean_abs_diff, "max_abs_diff": report.max_abs_diff,
                "buckets": stats.buckets, "tensors": stats.tensors, "bytes": stats.bytes,
                "sync_s": round(stats.seconds, 3)}
-        if skip_one:
+        if not skip_one:  # the next step's weights, through the buffers and views kept from the first sync
+            perturb(chunks, "b")
+            sync_weights(chunks, arch, engine, bucket_bytes=BUCKET)
+            again = check_parity(chunks, engine, sequences(), arch.vocab_size, SEQ, threshold=1e-4)
+            out["max_abs_diff"] = max(report.max_abs_diff, again.max_abs_diff)
+        else:
             perturb(chunks, "b")  # a new step's weights; one tensor is "forgotten"
             skipped = ("model.layers.1.mlp.experts.2.down_proj.weight" if arch.is_moe
                        else "model.layers.1.mlp.down_proj.weight")
@@ -84,6 +92,30 @@ def sync_case(layout, skip_one=False):
             else:
                 raise AssertionError(f"parity guard missed the skipped tensor {skipped}")
         return out
+    finally:
+        destroy()
+
+
+def transports_case(layout):
+    """The same-host shared arena and gloo broadcasts gather bitwise the same buckets."""
+    path, arch, _ = setup()
+    initialize(ParallelConfig(**layout), seed=1, model=arch.shape())
+    try:
+        chunks = build_model("actor", arch, ParallelConfig(**layout))
+        load_hf(chunks, path, arch)
+        perturb(chunks, "c")
+        gathered = {}
+        for transport in ("auto", "broadcast"):
+            os.environ[TRANSPORT_ENV] = transport
+            gathered[transport] = [[(n, t.clone()) for n, t in bucket]
+                                   for bucket in iter_hf_buckets(chunks, arch, BUCKET)]
+        os.environ.pop(TRANSPORT_ENV)
+        shared, broadcast = gathered["auto"], gathered["broadcast"]
+        assert [[n for n, _ in b] for b in shared] == [[n for n, _ in b] for b in broadcast]
+        unequal = [n for bs, bb in zip(shared, broadcast) for (n, a), (_, b) in zip(bs, bb) if not torch.equal(a, b)]
+        assert not unequal, unequal[:5]
+        return {"buckets": len(shared), "same_host": gather_plan(chunks, arch, by_layer=True).same_host,
+                "shared_arena": "shared_arena" in plan_buffers(chunks, arch, PER_EXPERT)}
     finally:
         destroy()
 
@@ -101,6 +133,7 @@ def cases():
     names = ["tp2", "pp2", "ep2", "tp2_ep2_etp1"] if KIND == "moe" else ["tp2", "pp2", "tp2_pp2"]
     out = {name: (lambda layout: lambda: sync_case(layout))(LAYOUTS[name]) for name in names}
     out["skipped_tensor_caught"] = lambda: sync_case(LAYOUTS[names[-1]], skip_one=True)
+    out["transports_agree"] = lambda: transports_case(LAYOUTS[names[-1]])
     return out
 
 

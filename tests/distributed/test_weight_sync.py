@@ -43,3 +43,11 @@ def test_parity_guard_catches_a_skipped_tensor(setup):
     outcome = results["skipped_tensor_caught"]
     assert outcome["ok"], outcome["error"]
     assert "a weight is missing or wrongly mapped" in outcome["result"]["guard"]
+
+
+def test_shared_arena_and_broadcasts_gather_the_same_buckets(setup):
+    _, results = setup
+    outcome = results["transports_agree"]
+    assert outcome["ok"], outcome["error"]
+    r = outcome["result"]
+    assert r["same_host"] and r["shared_arena"] and r["buckets"] > 1, r

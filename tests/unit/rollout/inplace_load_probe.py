@@ -1,8 +1,9 @@
 """Subprocess body of test_inplace_load.py (vLLM keeps process-wide state).
 
-Argument: WORKDIR. Prints one JSON line: for a tiny MoE model (linear, fused-MoE and LM
-head kinds), the logprob differences between the fast in-place load and vLLM's own
-reload_weights of the same new weights, also with buckets split inside decoder layers.
+Arguments: WORKDIR [CPU_LINEAR]. Prints one JSON line: for a tiny MoE model (linear,
+fused-MoE and LM head kinds), the logprob differences between the fast in-place load and
+vLLM's own reload_weights of the same new weights, also with buckets split inside decoder
+layers; with the engine's linear weights packed (vLLM's default) or plain.
 """
 
 import json
@@ -18,9 +19,12 @@ from megatron_rl.testing.hf_models import save_tiny_model
 from megatron_rl.testing.tiny import TINY_QWEN3_MOE
 
 work = Path(sys.argv[1])
+cpu_linear = sys.argv[2] if len(sys.argv) > 2 else "packed"
 path = work / "moe"
-save_tiny_model(TINY_QWEN3_MOE, path, seed=5)
-engine = RolloutEngine(path, EngineConfig(max_model_len=64, load_tokenizer=False, cache_dir=str(work / "cache")))
+if not path.exists():
+    save_tiny_model(TINY_QWEN3_MOE, path, seed=5)
+engine = RolloutEngine(path, EngineConfig(max_model_len=64, load_tokenizer=False, cpu_linear=cpu_linear,
+                                          cache_dir=str(work / "cache")))
 from safetensors.torch import load_file  # noqa: E402
 
 source = {}
@@ -43,8 +47,22 @@ def max_diff(a, b) -> float:
     return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
 
 
+def _count_linear(worker) -> tuple[int, int]:
+    gemms = [m for m in worker.model_runner.model.modules() if hasattr(m, "cpu_linear")]
+    plain = [m for m in gemms if m.cpu_linear is torch.nn.functional.linear and m.weight.numel() > 0]
+    return len(gemms), len(plain)
+
+
+def plain_linear_layers() -> int:
+    """Linear layers (and LM head) served from a plain weight by torch's linear."""
+    return engine.llm.collective_rpc(_count_linear)[0][1]
+
+
+out_gemms = engine.llm.collective_rpc(_count_linear)[0][0]
+
+
 before = engine.prompt_logprobs(sequences)
-out = {"steps": []}
+out = {"steps": [], "initial": before, "gemm_layers": out_gemms, "plain_linear_layers": plain_linear_layers()}
 for step in range(2):
     new = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in source.items()}
     fast_paths = push(new, "inplace")
@@ -68,4 +86,5 @@ split = engine.prompt_logprobs(sequences)
 push(new, "reload")
 out["split_vs_reload"] = max_diff(split, engine.prompt_logprobs(sequences))
 out["half_vs_full"] = max_diff(half_served, split)
+out["plain_linear_layers_after_reload"] = plain_linear_layers()
 print(json.dumps(out))
