@@ -63,13 +63,20 @@ def perturb(chunks, salt):
             shard.data.add_(noise[shard.index].to(shard.data.dtype))
 
 
-def sync_case(layout, skip_one=False):
-    path, arch, engine = setup()
+def perturbed_actor(layout, salt):
+    """The HF model loaded into a fresh Megatron ``layout``, its weights perturbed by ``salt``."""
+    path, arch, _ = setup()
     initialize(ParallelConfig(**layout), seed=1, model=arch.shape())
+    chunks = build_model("actor", arch, ParallelConfig(**layout))
+    load_hf(chunks, path, arch)
+    perturb(chunks, salt)
+    return chunks
+
+
+def sync_case(layout, skip_one=False):
+    _, arch, engine = setup()
     try:
-        chunks = build_model("actor", arch, ParallelConfig(**layout))
-        load_hf(chunks, path, arch)
-        perturb(chunks, "a")
+        chunks = perturbed_actor(layout, "a")
         stats = sync_weights(chunks, arch, engine, bucket_bytes=BUCKET)
         report = check_parity(chunks, engine, sequences(), arch.vocab_size, SEQ, threshold=1e-4)
         out = {"mean_abs_diff": report.mean_abs_diff, "max_abs_diff": report.max_abs_diff,
@@ -98,12 +105,9 @@ def sync_case(layout, skip_one=False):
 
 def transports_case(layout):
     """The same-host shared arena and gloo broadcasts gather bitwise the same buckets."""
-    path, arch, _ = setup()
-    initialize(ParallelConfig(**layout), seed=1, model=arch.shape())
+    _, arch, _ = setup()
     try:
-        chunks = build_model("actor", arch, ParallelConfig(**layout))
-        load_hf(chunks, path, arch)
-        perturb(chunks, "c")
+        chunks = perturbed_actor(layout, "c")
         gathered = {}
         for transport in ("auto", "broadcast"):
             os.environ[TRANSPORT_ENV] = transport

@@ -1,5 +1,6 @@
 """Checkpoint store on gloo: save in TP2*EP2 / PP2*VPP2 (world 4) and TP2*PP2*EP2 (world 8),
-load into other layouts with every parameter and optimizer-state element equal, training
+load into other layouts (also into one process, world 1) with every parameter and
+optimizer-state element equal, training
 continued after a resharded resume matching the saving run, exact same-layout resume."""
 
 from pathlib import Path
@@ -17,8 +18,19 @@ pytestmark = pytest.mark.distributed
 
 
 @pytest.fixture(scope="module")
-def world4(tmp_path_factory):
-    return launch(BODY, 4, args=["4", str(tmp_path_factory.mktemp("ckpt4"))])
+def world4_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("ckpt4")
+
+
+@pytest.fixture(scope="module")
+def world4(world4_root):
+    return launch(BODY, 4, args=["4", str(world4_root)])
+
+
+@pytest.fixture(scope="module")
+def world1(world4, world4_root):
+    """A single process loads what the world-4 launch saved (TP2*EP2, PP2*VPP2)."""
+    return launch(BODY, 1, args=["1", str(world4_root)])
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +58,11 @@ def _check_reshard(r):
 @pytest.mark.parametrize("case", RESHARD4)
 def test_reshard_world4(world4, case):
     _check_reshard(_result(world4, case))
+
+
+@pytest.mark.parametrize("case", ["moe-tp2ep2-to-world1", "dense-pp2vpp2-to-world1"])
+def test_reshard_into_one_process(world1, case):
+    _check_reshard(_result(world1, case))
 
 
 def test_exact_resume(world4):
