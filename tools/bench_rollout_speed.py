@@ -69,7 +69,7 @@ def main(argv=None) -> int:
         save_tiny_model(PRESETS[args.preset], model_dir, seed=0)
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     for fmt in formats:
-        cmd = [sys.executable, __file__, "--one", fmt] + [a for a in (argv or sys.argv[1:])]
+        cmd = [sys.executable, __file__, "--one", fmt, *(argv or sys.argv[1:])]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode:
             print(proc.stderr[-2000:], file=sys.stderr)

@@ -505,11 +505,15 @@ def _prepare_model(plan: Plan) -> Path:
     return path
 
 
-def _transport() -> str:
-    """How buckets are gathered when every rank is on this host (MEGATRON_RL_GATHER)."""
-    from megatron_rl.bridge.host_arena import transport_setting
+def _transport(world: int) -> str:
+    """How the sync gathers buckets in this run (collective: the same-host check)."""
+    from megatron_rl.bridge import host_arena
 
-    return "shared arena" if transport_setting() == "auto" and not _cuda() else "broadcast"
+    if world == 1:
+        return "local copies"
+    if _cuda() or host_arena.transport_setting() != "auto" or not host_arena.all_ranks_on_this_host():
+        return "broadcast"
+    return "shared arena"
 
 
 def _build_engine(plan: Plan, hf_dir: Path):
@@ -562,11 +566,12 @@ def run(plan: Plan) -> dict:
     load_before = os.getloadavg()  # shared machines: how busy the host was is part of the result
     hf_dir = _prepare_model(plan)
     engine = _build_engine(plan, hf_dir)
+    transport = _transport(world)
     if rank == 0:
         for line in plan.skipped:
             print(f"skipped layout {line}", flush=True)
         print(f"engine built in {engine.build_s:.1f} s; world {world}, vLLM TP{plan.vllm_tp}, "
-              f"CPU linear weights {plan.cpu_linear}, gather {_transport()}, "
+              f"CPU linear weights {plan.cpu_linear}, gather {transport}, "
               f"{plan.iterations} timed syncs (median)\n{_fmt(_COLUMNS)}", flush=True)
     rows = []
     for name, layout in plan.layouts:
@@ -584,7 +589,7 @@ def run(plan: Plan) -> dict:
         "dtype": plan.dtype,
         "vllm_tp": plan.vllm_tp,
         "cpu_linear": plan.cpu_linear,
-        "gather_transport": _transport(),
+        "gather_transport": transport,
         "iterations": plan.iterations,
         "warmup": plan.warmup,
         "engine_build_s": engine.build_s,

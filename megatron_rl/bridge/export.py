@@ -269,7 +269,7 @@ def iter_hf_buckets(
                     continue
                 items = []
                 for group, placed in bucket:
-                    out = {h: arena[o : o + n].view(dt).view(shape) for h, shape, dt, o, n in placed}
+                    out = _views(arena, placed)
                     gather.fill(group, out, local, buffers)
                     items.extend(out.items())
                 yield items
@@ -277,6 +277,11 @@ def iter_hf_buckets(
         if not keep_buffers:
             buffers.clear()
             gather.shared_views.clear()
+
+
+def _views(arena: torch.Tensor, placed) -> dict[str, torch.Tensor]:
+    """The HF tensors of one group of a bucket layout, as views into the bucket buffer."""
+    return {h: arena[o : o + n].view(dt).view(shape) for h, shape, dt, o, n in placed}
 
 
 def _shared_bucket(gather: "GatherPlan", bucket, arena: torch.Tensor, local: dict):
@@ -288,7 +293,7 @@ def _shared_bucket(gather: "GatherPlan", bucket, arena: torch.Tensor, local: dic
     if cached is None or cached[0] is not arena or cached[1] is not local:
         items, writes = [], []
         for group, placed in bucket:
-            out = {h: arena[o : o + n].view(dt).view(shape) for h, shape, dt, o, n in placed}
+            out = _views(arena, placed)
             writes += [(out[c.hf][c.dst], local[c.local][c.src]) for c in group.copies if c.owner == gather.rank]
             items.extend(out.items())
         cached = gather.shared_views[id(bucket)] = (arena, local, items, writes)
@@ -329,8 +334,7 @@ def _local_pieces(chunks) -> dict:
     (views of the old storage would export stale weights).
     """
     cache = _PLANS.setdefault(_root(chunks[0]), {})
-    params = [p for chunk in chunks for p in chunk.parameters()]
-    storage = [p.data_ptr() for p in params]
+    storage = [p.data_ptr() for chunk in chunks for p in chunk.parameters()]
     cached = cache.get("local")
     if cached is None or cached[0] != storage:
         pieces = {
@@ -354,7 +358,7 @@ def gather_plan(chunks, arch: ModelArch, style: str = PER_EXPERT, by_layer: bool
         rank = dist.get_rank() if dist.is_initialized() else 0
         world = dist.get_world_size() if dist.is_initialized() else 1
         plan = GatherPlan.build(export_plan(chunks, arch, style), by_layer, rank, world)
-        if world > 1:
+        if by_layer and world > 1:  # only the bucketed stream can use a shared arena
             plan.same_host = host_arena.all_ranks_on_this_host()
         cache[key] = plan
     return cache[key]

@@ -141,26 +141,23 @@ class RolloutEngine:
 
         start = time.perf_counter()
         with vllm_env.cpu_linear_format(config.cpu_linear if on_cpu else "packed"):
-            self.llm = self._build(LLM, model_dir, config, kwargs)
+            self.llm = LLM(
+                model=str(model_dir),
+                tokenizer=str(model_dir),
+                skip_tokenizer_init=not config.load_tokenizer,
+                dtype=config.dtype,
+                tensor_parallel_size=self.tp,
+                max_model_len=config.max_model_len,
+                # Ranks of one TP group must sample identically; replicas must differ.
+                seed=config.seed + self.replica,
+                enforce_eager=config.enforce_eager,
+                gpu_memory_utilization=config.gpu_memory_utilization,
+                logprobs_mode="processed_logprobs",
+                logits_processors=self._logits_processors(),
+                **kwargs,
+            )
         self.build_s = time.perf_counter() - start
         self._on_cpu = on_cpu
-
-    def _build(self, LLM, model_dir, config: EngineConfig, kwargs: dict):
-        return LLM(
-            model=str(model_dir),
-            tokenizer=str(model_dir),
-            skip_tokenizer_init=not config.load_tokenizer,
-            dtype=config.dtype,
-            tensor_parallel_size=self.tp,
-            max_model_len=config.max_model_len,
-            # Ranks of one TP group must sample identically; replicas must differ.
-            seed=config.seed + self.replica,
-            enforce_eager=config.enforce_eager,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            logprobs_mode="processed_logprobs",
-            logits_processors=self._logits_processors(),
-            **kwargs,
-        )
 
     # -- generation -------------------------------------------------------------------
 

@@ -157,10 +157,8 @@ def cpu_linear_format(kind: str):
     head) the way vLLM marks layers it serves with torch's linear from the plain weight
     (``_cpu_skip_gemm_dispatch``), so an in-place load is a copy. The marker outlives the
     build: vLLM's own ``reload_weights`` keeps such layers plain. MoE experts keep their
-    CPU kernel's packed format.
+    CPU kernel's packed format. ``kind`` is checked by :meth:`EngineConfig.validate`.
     """
-    if kind not in CPU_LINEAR_FORMATS:
-        raise ValueError(f"cpu_linear={kind!r}; allowed: {', '.join(CPU_LINEAR_FORMATS)}")
     if kind == "packed":
         yield
         return
