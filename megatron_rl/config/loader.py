@@ -24,8 +24,12 @@ def _fields(cls) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
 
 
-def _is_section(tp: Any) -> bool:
-    return dataclasses.is_dataclass(tp)
+def _section(tp: Any) -> Optional[type]:
+    """The dataclass a field holds (also inside Optional[...]), or None for a plain value."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _section(options[0]) if len(options) == 1 else None
+    return tp if dataclasses.is_dataclass(tp) else None
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
@@ -72,10 +76,16 @@ def _build(cls, data: dict, prefix: str):
     for name, value in data.items():
         key = f"{prefix}.{name}" if prefix else name
         tp = fields[name]
-        if _is_section(tp):
+        section = _section(tp)
+        if section is not None:
+            optional = section is not tp
+            if optional and (value is None or (isinstance(value, str) and value.lower() in ("none", "null"))):
+                kwargs[name] = None
+                continue
             if not isinstance(value, dict):
-                raise ConfigError(f"{key} must be a mapping of its keys, got {value!r}")
-            kwargs[name] = _build(tp, value, key)
+                allowed = "a mapping of its keys" + (" or null" if optional else "")
+                raise ConfigError(f"{key} must be {allowed}, got {value!r}")
+            kwargs[name] = _build(section, value, key)
         else:
             kwargs[name] = _coerce(key, value, tp)
     return cls(**kwargs)
@@ -142,6 +152,17 @@ def validate(config: Config, world_size: int) -> Config:
             f"trainer.global_batch_size={config.trainer.global_batch_size} must be a multiple of "
             f"micro_batch_size x data-parallel size = {config.trainer.micro_batch_size}x{config.parallel.dp(world_size)}"
         )
+    if config.critic_parallel is not None:
+        try:
+            config.critic_parallel.validate(world_size, model_arch(config).shape())
+        except LayoutError as err:
+            raise ConfigError(f"critic_parallel: {err}") from None
+        critic_dp = config.critic_parallel.dp(world_size)
+        if config.trainer.global_batch_size % (config.trainer.micro_batch_size * critic_dp):
+            raise ConfigError(
+                f"trainer.global_batch_size={config.trainer.global_batch_size} must be a multiple of "
+                f"micro_batch_size x the critic's data-parallel size = {config.trainer.micro_batch_size}x{critic_dp}"
+            )
     if world_size % config.rollout.tensor_parallel_size:
         raise ConfigError(
             f"rollout.tensor_parallel_size={config.rollout.tensor_parallel_size} must divide the world size {world_size}"

@@ -203,6 +203,10 @@ class Config:
     """The model (actor; the critic shares its architecture)."""
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     """The actor's parallel layout."""
+    critic_parallel: Optional[ParallelConfig] = None
+    """The critic's own parallel layout (recipes with a critic); null = the actor's. The
+    critic gets its own Megatron process groups, so e.g. a TP2·EP2 actor can train beside
+    a PP2 critic on the same ranks."""
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
     """The run itself."""
     algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
@@ -215,3 +219,8 @@ class Config:
     """Saving and resuming."""
     monitor: OnlineConfig = dataclasses.field(default_factory=OnlineConfig)
     """Faulty-machine detection beside training (Minder); off unless monitor.enabled=true."""
+
+    @property
+    def critic_layout(self) -> ParallelConfig:
+        """The layout the critic is built in."""
+        return self.critic_parallel or self.parallel

@@ -2,12 +2,22 @@
 
 This is the one module that calls ``megatron.core.parallel_state``; the rest of
 megatron_rl receives the groups through :class:`ParallelContext`.
+
+Several layouts in one process (actor and critic each in their own): Megatron-Core 0.16.1
+still reads its module-level groups in places a ``pg_collection`` does not reach (the
+layer offsets of a pipeline stage, the replica ids of ``sharded_state_dict``, the
+pipeline schedules' p2p, gradient clipping). So each context keeps its own copy of those
+globals and of the model-parallel RNG tracker, and :meth:`ParallelContext.active`
+installs them while that layout's model is built, run, stepped or saved. Switching is a
+few dozen attribute assignments; no process group is created or destroyed by it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Optional
+import types
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -60,6 +70,46 @@ def format_rank_map(config: ParallelConfig, world_size: int) -> str:
     return header + "\n".join(rows)
 
 
+def _megatron_state_modules():
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import random
+
+    return parallel_state, random
+
+
+def _state_names(module) -> list[str]:
+    """The module-level state of a Megatron module: its private non-callable globals."""
+    skip = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type)
+    return [n for n, v in vars(module).items()
+            if n.startswith("_") and not n.startswith("__") and not isinstance(v, skip)]
+
+
+_TRACKER_NAMES = ("_CUDA_RNG_STATE_TRACKER", "_CUDA_RNG_STATE_TRACKER_INITIALIZED")
+
+
+def _capture_globals() -> dict:
+    """{(module, name): value} of every layout-dependent Megatron global, as they are now."""
+    parallel_state, random = _megatron_state_modules()
+    captured = {(parallel_state, n): getattr(parallel_state, n) for n in _state_names(parallel_state)}
+    captured.update({(random, n): getattr(random, n) for n in _TRACKER_NAMES})
+    return captured
+
+
+def _install_globals(captured: dict) -> None:
+    for (module, name), value in captured.items():
+        setattr(module, name, value)
+
+
+def _uninitialised(captured: dict) -> dict:
+    """The same names as before any initialisation (None, empty containers, no tracker)."""
+    return {key: (type(value)() if isinstance(value, (dict, list)) else False if isinstance(value, bool) else None)
+            for key, value in captured.items()}
+
+
+_ACTIVE: Optional["ParallelContext"] = None
+"""The context whose groups Megatron's globals hold now."""
+
+
 @dataclasses.dataclass
 class ParallelContext:
     """The initialised layout: its config, this rank's coordinates and the process groups."""
@@ -69,6 +119,26 @@ class ParallelContext:
     rank: int
     coords: RankCoordinates
     pg_collection: object  # megatron.core.process_groups_config.ProcessGroupCollection
+    megatron_globals: dict = dataclasses.field(default_factory=dict, repr=False)
+    """Megatron's module-level groups and RNG tracker for this layout (see the module docstring)."""
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator["ParallelContext"]:
+        """Make this layout Megatron's current one; the previous one is back on exit
+        (nothing changes when this layout is already the current one)."""
+        global _ACTIVE
+        if _ACTIVE is self:
+            yield self
+            return
+        previous, previous_ctx = _capture_globals(), _ACTIVE
+        _install_globals(self.megatron_globals)
+        _ACTIVE = self
+        try:
+            yield self
+        finally:
+            self.megatron_globals = _capture_globals()  # e.g. a memory buffer created lazily inside
+            _install_globals(previous)
+            _ACTIVE = previous_ctx
 
     @property
     def is_first_stage(self) -> bool:
@@ -80,16 +150,44 @@ class ParallelContext:
 
 
 def initialize(config: ParallelConfig, seed: int = 1234, model=None) -> ParallelContext:
-    """Validate, then build Megatron's process groups and RNG trackers for this layout."""
+    """Validate, then build Megatron's process groups and RNG trackers for this layout
+    (replacing any layout initialised before: see :func:`initialize_alongside` to keep it)."""
+    from megatron.core import parallel_state
+
+    config.validate(dist.get_world_size(), model)
+    global _ACTIVE
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    _ACTIVE = _build_groups(config, seed)
+    return _ACTIVE
+
+
+def initialize_alongside(config: ParallelConfig, seed: int = 1234, model=None) -> ParallelContext:
+    """Build a second layout's process groups without touching the current one.
+
+    The current layout stays active; use the returned context's :meth:`~ParallelContext.active`
+    around everything done with the new layout's model. The process's default torch RNG is
+    left as it was (the new layout's tracker is seeded like :func:`initialize` seeds it)."""
+    config.validate(dist.get_world_size(), model)
+    current = _capture_globals()
+    rng = torch.get_rng_state()
+    _install_globals(_uninitialised(current))
+    try:
+        ctx = _build_groups(config, seed)
+        ctx.megatron_globals = _capture_globals()
+    finally:
+        _install_globals(current)
+        torch.set_rng_state(rng)
+    return ctx
+
+
+def _build_groups(config: ParallelConfig, seed: int) -> ParallelContext:
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.process_groups_config import ProcessGroupCollection
 
     from megatron_rl.platform import megatron_scope
 
     world_size, rank = dist.get_world_size(), dist.get_rank()
-    config.validate(world_size, model)
-    if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
     with megatron_scope():
         parallel_state.initialize_model_parallel(
             **config.megatron_sizes(),
@@ -105,15 +203,20 @@ def initialize(config: ParallelConfig, seed: int = 1234, model=None) -> Parallel
         rank=rank,
         coords=coords,
         pg_collection=ProcessGroupCollection.use_mpu_process_groups(),
+        megatron_globals=_capture_globals(),
     )
 
 
 def destroy() -> None:
-    """Tear down Megatron's groups so another layout can be initialised in this process."""
+    """Tear down the current layout's groups so another layout can be initialised in this process."""
     from megatron.core import parallel_state
 
+    global _ACTIVE
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
+    if _ACTIVE is not None:
+        _ACTIVE.megatron_globals = _capture_globals()
+    _ACTIVE = None
 
 
 def check_coordinates(ctx: ParallelContext) -> Optional[str]:

@@ -12,8 +12,9 @@ tokens each loss sees (policy: the tokens no earlier step trained on; critic: fi
 responses only). HAPO samples each token at its own temperature inside vLLM (from the
 previous step's entropy statistics); the trainer recomputes those temperatures and ĥ from
 Megatron's entropy (trainer.hapo). A KL penalty adds a frozen reference policy
-(trainer.reference). The critic shares the actor's layout (Megatron's parallel state is
-per process).
+(trainer.reference). The critic trains in its own layout (``critic_parallel``; the actor's
+by default) with its own process groups: everything done with it runs inside
+``critic.active()``, which switches Megatron's groups to the critic's.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from megatron_rl.launch.slurm_env import SlurmEnv
 from megatron_rl.launch.status import write_status
 from megatron_rl.models.builder import BuildOptions, padded_vocab_size
 from megatron_rl.models.hf_config import arch_from_hf
-from megatron_rl.parallel import initialize
+from megatron_rl.parallel import initialize, initialize_alongside
 from megatron_rl.trainer import setup
 from megatron_rl.trainer.hapo import hapo_token_fields
 from megatron_rl.trainer.metrics import MetricsLog
@@ -174,11 +175,14 @@ def _train(cfg: Config, stop) -> dict:
         raise ConfigError(f"parallel: {err} (model {base_dir})") from None
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     ctx = initialize(cfg.parallel, seed=cfg.trainer.seed, model=arch.shape())
+    critic_ctx = _critic_layout(cfg, ctx, arch, world) if recipe.use_critic else None
+    if cfg.critic_parallel is not None and critic_ctx is None and rank == 0:
+        print(f"critic_parallel is ignored: algorithm.recipe={cfg.algorithm.recipe} trains no critic", flush=True)
     options = BuildOptions(dtype=cfg.model.dtype, moe_token_dispatcher_type=cfg.model.moe_token_dispatcher_type,
                            moe_aux_loss_coeff=cfg.model.moe_aux_loss_coeff,
                            recompute_activations=cfg.model.recompute_activations)
-    actor = setup.build_trainable("actor", arch, cfg.parallel, options, cfg.trainer.lr, base_dir)
-    critic = (setup.build_trainable("critic", arch, cfg.parallel, options,
+    actor = setup.build_trainable("actor", arch, ctx, options, cfg.trainer.lr, base_dir)
+    critic = (setup.build_trainable("critic", arch, critic_ctx, options,
                                     cfg.trainer.lr * recipe.critic_lr_multiplier, base_dir)
               if recipe.use_critic else None)
     reference = ReferencePolicy(arch, cfg.parallel, options, base_dir) if recipe.kl is not None else None
@@ -204,8 +208,9 @@ def _train(cfg: Config, stop) -> dict:
                         temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                         stop_token_ids=(tokenizer.eos_token_id,), window=recipe.generation_window)
     seq_length = cfg.trainer.seq_length
-    dp = cfg.parallel.dp(world)
     mbs = cfg.trainer.micro_batch_size
+    # Every mini-batch splits evenly over the DP ranks (and micro-batches) of actor and critic.
+    dp = math.lcm(cfg.parallel.dp(world), critic_ctx.config.dp(world) if critic_ctx else 1)
     row_multiple = dp * mbs * cfg.algorithm.mini_batches_per_step
     actor_loss = ActorLoss(recipe, arch.vocab_size)
     critic_loss = CriticLoss.from_recipe(recipe) if critic is not None else None
@@ -282,7 +287,9 @@ def _train(cfg: Config, stop) -> dict:
             values = None
             if critic is not None:
                 plain = TrainBatch(tokens=tokens, loss_mask=response_mask)
-                values = gather_data_parallel(critic.chunks, compute_values(critic.chunks, local_batch(critic.chunks, plain), mbs))
+                with critic.active():
+                    values = gather_data_parallel(critic.chunks, compute_values(critic.chunks,
+                                                                                local_batch(critic.chunks, plain), mbs))
             adv, ret = _advantages(recipe, rows, max_len,
                                    gather_response(values, prompt_lens, response_lens) if values is not None else None)
             advantages = scatter_response([a[:r] for a, r in zip(adv, response_lens)], prompt_lens, seq_length)
@@ -319,8 +326,9 @@ def _train(cfg: Config, stop) -> dict:
                     critic_part = critic_batch.rows(m * rows_per_mini, (m + 1) * rows_per_mini)
                     # Every rank holds the whole batch, so all skip a mini-batch without finished rows alike.
                     if critic is not None and bool(critic_part.loss_mask.any()):
-                        critic_metrics.append(train_step(critic.chunks, critic.optimizer,
-                                                         local_batch(critic.chunks, critic_part), critic_loss, mbs))
+                        with critic.active():
+                            critic_metrics.append(train_step(critic.chunks, critic.optimizer,
+                                                             local_batch(critic.chunks, critic_part), critic_loss, mbs))
                     if not warming_up:
                         actor_metrics.append(train_step(actor.chunks, actor.optimizer,
                                                         local_batch(actor.chunks, part), actor_loss, mbs))
@@ -393,9 +401,10 @@ def _save(root: Path, step: int, actor, critic, loader, base_dir: Path, cfg: Con
     plus what an HF export needs. The critic (and its optimizer) goes first into root/critic:
     a save waits for the previous one, so once the actor's step is committed the critic's is too."""
     if critic is not None:
-        checkpoint.save(root / CRITIC_DIR, step, model=critic.chunks, optimizer=critic.optimizer,
-                        extra={"step": step}, async_save=cfg.checkpoint.async_save,
-                        keep_last=cfg.checkpoint.keep_last)
+        with critic.active():
+            checkpoint.save(root / CRITIC_DIR, step, model=critic.chunks, optimizer=critic.optimizer,
+                            extra={"step": step}, async_save=cfg.checkpoint.async_save,
+                            keep_last=cfg.checkpoint.keep_last)
     hf_config = json.loads((base_dir / "config.json").read_text())
     extra = {"step": step, "data": loader.state_dict(), "hf_config": hf_config, "hf_expert_style": "per_expert"}
     if pool is not None:
@@ -422,7 +431,8 @@ def _resume(root: Path, actor, critic, loader, engine, arch, cfg: Config, pool: 
         if step not in checkpoint.committed_steps(root / CRITIC_DIR):
             raise ConfigError(f"{root} step {step} has no critic checkpoint in {root / CRITIC_DIR}: it was saved "
                               f"by a recipe without a critic; resume it with that recipe or use a new trainer.run_dir")
-        checkpoint.load(root / CRITIC_DIR, model=critic.chunks, optimizer=critic.optimizer, step=step)
+        with critic.active():  # any saved layout loads into the critic's current one
+            checkpoint.load(root / CRITIC_DIR, model=critic.chunks, optimizer=critic.optimizer, step=step)
     extra = checkpoint.load(root, model=actor.chunks, optimizer=actor.optimizer, step=step)
     loader.load_state_dict(extra["data"])
     note = ""
@@ -450,10 +460,26 @@ def _value_mse(critic, batch, micro_batch_size: int) -> float:
     """Mean squared error of the critic's values against ``batch.returns`` over response tokens."""
     from megatron_rl.schedules import compute_values, gather_data_parallel, local_batch
 
-    values = gather_data_parallel(critic.chunks, compute_values(critic.chunks, local_batch(critic.chunks, batch),
-                                                                micro_batch_size))
+    with critic.active():
+        values = gather_data_parallel(critic.chunks, compute_values(critic.chunks, local_batch(critic.chunks, batch),
+                                                                    micro_batch_size))
     mask = batch.loss_mask.float()
     return float(((values - batch.returns) ** 2 * mask).sum() / mask.sum())
+
+
+def _critic_layout(cfg: Config, actor_ctx, arch, world: int):
+    """The critic's process groups: the actor's, or its own when critic_parallel is set."""
+    if cfg.critic_parallel is None or cfg.critic_parallel == cfg.parallel:
+        return actor_ctx
+    try:
+        cfg.critic_parallel.validate(world, arch.shape())
+    except ValueError as err:
+        raise ConfigError(f"critic_parallel: {err}") from None
+    critic_ctx = initialize_alongside(cfg.critic_parallel, seed=cfg.trainer.seed, model=arch.shape())
+    if dist.get_rank() == 0:
+        print(f"actor layout: {cfg.parallel.describe(world)}\ncritic layout: {cfg.critic_parallel.describe(world)}",
+              flush=True)
+    return critic_ctx
 
 
 def _start_monitor(cfg: Config, run_dir: Path):

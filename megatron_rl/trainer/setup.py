@@ -18,6 +18,7 @@ from megatron_rl.config import Config, ConfigError
 from megatron_rl.models.builder import BuildOptions, build_model
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import ParallelConfig
+from megatron_rl.parallel.state import ParallelContext
 
 TASK_PREFIX = "task:"
 
@@ -58,20 +59,33 @@ def verifier_name(cfg: Config) -> str:
 
 @dataclasses.dataclass
 class Trainable:
-    """Model chunks wrapped in Megatron DDP with their distributed optimizer."""
+    """Model chunks wrapped in Megatron DDP with their distributed optimizer, and the
+    layout (process groups) they were built in."""
 
     chunks: list
     optimizer: object
     peak_lr: float
+    layout: ParallelContext
+
+    def active(self):
+        """A context in which Megatron works in this model's layout (its forward, backward,
+        optimizer step and ``sharded_state_dict`` all read Megatron's current groups)."""
+        return self.layout.active()
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
 
-def build_trainable(role: str, arch: ModelArch, parallel: ParallelConfig, options: BuildOptions,
+def build_trainable(role: str, arch: ModelArch, layout: ParallelContext, options: BuildOptions,
                     lr: float, hf_dir: Optional[Path], clip_grad: float = 1.0) -> Trainable:
-    """Build ``role``'s chunks, load the HF weights into them, wrap for training."""
+    """Build ``role``'s chunks in ``layout``, load the HF weights into them, wrap for training."""
+    with layout.active():
+        return Trainable(*_build_wrapped(role, arch, layout.config, options, lr, hf_dir, clip_grad), lr, layout)
+
+
+def _build_wrapped(role: str, arch: ModelArch, parallel: ParallelConfig, options: BuildOptions,
+                   lr: float, hf_dir: Optional[Path], clip_grad: float):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
@@ -90,4 +104,4 @@ def build_trainable(role: str, arch: ModelArch, parallel: ParallelConfig, option
             chunks,
         )
     config.finalize_model_grads_func = finalize_model_grads
-    return Trainable(chunks, optimizer, lr)
+    return chunks, optimizer

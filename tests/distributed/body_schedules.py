@@ -32,7 +32,8 @@ from megatron_rl.algorithms import (
 )
 from megatron_rl.models import build_model
 from megatron_rl.models.builder import BuildOptions
-from megatron_rl.parallel import ParallelConfig, destroy, initialize
+from megatron_rl.parallel import ParallelConfig, destroy, initialize, initialize_alongside
+from megatron_rl.parallel.state import check_coordinates
 from megatron_rl.parallel.full_tensors import gather_full, load_full, main_grad, params_as
 from megatron_rl.schedules import (
     ActorLoss,
@@ -148,23 +149,31 @@ def reference(kind, role):
     return out
 
 
-def setup(role, kind, layout, weights, distributed_optimizer=False):
+def setup(role, kind, layout, weights, optimizer=None):
+    """Initialise ``layout`` (as the only one), then build ``role`` in it (see ``build``)."""
+    initialize(ParallelConfig(**layout), seed=42, model=TINY_ARCHS[kind].shape())
+    return build(role, kind, layout, weights, optimizer)
+
+
+def build(role, kind, layout, weights, optimizer=None):
+    """``role`` in the active layout with ``weights``, in DDP, with Megatron's Adam when
+    ``optimizer`` is "distributed" (DDP reduce-scatters: whole gradients are no longer
+    readable) or "plain" (gradients all-reduced)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     arch, parallel = TINY_ARCHS[kind], ParallelConfig(**layout)
-    initialize(parallel, seed=42, model=arch.shape())
     chunks = build_model(role, arch, parallel, OPTIONS)
     load_full(chunks, weights)
     config = chunks[0].config
-    optimizer = None
+    distributed = optimizer == "distributed"
     with platform.megatron_scope():
-        ddp = DistributedDataParallelConfig(use_distributed_optimizer=distributed_optimizer)
+        ddp = DistributedDataParallelConfig(use_distributed_optimizer=distributed)
         chunks = [DistributedDataParallel(config, ddp, c) for c in chunks]
-        if distributed_optimizer:
+        if optimizer is not None:
             optimizer = get_megatron_optimizer(
-                OptimizerConfig(optimizer="adam", lr=1e-4, use_distributed_optimizer=True,
+                OptimizerConfig(optimizer="adam", lr=1e-4, use_distributed_optimizer=distributed,
                                 clip_grad=1.0, weight_decay=0.0), chunks)
     config.finalize_model_grads_func = finalize_model_grads
     return chunks, optimizer
@@ -229,7 +238,7 @@ def train_step_case(kind, layout, recipe_name, micro_batch_size):
     """train_step with the distributed optimizer: its grad norm is the reference's."""
     ref = reference(kind, "actor")
     vocab = TINY_ARCHS[kind].vocab_size
-    chunks, optimizer = setup("actor", kind, layout, ref["weights"], distributed_optimizer=True)
+    chunks, optimizer = setup("actor", kind, layout, ref["weights"], optimizer="distributed")
     batch = local_batch(chunks, ref["batch"])
     metrics = train_step(chunks, optimizer, batch, ActorLoss(RECIPES[recipe_name], vocab), micro_batch_size)
     moved = max(float((w - ref["weights"][k]).abs().max()) for k, w in gather_full(chunks).items())
@@ -243,6 +252,63 @@ def train_step_case(kind, layout, recipe_name, micro_batch_size):
         "weights_moved": moved,
         "update_skipped": metrics["actor/update_skipped"],
     }
+
+
+def two_layouts_case(actor_kind, actor_layout, actor_mbs, critic_kind, critic_layout, critic_mbs):
+    """Actor and critic in different layouts in one process (the critic's groups built
+    alongside the actor's), their work interleaved: each still equals its single-process
+    reference, and the critic's own optimizer steps with the reference grad norm (a plain
+    one: the distributed optimizer's reduce-scatter leaves no whole gradient to compare;
+    the trainer's tests run it in a second layout)."""
+    aref, cref = reference(actor_kind, "actor"), reference(critic_kind, "critic")
+    vocab = TINY_ARCHS[actor_kind].vocab_size
+    actor, _ = setup("actor", actor_kind, actor_layout, aref["weights"])
+    critic_layout_ctx = initialize_alongside(ParallelConfig(**critic_layout), seed=42,
+                                             model=TINY_ARCHS[critic_kind].shape())
+    with critic_layout_ctx.active():
+        critic, critic_opt = build("critic", critic_kind, critic_layout, cref["weights"], optimizer="plain")
+        critic_coords = check_coordinates(critic_layout_ctx)
+    actor_batch = local_batch(actor, aref["batch"])
+    logp, _ = compute_logprobs(actor, actor_batch, actor_mbs, vocab)
+    with critic_layout_ctx.active():
+        critic_batch = local_batch(critic, cref["batch"])
+        values = gather_data_parallel(critic, compute_values(critic, critic_batch, critic_mbs))
+    actor_metrics = forward_backward(actor, actor_batch, ActorLoss(RECIPES["dapo"], vocab), actor_mbs)
+    with critic_layout_ctx.active():
+        critic_metrics = forward_backward(critic, critic_batch, CRITIC, critic_mbs)
+        with params_as(critic, main_grad):
+            critic_grads = gather_full(critic)
+    with params_as(actor, main_grad):
+        actor_grads = gather_full(actor)
+    with critic_layout_ctx.active():
+        stepped = train_step(critic, critic_opt, critic_batch, CRITIC, critic_mbs)
+        moved = max(float((w - cref["weights"][k]).abs().max()) for k, w in gather_full(critic).items())
+        destroy()
+    ref_norm = float(torch.sqrt(sum(g.double().square().sum() for g in cref["grads"].values())))
+    ref_metrics, ref_grads = aref["runs"]["dapo"]
+    out = {
+        "logprob_diff": max_over_world((gather_data_parallel(actor, logp) - aref["logp"]).abs().max()),
+        "value_diff": max_over_world((values - cref["values"]).abs().max()),
+        "actor": {"metric_diff": {"pg_loss": abs(actor_metrics["actor/pg_loss"] - ref_metrics["pg_loss"])},
+                  **grad_report(actor_grads, ref_grads)},
+        "critic": {"metric_diff": {"value_loss": abs(critic_metrics["critic/value_loss"] - cref["loss"])},
+                   **grad_report(critic_grads, cref["grads"])},
+        "critic_grad_norm": stepped["critic/grad_norm"], "critic_ref_grad_norm": ref_norm,
+        "critic_weights_moved": moved,
+        "coordinates": [critic_coords, check_coordinates_now(actor_layout)],
+    }
+    destroy()
+    return out
+
+
+def check_coordinates_now(layout):
+    """The active layout's live Megatron ranks against ``layout``'s rank map (None = agree)."""
+    from megatron_rl.parallel.state import ParallelContext, rank_map
+
+    parallel = ParallelConfig(**layout)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    ctx = ParallelContext(parallel, world, rank, rank_map(parallel, world)[rank], None)
+    return check_coordinates(ctx)
 
 
 LAYOUTS = {
@@ -267,6 +333,10 @@ def cases():
     out["moe-actor-pp2-hapo_kl_nll"] = partial(actor_case, "moe", LAYOUTS["pp2"], "hapo_kl_nll", 2)
     out["dense-critic-pp2"] = partial(critic_case, "dense", LAYOUTS["pp2"], 1)
     out["dense-critic-tp2"] = partial(critic_case, "dense", LAYOUTS["tp2"], 2)
+    out["two-layouts-moe-actor-tp2_ep2+moe-critic-pp2"] = partial(
+        two_layouts_case, "moe", LAYOUTS["tp2_ep2"], 2, "moe", LAYOUTS["pp2"], 1)
+    out["two-layouts-dense-actor-pp2+dense-critic-tp2"] = partial(
+        two_layouts_case, "dense", LAYOUTS["pp2"], 1, "dense", LAYOUTS["tp2"], 2)
     out["moe-train_step-tp2_ep2-dapo"] = partial(train_step_case, "moe", LAYOUTS["tp2_ep2"], "dapo", 2)
     return out
 

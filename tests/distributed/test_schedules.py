@@ -4,6 +4,8 @@ one mini-batch split over microbatches and DP4 / PP2 / PP2·VPP2 / TP2 / TP2·EP
 plain single-process autograd on the whole batch; logprobs and entropy (padded vocabulary,
 per-token temperature) equal torch.log_softmax on the full logits on every rank; the
 critic's values and value-loss gradient likewise; train_step's grad norm is the reference's.
+An actor and a critic in two different layouts in one process (the critic's groups built
+alongside, switched in around its work) each still match their references.
 """
 
 from pathlib import Path
@@ -69,3 +71,17 @@ def test_train_step_grad_norm_and_update(results):
     assert abs(r["grad_norm"] - r["ref_grad_norm"]) < 1e-6 * r["ref_grad_norm"]
     assert r["pg_loss_diff"] < METRIC_TOL
     assert r["update_skipped"] == 0.0 and r["weights_moved"] > 0
+
+
+TWO_LAYOUT_CASES = ["two-layouts-moe-actor-tp2_ep2+moe-critic-pp2", "two-layouts-dense-actor-pp2+dense-critic-tp2"]
+
+
+@pytest.mark.parametrize("case", TWO_LAYOUT_CASES)
+def test_actor_and_critic_in_their_own_layouts_match_single_process(results, case):
+    r = _result(results, case)
+    assert r["coordinates"] == [None, None]  # Megatron's live ranks are each layout's own inside its scope
+    assert r["logprob_diff"] < LOGPROB_TOL and r["value_diff"] < 1e-6
+    _check_grads(r["actor"])
+    _check_grads(r["critic"])
+    assert abs(r["critic_grad_norm"] - r["critic_ref_grad_norm"]) < 1e-6 * r["critic_ref_grad_norm"]
+    assert r["critic_weights_moved"] > 0

@@ -133,7 +133,10 @@ def test_tppo_windows_carry_responses_across_steps_tp2_world2_then_resume(tmp_pa
     ckpts = tmp_path / "run-tppo" / "checkpoints"
     assert committed_steps(ckpts / "critic") == committed_steps(ckpts) == [3]
     # Resume for one more step: the checkpoint's pool comes back and its cut-off responses go on.
-    resumed, out = _train(tmp_path, 2, bases["qwen3"], "tppo", *tppo, steps=4)
+    # The critic, saved in the actor's TP2 layout, resumes in a layout of its own (DP2).
+    resumed, out = _train(tmp_path, 2, bases["qwen3"], "tppo", *tppo, "critic_parallel.tensor_model_parallel_size=1",
+                          steps=4)
+    assert "critic layout: dense TP1·CP1·DP2·PP1" in out, out[-2000:]
     assert committed_steps(ckpts / "critic")[-1] == 4
     last = rows[-1]
     in_flight = last["rollout/truncated_rows"] + last["rollout/held_rows"]
@@ -148,10 +151,13 @@ def test_tppo_windows_carry_responses_across_steps_tp2_world2_then_resume(tmp_pa
 # not use: (recipe, world, base, layout and recipe overrides).
 MATRIX = [
     ("ppo", 2, "qwen3_moe", ("parallel.expert_model_parallel_size=2",)),
-    ("ppo", 4, "qwen3", ("parallel.tensor_model_parallel_size=2", "rollout.tensor_parallel_size=2")),
+    # The critic in a layout of its own beside the actor (its own process groups).
+    ("ppo", 4, "qwen3", ("parallel.tensor_model_parallel_size=2", "rollout.tensor_parallel_size=2",
+                         "critic_parallel.pipeline_model_parallel_size=2")),
     ("grpo", 4, "qwen3_moe", ("parallel.expert_model_parallel_size=4", "algorithm.overrides={kl: {kind: k3, coef: 0.04}}")),
     ("dapo", 2, "qwen3", ("parallel.pipeline_model_parallel_size=2",)),
     ("vapo", 4, "qwen3_moe", ("parallel.tensor_model_parallel_size=2", "parallel.expert_model_parallel_size=2",
+                              "critic_parallel.expert_model_parallel_size=4",
                               "algorithm.overrides={value_warmup_steps: 1}")),
     ("tppo", 4, "qwen3_moe", ("parallel.expert_model_parallel_size=2", "algorithm.overrides={generation_window: 4}",
                               "rollout.max_new_tokens=12")),
@@ -164,8 +170,12 @@ MATRIX = [
 @pytest.mark.parametrize("recipe,world,base,overrides", MATRIX,
                          ids=[f"{r}-world{w}-{b}" for r, w, b, _ in MATRIX])
 def test_recipe_runs_three_steps(tmp_path, bases, recipe, world, base, overrides):
-    rows, _ = _train(tmp_path, world, bases[base], recipe, *overrides)
+    rows, out = _train(tmp_path, world, bases[base], recipe, *overrides)
     _check(rows)
+    critic_layout = {"ppo": "critic layout: dense TP1·CP1·DP2·PP2", "vapo": "critic layout: dense TP1·CP1·DP4·PP1 | "
+                     "MoE ETP1·EP4·EDP1·PP1"}.get(recipe)
+    if any(o.startswith("critic_parallel.") for o in overrides):
+        assert critic_layout in out, out[-3000:]
     updated = [r for r in rows if r.get("actor/updated")]
     assert updated, rows
     if recipe in ("ppo", "vapo", "tppo"):  # the critic trains beside the actor

@@ -51,6 +51,33 @@ def test_layout_checked_against_model_and_world():
         validate(load_config(None, ["trainer.micro_batch_size=4"]), 4)
 
 
+def test_critic_layout_is_its_own_section_or_the_actors():
+    cfg = load_config(None, ["parallel.expert_model_parallel_size=2"])
+    assert cfg.critic_parallel is None and cfg.critic_layout == cfg.parallel
+    cfg = load_config(None, ["parallel.tensor_model_parallel_size=2", "critic_parallel.pipeline_model_parallel_size=2"])
+    assert cfg.critic_layout.pp == 2 and cfg.critic_layout.tp == 1 and cfg.parallel.tp == 2
+    assert load_config(None, ["critic_parallel=null"]).critic_parallel is None
+    validate(cfg, 4)
+
+
+def test_critic_layout_round_trips_and_is_checked(tmp_path):
+    cfg = load_config(None, ["critic_parallel.expert_model_parallel_size=4"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(dump_yaml(cfg))
+    assert load_config(path) == cfg
+    with pytest.raises(ConfigError, match="critic_parallel: world size 2 is not divisible by expert_tensor_parallel"):
+        validate(cfg, 2)
+    with pytest.raises(ConfigError, match="critic_parallel: expert_model_parallel_size=3 does not divide num_moe"):
+        validate(load_config(None, ["critic_parallel.expert_model_parallel_size=3", "trainer.global_batch_size=6"]), 3)
+    with pytest.raises(ConfigError, match="micro_batch_size x the critic's data-parallel size = 4x4"):
+        validate(load_config(None, ["trainer.micro_batch_size=4", "parallel.tensor_model_parallel_size=2",
+                                    "critic_parallel.tensor_model_parallel_size=1"]), 4)
+    with pytest.raises(ConfigError, match="unknown config key 'critic_parallel.tp'"):
+        load_config(None, ["critic_parallel.tp=2"])
+    with pytest.raises(ConfigError, match="critic_parallel must be a mapping of its keys or null, got 2"):
+        load_config(None, ["critic_parallel=2"])
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "megatron_rl", *args], capture_output=True, text=True, timeout=60)
 
