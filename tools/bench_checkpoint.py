@@ -7,7 +7,9 @@ Saves from TP2 (x DP) and loads back into the same layout and into TP1 (DP = wor
 prints per method: training-loop blocking time of a save, total save time (until committed),
 load time, load-with-reshard time (max over ranks), and ratios to torch DCP. The async
 blocking time (after the first async save, which allocates the host buffers and is reported
-apart) and the DCP save are each timed ``--repeats`` times; the medians are reported, with
+apart), the deferred-snapshot save (``snapshot="before_update"``: the call, and the call
+plus the wait of an optimizer update issued right after it) and the DCP save are each timed
+``--repeats`` times; the medians are reported, with
 every sample and the load average in the JSON (the machine may be shared). The DCP
 baseline saves each rank's pieces as plain tensors keyed by canonical name and offsets (DCP
 writes keys shared by several ranks once); such a state dict has no sharding metadata, so
@@ -80,6 +82,18 @@ def _timed(fn) -> tuple[float, object]:
     return max(times), out
 
 
+def _timed_deferred(save_call) -> tuple[float, float, object]:
+    """(the save call, the call plus an update's wait right after it), max over ranks."""
+    dist.barrier()
+    start = time.perf_counter()
+    handle = save_call()
+    call = time.perf_counter() - start
+    checkpoint.wait_snapshot()  # what an optimizer update issued now would wait
+    both = [None] * dist.get_world_size()
+    dist.all_gather_object(both, (call, time.perf_counter() - start))
+    return max(c for c, _ in both), max(u for _, u in both), handle
+
+
 def _megatron_state(chunks, optimizer, is_loading):
     meta = {"distrib_optim_sharding_type": "fully_reshardable"}
     with platform.megatron_scope():
@@ -145,7 +159,8 @@ def run(args) -> dict:
     dist.all_gather_object(total, nbytes)
     r: dict = {"world_size": world, "model_bytes": sum(total) // 2, "save_layout": "TP2", "reshard_layout": "TP1"}
     r["loadavg_start"] = os.getloadavg()
-    save = lambda step, a: checkpoint.save(root / "ours", step, model=chunks, optimizer=optimizer, async_save=a)
+    save = lambda step, a, snapshot="at_save": checkpoint.save(root / "ours", step, model=chunks, optimizer=optimizer,
+                                                               async_save=a, snapshot=snapshot)
     r["ours_sync_save_s"], _ = _timed(lambda: save(1, False))
     r["ours_async_first_blocking_s"], handle = _timed(lambda: save(2, True))
     handle.wait()
@@ -156,6 +171,19 @@ def run(args) -> dict:
         samples.append(blocking)
     r["ours_async_blocking_samples_s"], r["ours_async_blocking_s"] = samples, statistics.median(samples)
     r["ours_async_save_s"], _ = _timed(lambda: (save(3 + args.repeats, True).wait()))
+    # Deferred snapshot: the save call returns before copying; an optimizer update waits for the
+    # background copy only if it comes before the copy is done. Both ends are measured: the
+    # call alone (RL: a rollout sits between save and update) and call + the wait of an update
+    # issued right after it (the worst case).
+    calls, immediate = [], []
+    for step in range(4 + args.repeats, 4 + 2 * args.repeats):
+        call, until_copied, handle = _timed_deferred(lambda: save(step, True, "before_update"))
+        handle.wait()
+        calls.append(call)
+        immediate.append(until_copied)
+    r["ours_deferred_call_samples_s"], r["ours_deferred_call_s"] = calls, statistics.median(calls)
+    r["ours_deferred_immediate_update_samples_s"] = immediate
+    r["ours_deferred_immediate_update_s"] = statistics.median(immediate)
     r["torch_dist_save_s"], _ = _timed(lambda: _torch_dist_save(chunks, optimizer, root / "torch_dist"))
     samples = []
     for i in range(args.repeats):
@@ -181,6 +209,9 @@ def run(args) -> dict:
     r["ratios"] = {
         "dcp_save_over_ours_async_blocking": r["dcp_save_s"] / r["ours_async_blocking_s"],
         "dcp_save_over_ours_async_blocking_worst": min(r["dcp_save_samples_s"]) / max(r["ours_async_blocking_samples_s"]),
+        "dcp_save_over_ours_deferred_call": r["dcp_save_s"] / r["ours_deferred_call_s"],
+        "dcp_save_over_ours_deferred_call_worst": min(r["dcp_save_samples_s"]) / max(r["ours_deferred_call_samples_s"]),
+        "dcp_save_over_ours_deferred_immediate_update": r["dcp_save_s"] / r["ours_deferred_immediate_update_s"],
         "dcp_save_over_ours_sync_save": r["dcp_save_s"] / r["ours_sync_save_s"],
         "torch_dist_save_over_ours_sync_save": r["torch_dist_save_s"] / r["ours_sync_save_s"],
         "dcp_load_over_ours_load": r["dcp_load_s"] / r["ours_load_s"],
@@ -194,19 +225,22 @@ def run(args) -> dict:
 def _print(r: dict) -> None:
     mb = r["model_bytes"] / 2**20
     print(f"model {mb:.0f} MiB fp32 (+ distributed Adam state), world {r['world_size']}, save TP2, reshard to TP1")
-    print(f"{'method':<22}{'blocking s':>11}{'save s':>9}{'load s':>9}{'reshard s':>11}")
+    print(f"{'method':<24}{'blocking s':>11}{'save s':>9}{'load s':>9}{'reshard s':>11}")
     rows = [
         ("ours (sync)", r["ours_sync_save_s"], r["ours_sync_save_s"], r["ours_load_s"], r["ours_reshard_load_s"]),
         ("ours (async)", r["ours_async_blocking_s"], r["ours_async_save_s"], r["ours_load_s"], r["ours_reshard_load_s"]),
+        ("ours (async, deferred)", r["ours_deferred_call_s"], None, None, None),
         ("megatron torch_dist", r["torch_dist_save_s"], r["torch_dist_save_s"], r["torch_dist_load_s"], r["torch_dist_reshard_load_s"]),
         ("torch DCP", r["dcp_save_s"], r["dcp_save_s"], r["dcp_load_s"], None),
     ]
     for name, *values in rows:
-        print(f"{name:<22}" + "".join(f"{v:>{w}.3f}" if v is not None else f"{'n/a':>{w}}" for v, w in zip(values, (11, 9, 9, 11))))
+        print(f"{name:<24}" + "".join(f"{v:>{w}.3f}" if v is not None else f"{'n/a':>{w}}" for v, w in zip(values, (11, 9, 9, 11))))
     for key, value in r["ratios"].items():
         print(f"  {key}: {value:.1f}x")
     show = lambda xs: " ".join(f"{x:.3f}" for x in xs)
     print(f"  async blocking samples s: {show(r['ours_async_blocking_samples_s'])}; DCP save samples s: {show(r['dcp_save_samples_s'])}")
+    print(f"  deferred snapshot call samples s: {show(r['ours_deferred_call_samples_s'])}; "
+          f"with an update right after it: {show(r['ours_deferred_immediate_update_samples_s'])}")
     print(f"  first async save (allocates host buffers) blocking s: {r['ours_async_first_blocking_s']:.3f}")
     print(f"  load average at start {show(r['loadavg_start'])}, at end {show(r['loadavg_end'])}")
 

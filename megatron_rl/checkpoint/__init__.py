@@ -1,7 +1,8 @@
 """ByteCheckpoint-style checkpoints for Megatron-Core (see shared specs/checkpoint.md).
 
 Data and metadata apart, parallelism-free tensor names, replicated chunks written once by a
-balanced choice of writer, async save that blocks only for the host copy, atomic commit,
+balanced choice of writer, async save that blocks only for the host copy (or, deferred, only
+an optimizer update that comes before the copy is done), atomic commit,
 and loading into any TP/PP/EP/ETP/DP layout (distributed optimizer included)::
 
     h = checkpoint.save(root, step, model=chunks, optimizer=opt, extra={...}, async_save=True)
@@ -10,10 +11,18 @@ and loading into any TP/PP/EP/ETP/DP layout (distributed optimizer included)::
 """
 
 from megatron_rl.checkpoint.format import CheckpointError, committed_steps, latest_step
-from megatron_rl.checkpoint.store import iter_model_tensors, load, save, wait_pending
+from megatron_rl.checkpoint.store import (
+    SNAPSHOTS,
+    iter_model_tensors,
+    load,
+    save,
+    snapshot_wait_seconds,
+    wait_pending,
+    wait_snapshot,
+)
 from megatron_rl.checkpoint.writer import SaveHandle
 
 __all__ = [
-    "CheckpointError", "SaveHandle", "committed_steps", "iter_model_tensors", "latest_step",
-    "load", "save", "wait_pending",
+    "CheckpointError", "SNAPSHOTS", "SaveHandle", "committed_steps", "iter_model_tensors", "latest_step",
+    "load", "save", "snapshot_wait_seconds", "wait_pending", "wait_snapshot",
 ]

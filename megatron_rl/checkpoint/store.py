@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import warnings
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -26,6 +27,7 @@ from megatron_rl.checkpoint.optimizer_state import (
 )
 from megatron_rl.checkpoint.planner import ChunkKey, PlanCache, balanced_plan, digest
 from megatron_rl.checkpoint.reader import Reader, iter_tensors
+from megatron_rl.checkpoint.update_gate import UpdateGate
 from megatron_rl.checkpoint.writer import HostBuffers, SaveHandle, commit, write_rank
 
 COMMIT_TIMEOUT_S = 1800.0
@@ -38,6 +40,11 @@ _plans = PlanCache()
 _items = ItemCache()
 _buffers = HostBuffers()
 _pending: Optional[SaveHandle] = None
+_gate = UpdateGate()
+SNAPSHOTS = ("at_save", "before_update")
+"""When an async save copies the state: inside ``save()`` (the call blocks for the copy),
+or in the background before the next optimizer update (``save()`` returns at once; the
+update waits if the copy is not done yet). Sync saves write from the live tensors."""
 
 
 def layout_of(chunks: Sequence[torch.nn.Module]) -> dict:
@@ -53,12 +60,33 @@ def _collect(chunks, optimizer) -> list[Item]:
     return dedup_local(items)
 
 
+def wait_snapshot() -> float:
+    """Block until a deferred snapshot in flight has copied the state (call before changing
+    saved tensors other than through the optimizer's step); returns the seconds waited."""
+    return _gate.wait()
+
+
+def snapshot_wait_seconds() -> float:
+    """Total time optimizer updates (and wait_snapshot) waited for deferred snapshots."""
+    return _gate.waited_s
+
+
 def wait_pending() -> None:
     """Block until the save in flight (if any) is committed."""
     global _pending
     if _pending is not None:
         handle, _pending = _pending, None
         handle.wait()
+
+
+def _check_snapshot(snapshot: str, async_save: bool, guarded: bool) -> None:
+    if snapshot not in SNAPSHOTS:
+        raise ValueError(f"snapshot={snapshot!r} is not one of {list(SNAPSHOTS)}")
+    if snapshot == "before_update" and not async_save:
+        raise ValueError("snapshot='before_update' needs async_save=True (a sync save writes before it returns)")
+    if snapshot == "before_update" and not guarded:
+        raise ValueError("snapshot='before_update' needs the optimizer whose step() changes the saved tensors "
+                         "(its updates wait for the copy); without one use snapshot='at_save'")
 
 
 def _check_save_args(step, extra, keep_last) -> None:
@@ -73,35 +101,43 @@ def _check_save_args(step, extra, keep_last) -> None:
 
 
 def save(root, step: int, model, optimizer=None, extra: Optional[dict] = None,
-         async_save: bool = False, keep_last: Optional[int] = None) -> SaveHandle:
+         async_save: bool = False, keep_last: Optional[int] = None, snapshot: str = "at_save") -> SaveHandle:
     """Collective. Save model chunks (+ distributed optimizer, RNG, ``extra``) as ``step``.
 
-    With ``async_save`` the call returns after the host copy; ``handle.wait()`` (or the next
-    save/load) blocks until the step is committed. A save waits for the previous one first.
+    With ``async_save`` the call returns after the host copy (``snapshot="at_save"``) or at
+    once (``"before_update"``: the copy runs in the background and ``optimizer``'s next
+    step waits for it, see :data:`SNAPSHOTS`); ``handle.wait()`` (or the next save/load)
+    blocks until the step is committed. A save waits for the previous one first.
     """
     extra = {} if extra is None else extra
     _check_save_args(step, extra, keep_last)
+    _check_snapshot(snapshot, async_save, guarded=optimizer is not None)
     wait_pending()
     items = _items.get(model, optimizer, lambda: _collect(model, optimizer))
     record = {"rng": rng.capture(), "optimizer": common_state(optimizer) if optimizer is not None else None}
     header = {"extra": extra, "layout": layout_of(model)}
-    return save_items(root, step, items, header, record, async_save, keep_last)
+    guard = [sub.optimizer for sub in sub_optimizers(optimizer)] if optimizer is not None else []
+    return save_items(root, step, items, header, record, async_save, keep_last, snapshot, guard)
 
 
 def save_items(root, step: int, items: list[Item], header: dict, record: dict,
-               async_save: bool = False, keep_last: Optional[int] = None) -> SaveHandle:
+               async_save: bool = False, keep_last: Optional[int] = None, snapshot: str = "at_save",
+               guard: Sequence[torch.optim.Optimizer] = ()) -> SaveHandle:
     """Collective. Plan, snapshot and write ``items`` (boxes of canonical tensors) as ``step``.
 
     ``header`` ({extra, layout}) goes into the metadata once; ``record`` ({rng, optimizer})
     once per rank. :func:`save` builds both from a Megatron model and optimizer.
 
-    Blocking part of an async save: list the items, copy this rank's share into host buffers,
-    issue the digest exchange. Its result is awaited on the background thread, which then
-    writes and (rank 0) commits. The share comes from the plan cached at the previous save
-    when this rank's own list is unchanged (the steady state); otherwise every held item is
-    copied, so whatever the new plan assigns is in the snapshot.
+    Blocking part of an async save: list the items, copy this rank's share into host buffers
+    (not with ``snapshot="before_update"``: then the background thread copies first and the
+    ``guard`` optimizers' next ``step()`` waits until it has), issue the digest exchange.
+    Its result is awaited on the background thread, which then writes and (rank 0) commits.
+    The share comes from the plan cached at the previous save when this rank's own list is
+    unchanged (the steady state); otherwise every held item is copied, so whatever the new
+    plan assigns is in the snapshot.
     """
     global _pending
+    _check_snapshot(snapshot, async_save, guarded=bool(guard))
     wait_pending()
     root = Path(root)
     rank, world = _world()
@@ -117,15 +153,26 @@ def save_items(root, step: int, items: list[Item], header: dict, record: dict,
     infos = [i.info() for i in items]
     own = digest(infos)
     share = lambda plan: sorted((i for i in items if plan.writers[i.key] == rank), key=lambda i: i.key)
-    snapshot: Optional[dict[ChunkKey, torch.Tensor]] = None
+    copied: dict[ChunkKey, torch.Tensor] = {}
+    deferred = async_save and snapshot == "before_update"
     if async_save:
         guess = _plans.guess(rank, own)
-        snapshot = _buffers.snapshot(share(guess) if guess is not None else items)
-    # issued after rank 0's cleanup and this rank's copy: once it completes, every rank has
-    # its snapshot and the directory is clean, so the writers start then
+        to_copy = share(guess) if guess is not None else items
+        if deferred:
+            done = threading.Event()
+            after = torch.cuda.current_stream().record_event() if any(i.data.is_cuda for i in to_copy) else None
+            _gate.hold(guard, done)
+        else:
+            copied = _buffers.snapshot(to_copy)
+    # issued after rank 0's cleanup: once it completes, the directory is clean, so the writers start then
     gathered = start_digest_gather(own)
 
     def work() -> None:
+        if deferred:
+            try:
+                copied.update(_buffers.snapshot(to_copy, after=after))
+            finally:
+                done.set()  # a failed copy must not hold training forever; wait() reports it
         _buffers.release_retired()
         digests = gathered()
         plan = _plans.get(digests)
@@ -133,7 +180,7 @@ def save_items(root, step: int, items: list[Item], header: dict, record: dict,
             plan = balanced_plan(gather_objects(infos))
             _plans.put(digests, plan)
         mine = share(plan)
-        tensors = [i.data for i in mine] if snapshot is None else _from_snapshot(snapshot, mine)
+        tensors = _from_snapshot(copied, mine) if async_save else [i.data for i in mine]
         tmp.mkdir(parents=True, exist_ok=True)
         write_rank(tmp, rank, mine, tensors, record)
         if rank == 0:

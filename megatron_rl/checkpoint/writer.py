@@ -1,7 +1,8 @@
 """Writing one step: host snapshot, background write, and the atomic commit.
 
 The training loop is blocked only while this rank's share of the chunks is copied into
-host buffers (reused across saves; pinned on GPU). The rest runs on one long-lived,
+host buffers (reused across saves; pinned on GPU), or, with a deferred snapshot, not at all
+until its next optimizer update (``update_gate``). The rest runs on one long-lived,
 lower-priority background thread: raw bytes into ``data_<rank>.bin`` with a crc32 per 1 MiB
 block, fsync, then a small ``rank_<r>.json`` listing what was written. Rank 0's thread waits
 for every rank's list, writes ``metadata.json`` and the ``COMMIT`` marker, renames
@@ -14,6 +15,7 @@ that tensor's chunks for them in the metadata.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -51,19 +53,29 @@ class HostBuffers:
         unmapping hundreds of MB is not free)."""
         self._retired = []
 
-    def snapshot(self, items: list[Item]) -> dict[ChunkKey, torch.Tensor]:
+    def snapshot(self, items: list[Item], after=None) -> dict[ChunkKey, torch.Tensor]:
+        """Copy ``items`` into host buffers. ``after``: a CUDA event recorded on the training
+        stream at save time; the copy then runs on a side stream once it has passed (the
+        background thread of a deferred snapshot), not on the training stream."""
         cuda = any(i.data.is_cuda for i in items)
+        stream = None
+        if cuda and after is not None:
+            stream = torch.cuda.Stream()
+            stream.wait_event(after)
         kept, out = {}, {}
-        for item in items:
-            key = (item.key, item.data.dtype)
-            buffer = self._buffers.get(key)
-            if buffer is None:
-                buffer = torch.empty(item.data.shape, dtype=item.data.dtype, pin_memory=item.data.is_cuda)
-            buffer.copy_(item.data.detach(), non_blocking=cuda)
-            kept[key] = out[item.key] = buffer
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for item in items:
+                key = (item.key, item.data.dtype)
+                buffer = self._buffers.get(key)
+                if buffer is None:
+                    buffer = torch.empty(item.data.shape, dtype=item.data.dtype, pin_memory=item.data.is_cuda)
+                buffer.copy_(item.data.detach(), non_blocking=cuda)
+                kept[key] = out[item.key] = buffer
         self._retired = [b for key, b in self._buffers.items() if key not in kept]
         self._buffers = kept
-        if cuda:
+        if stream is not None:
+            stream.synchronize()
+        elif cuda:
             torch.cuda.synchronize()
         return out
 

@@ -187,12 +187,17 @@ class CheckpointConfig:
     """Save every this many steps (0 = only at the end)."""
     async_save: bool = True
     """Write in the background; training blocks only for the host copy."""
+    snapshot: str = "before_update"
+    """When an async save copies the state to host memory: at_save (the save blocks for the
+    copy) | before_update (the copy runs in the background during the next rollout; the next
+    optimizer update waits only if it is not done)."""
     keep_last: int = 2
     """Committed steps kept on disk."""
 
     def __post_init__(self) -> None:
         if self.save_interval < 0 or self.keep_last < 1:
             raise ConfigError("checkpoint.save_interval must be >= 0 and checkpoint.keep_last >= 1")
+        _choice("checkpoint", "snapshot", self.snapshot, ("at_save", "before_update"))
 
 
 @dataclasses.dataclass(kw_only=True)

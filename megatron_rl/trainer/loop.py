@@ -231,9 +231,11 @@ def _train(cfg: Config, stop) -> dict:
     probe = None
     history = []
     step, stop_signal = first_step - 1, None
+    last_save_s = 0.0
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     for step in range(first_step, cfg.trainer.max_steps + 1):
         step_start = time.perf_counter()
+        snapshot_waited = checkpoint.snapshot_wait_seconds()
         step_sampling = sampling
         if recipe.temperature_tau > 0 and hapo_stats is not None:
             step_sampling = dataclasses.replace(sampling, temperature_tau=recipe.temperature_tau,
@@ -356,6 +358,10 @@ def _train(cfg: Config, stop) -> dict:
                                   threshold=cfg.rollout.parity_threshold)
             record["rollout/parity_max_abs_diff"] = report.max_abs_diff
         record["timing/step_s"] = time.perf_counter() - step_start
+        # The stall of the checkpoint saved after the previous step: the save call itself, and
+        # this step's updates waiting for its deferred host copy (0 once the rollout covered it).
+        record["timing/checkpoint_s"], last_save_s = last_save_s, 0.0
+        record["timing/checkpoint_wait_s"] = checkpoint.snapshot_wait_seconds() - snapshot_waited
         record["throughput/tokens_per_s"] = (generated_tokens + tokens_trained) / record["timing/step_s"]
         faulty = False
         if monitor is not None:
@@ -368,7 +374,9 @@ def _train(cfg: Config, stop) -> dict:
         stop_signal = stop.agree()  # every rank, every step: all stop at the same step
         interval = cfg.checkpoint.save_interval
         if faulty or stop_signal or step == cfg.trainer.max_steps or (interval and step % interval == 0):
+            save_start = time.perf_counter()
             _save(ckpt_root, step, actor, critic, loader, base_dir, cfg, pool, hapo_stats)
+            last_save_s = time.perf_counter() - save_start
         if faulty and rank == 0:
             print(f"stopping after step {step}: the monitor declared {sorted(monitor.declared)} faulty "
                   f"(listed in {monitor.exclude_file})", flush=True)
@@ -400,11 +408,12 @@ def _save(root: Path, step: int, actor, critic, loader, base_dir: Path, cfg: Con
     """Actor, optimizer, RNG, data position, T-PPO's in-flight responses, HAPO's entropy statistics;
     plus what an HF export needs. The critic (and its optimizer) goes first into root/critic:
     a save waits for the previous one, so once the actor's step is committed the critic's is too."""
+    snapshot = cfg.checkpoint.snapshot if cfg.checkpoint.async_save else "at_save"
     if critic is not None:
         with critic.active():
             checkpoint.save(root / CRITIC_DIR, step, model=critic.chunks, optimizer=critic.optimizer,
                             extra={"step": step}, async_save=cfg.checkpoint.async_save,
-                            keep_last=cfg.checkpoint.keep_last)
+                            keep_last=cfg.checkpoint.keep_last, snapshot=snapshot)
     hf_config = json.loads((base_dir / "config.json").read_text())
     extra = {"step": step, "data": loader.state_dict(), "hf_config": hf_config, "hf_expert_style": "per_expert"}
     if pool is not None:
@@ -412,7 +421,7 @@ def _save(root: Path, step: int, actor, critic, loader, base_dir: Path, cfg: Con
     if hapo_stats is not None:
         extra["hapo_entropy_stats"] = dataclasses.asdict(hapo_stats)
     checkpoint.save(root, step, model=actor.chunks, optimizer=actor.optimizer, extra=extra,
-                    async_save=cfg.checkpoint.async_save, keep_last=cfg.checkpoint.keep_last)
+                    async_save=cfg.checkpoint.async_save, keep_last=cfg.checkpoint.keep_last, snapshot=snapshot)
 
 
 def _resume(root: Path, actor, critic, loader, engine, arch, cfg: Config, pool: Optional[WindowPool]):

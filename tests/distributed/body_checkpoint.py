@@ -11,6 +11,7 @@ Usage: body_checkpoint.py WORLD_SIZE CKPT_ROOT
 
 import random
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -147,6 +148,24 @@ def _max_diff(a, b):
 SAVED = {}
 
 
+# MoE saves defer the snapshot to the background (the next optimizer step waits for it);
+# the writer is held busy until that step has been called, so the copy provably starts
+# after training went on.
+SNAPSHOT = {"moe": "before_update", "dense": "at_save"}
+HOLD_AFTER_UPDATE_S = 0.2
+
+
+def _hold_writer_until_update(optimizer):
+    """Occupy the background writer until ``optimizer``'s next step() is called, then 0.2 s more."""
+    from megatron_rl.checkpoint import writer
+    from megatron_rl.checkpoint.optimizer_state import sub_optimizers
+
+    called = threading.Event()
+    hooks = [sub.optimizer.register_step_pre_hook(lambda *_: called.set()) for sub in sub_optimizers(optimizer)]
+    writer._in_background(lambda: (called.wait(120), time.sleep(HOLD_AFTER_UPDATE_S)))
+    return hooks
+
+
 def saved(kind, layout_name, layout, steps=2, more=2):
     """Train ``steps``, save (async, then keep training while it writes), train ``more``."""
     key = (kind, layout_name)
@@ -155,15 +174,21 @@ def saved(kind, layout_name, layout, steps=2, more=2):
         run = Run(kind, layout)
         run.train(range(1, steps + 1))
         params, optim = run.full_params(), run.full_optimizer_state()
+        hooks = _hold_writer_until_update(run.optimizer) if SNAPSHOT[kind] == "before_update" else []
+        waited_before = checkpoint.snapshot_wait_seconds()
         start = time.time()
         handle = checkpoint.save(root, steps, model=run.chunks, optimizer=run.optimizer,
-                                 extra={"data_position": steps, "note": "async"}, async_save=True)
+                                 extra={"data_position": steps, "note": "async"}, async_save=True,
+                                 snapshot=SNAPSHOT[kind])
         blocking = time.time() - start
         continued = run.train(range(steps + 1, steps + more + 1))  # overlaps the background write
         handle.wait()
+        for hook in hooks:
+            hook.remove()
         SAVED[key] = dict(root=root, step=steps, params=params, optim=optim, continued=continued,
                           final=run.full_params(), blocking_s=blocking, steps=steps, more=more,
-                          fp32_param_aliased=_fp32_params_stored_once(root, steps))
+                          fp32_param_aliased=_fp32_params_stored_once(root, steps), snapshot=SNAPSHOT[kind],
+                          update_waited_s=checkpoint.snapshot_wait_seconds() - waited_before)
         if dist.get_rank() == 0:  # for loads by a launch of another world size (test data, not the store)
             torch.save({k: v for k, v in SAVED[key].items() if k != "root"}, _reference_file(kind, layout_name))
         destroy()
@@ -213,6 +238,7 @@ def reshard(kind, save_name, save_layout, load_layout):
     result["loss_diff"] = max(abs(a - b) for a, b in zip(continued, ref["continued"]))
     result["final_diff"] = _max_diff(run.full_params(), ref["final"])
     result["blocking_s"] = ref["blocking_s"]
+    result["snapshot"], result["update_waited_s"] = ref["snapshot"], ref["update_waited_s"]
     destroy()
     return result
 

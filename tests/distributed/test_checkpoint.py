@@ -1,7 +1,8 @@
 """Checkpoint store on gloo: save in TP2*EP2 / PP2*VPP2 (world 4) and TP2*PP2*EP2 (world 8),
 load into other layouts (also into one process, world 1) with every parameter and
 optimizer-state element equal, training
-continued after a resharded resume matching the saving run, exact same-layout resume."""
+continued after a resharded resume matching the saving run, exact same-layout resume.
+The MoE saves defer their snapshot until the next optimizer update (which waits for it)."""
 
 from pathlib import Path
 
@@ -53,6 +54,12 @@ def _check_reshard(r):
     assert r["extra"] == {"data_position": r["saved_step"], "note": "async"}
     assert r["loss_diff"] < LOSS_TOL, (r["losses"], r["ref_losses"])
     assert r["final_diff"] < WEIGHT_TOL
+    if r["snapshot"] == "before_update":
+        # The save returned before copying; the first optimizer step after it waited for the
+        # background copy (the writer was held until that step was called), and the loaded
+        # state is still the one at save time.
+        assert r["update_waited_s"] > 0.15, r["update_waited_s"]
+        assert r["blocking_s"] < r["update_waited_s"], (r["blocking_s"], r["update_waited_s"])
 
 
 @pytest.mark.parametrize("case", RESHARD4)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 import torch
@@ -76,6 +77,57 @@ def test_async_saves_reuse_host_buffers_and_follow_a_new_layout(tmp_path):
     _save(tmp_path, 3, _items(full, [(0, 16), (16, 64)]), async_save=True).wait()  # the list changed
     assert len(fmt.read_metadata(tmp_path, 3).tensors["w"].chunks) == 2
     assert dict(iter_model_tensors(tmp_path))["w"].equal(full)
+
+
+def _hold_writer(seconds):
+    """Keep the background writer busy for ``seconds``: the next save's job starts after."""
+    started = threading.Event()
+    writer._in_background(lambda: (started.set(), time.sleep(seconds)))
+    started.wait()
+
+
+def test_deferred_snapshot_holds_the_optimizer_update_until_copied(tmp_path):
+    weight = torch.nn.Parameter(torch.randn(64, 64))
+    before = weight.detach().clone()
+    opt = torch.optim.SGD([weight], lr=1.0)
+    weight.grad = torch.ones_like(weight)
+    _hold_writer(0.5)
+    waited_before = store.snapshot_wait_seconds()
+    start = time.perf_counter()
+    handle = _save(tmp_path, 1, _items(weight.detach(), [(0, 32), (32, 64)]), async_save=True,
+                   snapshot="before_update", guard=[opt])
+    returned = time.perf_counter() - start
+    opt.step()  # the update must not run before the background thread has copied the weights
+    waited = store.snapshot_wait_seconds() - waited_before
+    handle.wait()
+    assert returned < 0.25 and waited > 0.25, (returned, waited)  # the save did not copy; the update waited
+    assert dict(iter_model_tensors(tmp_path))["w"].equal(before)
+    assert weight.detach().equal(before - 1.0)
+    # An update after the copy does not wait at all.
+    _save(tmp_path, 2, _items(weight.detach(), [(0, 64)]), async_save=True, snapshot="before_update",
+          guard=[opt]).wait()
+    waited_before = store.snapshot_wait_seconds()
+    opt.step()
+    assert store.snapshot_wait_seconds() == waited_before
+    assert dict(iter_model_tensors(tmp_path))["w"].equal(before - 1.0)
+
+
+def test_deferred_snapshot_guards_only_the_optimizer(tmp_path):
+    """The contract, shown by breaking it: an in-place write that bypasses the optimizer and
+    wait_snapshot() lands in the checkpoint; with wait_snapshot() first it does not."""
+    full = torch.zeros(16, 16)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    _hold_writer(0.3)
+    handle = _save(tmp_path, 1, _items(full, [(0, 16)]), async_save=True, snapshot="before_update", guard=[opt])
+    full.add_(1.0)
+    handle.wait()
+    assert dict(iter_model_tensors(tmp_path))["w"].equal(full)  # the write raced ahead of the copy
+    _hold_writer(0.3)
+    handle = _save(tmp_path, 2, _items(full, [(0, 16)]), async_save=True, snapshot="before_update", guard=[opt])
+    assert store.wait_snapshot() > 0.1
+    full.add_(1.0)
+    handle.wait()
+    assert dict(iter_model_tensors(tmp_path))["w"].equal(full - 1.0)
 
 
 def test_alias_is_stored_once_and_reads_its_target(tmp_path):
@@ -162,6 +214,12 @@ def test_bad_arguments_fail_with_a_clear_message(tmp_path):
         store.save(tmp_path, 1, model=[], keep_last=0)
     with pytest.raises(ValueError, match="extra must be a JSON-serialisable dict"):
         store.save(tmp_path, 1, model=[], extra={"x": object()})
+    with pytest.raises(ValueError, match=r"snapshot='later' is not one of \['at_save', 'before_update'\]"):
+        store.save(tmp_path, 1, model=[], async_save=True, snapshot="later")
+    with pytest.raises(ValueError, match="snapshot='before_update' needs async_save=True"):
+        store.save(tmp_path, 1, model=[], snapshot="before_update")
+    with pytest.raises(ValueError, match="snapshot='before_update' needs the optimizer"):
+        store.save(tmp_path, 1, model=[], async_save=True, snapshot="before_update")
 
 
 def test_inspect_cli(tmp_path, capsys):
