@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import shutil
 import threading
@@ -14,7 +15,7 @@ import torch.distributed as dist
 
 from megatron_rl.checkpoint import format as fmt
 from megatron_rl.checkpoint import rng
-from megatron_rl.checkpoint.collectives import gather_objects, start_digest_gather
+from megatron_rl.checkpoint.collectives import checkpoint_group, gather_objects, start_digest_gather
 from megatron_rl.checkpoint.collectives import world as _world
 from megatron_rl.checkpoint.item_cache import ItemCache
 from megatron_rl.checkpoint.items import Item, dedup_local, model_items, model_sharded_state_dict, unwrap
@@ -36,15 +37,18 @@ _LAYOUT_FIELDS = (
     "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
 )
 
-_plans = PlanCache()
 _items = ItemCache()
-_buffers = HostBuffers()
-_pending: Optional[SaveHandle] = None
+# Per checkpoint root: a trainer saves actor and critic under two roots, each with its own
+# chunk list, so one shared plan or buffer set would be replaced at every save.
+_plans: dict[str, PlanCache] = collections.defaultdict(PlanCache)
+_buffers: dict[str, HostBuffers] = collections.defaultdict(HostBuffers)
+_pending: list[SaveHandle] = []
 _gate = UpdateGate()
 SNAPSHOTS = ("at_save", "before_update")
 """When an async save copies the state: inside ``save()`` (the call blocks for the copy),
-or in the background before the next optimizer update (``save()`` returns at once; the
-update waits if the copy is not done yet). Sync saves write from the live tensors."""
+or in the background before the next optimizer update (``save()`` returns at once, queued
+behind the saves in flight; the update waits if the copy is not done yet). Sync saves write
+from the live tensors."""
 
 
 def layout_of(chunks: Sequence[torch.nn.Module]) -> dict:
@@ -72,11 +76,26 @@ def snapshot_wait_seconds() -> float:
 
 
 def wait_pending() -> None:
-    """Block until the save in flight (if any) is committed."""
+    """Block until every save in flight is committed (raises the first failure)."""
     global _pending
-    if _pending is not None:
-        handle, _pending = _pending, None
-        handle.wait()
+    handles, _pending = _pending, []
+    errors = []
+    for handle in handles:
+        try:
+            handle.wait()
+        except fmt.CheckpointError as err:
+            errors.append(err)
+    if errors:
+        raise errors[0]
+
+
+def _reap_finished() -> None:
+    """Forget the saves in flight whose work is done; raise if one of them failed."""
+    global _pending
+    failed = [h for h in _pending if h.failed()]
+    _pending = [h for h in _pending if not h.done()]
+    for handle in failed:
+        handle.wait()  # raises its error
 
 
 def _check_snapshot(snapshot: str, async_save: bool, guarded: bool) -> None:
@@ -107,12 +126,12 @@ def save(root, step: int, model, optimizer=None, extra: Optional[dict] = None,
     With ``async_save`` the call returns after the host copy (``snapshot="at_save"``) or at
     once (``"before_update"``: the copy runs in the background and ``optimizer``'s next
     step waits for it, see :data:`SNAPSHOTS`); ``handle.wait()`` (or the next save/load)
-    blocks until the step is committed. A save waits for the previous one first.
+    blocks until the step is committed. A save first waits for the saves in flight to
+    commit, except a deferred one, which queues behind them.
     """
     extra = {} if extra is None else extra
     _check_save_args(step, extra, keep_last)
     _check_snapshot(snapshot, async_save, guarded=optimizer is not None)
-    wait_pending()
     items = _items.get(model, optimizer, lambda: _collect(model, optimizer))
     record = {"rng": rng.capture(), "optimizer": common_state(optimizer) if optimizer is not None else None}
     header = {"extra": extra, "layout": layout_of(model)}
@@ -128,24 +147,38 @@ def save_items(root, step: int, items: list[Item], header: dict, record: dict,
     ``header`` ({extra, layout}) goes into the metadata once; ``record`` ({rng, optimizer})
     once per rank. :func:`save` builds both from a Megatron model and optimizer.
 
-    Blocking part of an async save: list the items, copy this rank's share into host buffers
-    (not with ``snapshot="before_update"``: then the background thread copies first and the
-    ``guard`` optimizers' next ``step()`` waits until it has), issue the digest exchange.
-    Its result is awaited on the background thread, which then writes and (rank 0) commits.
-    The share comes from the plan cached at the previous save when this rank's own list is
-    unchanged (the steady state); otherwise every held item is copied, so whatever the new
-    plan assigns is in the snapshot.
+    Blocking part of an async save: wait for the saves in flight, list the items, copy this
+    rank's share into host buffers, issue the digest exchange. Its result is awaited on the
+    background thread, which then writes and (rank 0) commits. The share comes from the plan
+    cached at the previous save of ``root`` when this rank's own list is unchanged (the steady
+    state); otherwise every held item is copied, so whatever the new plan assigns is in the
+    snapshot.
+
+    ``snapshot="before_update"``: none of that blocks. The save queues behind those in
+    flight on the one writer thread, which copies first (the ``guard`` optimizers' next
+    ``step()`` waits until it has), then cleans, exchanges digests and writes. All
+    checkpoint-group collectives of queued saves thus run on that thread, in order.
     """
     global _pending
     _check_snapshot(snapshot, async_save, guarded=bool(guard))
-    wait_pending()
+    deferred = async_save and snapshot == "before_update"
+    if deferred:
+        _reap_finished()
+    else:
+        wait_pending()
     root = Path(root)
     rank, world = _world()
+    if world > 1:
+        checkpoint_group()  # created on this thread, where every rank creates its groups in order
     tmp = fmt.tmp_dir(root, step)
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():  # left by a save that died: never committed, safe to discard
-            shutil.rmtree(tmp)
+    plans, buffers = _plans[str(root.absolute())], _buffers[str(root.absolute())]
+
+    def clean() -> None:
+        if rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():  # left by a save that died: never committed, safe to discard
+                shutil.rmtree(tmp)
+
     items = dedup_local(items)
     aliases = {i.name: i.alias_of for i in items if i.alias_of is not None}
     items = [i for i in items if i.alias_of is None]
@@ -153,32 +186,39 @@ def save_items(root, step: int, items: list[Item], header: dict, record: dict,
     infos = [i.info() for i in items]
     own = digest(infos)
     share = lambda plan: sorted((i for i in items if plan.writers[i.key] == rank), key=lambda i: i.key)
+
+    def held_share() -> list[Item]:
+        guess = plans.guess(rank, own)
+        return share(guess) if guess is not None else items
+
     copied: dict[ChunkKey, torch.Tensor] = {}
-    deferred = async_save and snapshot == "before_update"
-    if async_save:
-        guess = _plans.guess(rank, own)
-        to_copy = share(guess) if guess is not None else items
-        if deferred:
-            done = threading.Event()
-            after = torch.cuda.current_stream().record_event() if any(i.data.is_cuda for i in to_copy) else None
-            _gate.hold(guard, done)
-        else:
-            copied = _buffers.snapshot(to_copy)
-    # issued after rank 0's cleanup: once it completes, the directory is clean, so the writers start then
-    gathered = start_digest_gather(own)
+    gathered = None
+    if deferred:
+        done = threading.Event()
+        after = torch.cuda.current_stream().record_event() if any(i.data.is_cuda for i in items) else None
+        _gate.hold(guard, done)
+    else:
+        clean()
+        if async_save:
+            copied = buffers.snapshot(held_share())
+        # issued after rank 0's cleanup: once it completes, the directory is clean, so the writers start then
+        gathered = start_digest_gather(own)
 
     def work() -> None:
+        nonlocal gathered
         if deferred:
             try:
-                copied.update(_buffers.snapshot(to_copy, after=after))
+                copied.update(buffers.snapshot(held_share(), after=after))
             finally:
                 done.set()  # a failed copy must not hold training forever; wait() reports it
-        _buffers.release_retired()
+            clean()
+            gathered = start_digest_gather(own)
+        buffers.release_retired()
         digests = gathered()
-        plan = _plans.get(digests)
+        plan = plans.get(digests)
         if plan is None:
             plan = balanced_plan(gather_objects(infos))
-            _plans.put(digests, plan)
+            plans.put(digests, plan)
         mine = share(plan)
         tensors = _from_snapshot(copied, mine) if async_save else [i.data for i in mine]
         tmp.mkdir(parents=True, exist_ok=True)
@@ -188,7 +228,7 @@ def save_items(root, step: int, items: list[Item], header: dict, record: dict,
 
     handle = SaveHandle(work, root, step, rank, COMMIT_TIMEOUT_S, background=async_save)
     if async_save:
-        _pending = handle
+        _pending.append(handle)
     return handle
 
 

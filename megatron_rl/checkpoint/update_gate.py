@@ -15,39 +15,43 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import Iterable, Optional
+from typing import Iterable
 
 import torch
 
 
 class UpdateGate:
-    """The process's one gate: hooks each optimizer once, holds them on the newest snapshot
-    (saves run one after another, so an earlier snapshot is always copied by then)."""
+    """The process's one gate: hooks each optimizer once; an optimizer waits for the newest
+    snapshot of a save that included it (queued saves copy in order, so earlier ones are done)."""
 
     def __init__(self) -> None:
-        self._hooked: weakref.WeakSet = weakref.WeakSet()
-        self._copied: Optional[threading.Event] = None
+        self._holds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._snapshots: list[threading.Event] = []
         self.waited_s = 0.0
         """Total time updates waited for a snapshot (for the trainer's metrics)."""
 
     def hold(self, optimizers: Iterable[torch.optim.Optimizer], copied: threading.Event) -> None:
         """Until ``copied`` is set, a ``step()`` of any of ``optimizers`` waits for it."""
         for optimizer in optimizers:
-            if optimizer not in self._hooked:
+            if optimizer not in self._holds:
                 optimizer.register_step_pre_hook(self._before_step)
-                self._hooked.add(optimizer)
-        self._copied = copied
+            self._holds[optimizer] = copied
+        self._snapshots = [e for e in self._snapshots if not e.is_set()] + [copied]
 
     def _before_step(self, optimizer, args, kwargs) -> None:
-        self.wait()
+        self._wait_for([self._holds.get(optimizer)])
 
     def wait(self) -> float:
-        """Block until the pending snapshot (if any) is copied; returns the seconds waited."""
-        copied = self._copied
-        if copied is None or copied.is_set():
+        """Block until every snapshot in flight is copied; returns the seconds waited."""
+        return self._wait_for(self._snapshots)
+
+    def _wait_for(self, events) -> float:
+        pending = [e for e in events if e is not None and not e.is_set()]
+        if not pending:
             return 0.0
         start = time.perf_counter()
-        copied.wait()
+        for event in pending:
+            event.wait()
         waited = time.perf_counter() - start
         self.waited_s += waited
         return waited

@@ -291,6 +291,10 @@ class SaveHandle:
     def done(self) -> bool:
         return self._waited or self._finished.is_set()
 
+    def failed(self) -> bool:
+        """This rank's part finished with an error (``wait()`` raises it)."""
+        return self._finished.is_set() and self._error is not None
+
     def wait(self) -> None:
         if self._waited:
             return

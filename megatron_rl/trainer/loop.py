@@ -407,7 +407,7 @@ def _save(root: Path, step: int, actor, critic, loader, base_dir: Path, cfg: Con
           pool: Optional[WindowPool], hapo_stats=None) -> None:
     """Actor, optimizer, RNG, data position, T-PPO's in-flight responses, HAPO's entropy statistics;
     plus what an HF export needs. The critic (and its optimizer) goes first into root/critic:
-    a save waits for the previous one, so once the actor's step is committed the critic's is too."""
+    saves commit in the order they were made, so once the actor's step is committed the critic's is too."""
     snapshot = cfg.checkpoint.snapshot if cfg.checkpoint.async_save else "at_save"
     if critic is not None:
         with critic.active():

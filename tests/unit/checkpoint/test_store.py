@@ -67,11 +67,12 @@ def test_async_saves_reuse_host_buffers_and_follow_a_new_layout(tmp_path):
     full = torch.randn(64, 64)
     items = _items(full, [(0, 32), (32, 64)])
     _save(tmp_path, 1, items, async_save=True).wait()
-    first = {key: buffer.data_ptr() for key, buffer in store._buffers._buffers.items()}
+    buffers = store._buffers[str(tmp_path.absolute())]
+    first = {key: buffer.data_ptr() for key, buffer in buffers._buffers.items()}
     full.add_(1.0)
     _save(tmp_path, 2, items, async_save=True).wait()
     # the steady state copies into the same (already mapped) host memory
-    assert {key: buffer.data_ptr() for key, buffer in store._buffers._buffers.items()} == first
+    assert {key: buffer.data_ptr() for key, buffer in buffers._buffers.items()} == first
     assert dict(iter_model_tensors(tmp_path))["w"].equal(full)
     full.add_(1.0)
     _save(tmp_path, 3, _items(full, [(0, 16), (16, 64)]), async_save=True).wait()  # the list changed
@@ -128,6 +129,49 @@ def test_deferred_snapshot_guards_only_the_optimizer(tmp_path):
     full.add_(1.0)
     handle.wait()
     assert dict(iter_model_tensors(tmp_path))["w"].equal(full - 1.0)
+
+
+def test_deferred_saves_queue_without_waiting_for_each_other(tmp_path):
+    """Critic and actor saved back to back (two roots), then a second step of one root: no
+    call waits for an earlier save's write; each optimizer waits only for its own copy."""
+    critic_w, actor_w = torch.nn.Parameter(torch.randn(32, 8)), torch.nn.Parameter(torch.randn(16, 8))
+    critic_before, actor_before = critic_w.detach().clone(), actor_w.detach().clone()
+    critic_opt, actor_opt = torch.optim.SGD([critic_w], lr=1.0), torch.optim.SGD([actor_w], lr=1.0)
+    critic_w.grad, actor_w.grad = torch.ones_like(critic_w), torch.ones_like(actor_w)
+    deferred = dict(async_save=True, snapshot="before_update")
+    _hold_writer(0.4)
+    start = time.perf_counter()
+    critic = _save(tmp_path / "critic", 1, _items(critic_w.detach(), [(0, 32)]), guard=[critic_opt], **deferred)
+    actor = _save(tmp_path / "actor", 1, _items(actor_w.detach(), [(0, 16)]), guard=[actor_opt], **deferred)
+    assert time.perf_counter() - start < 0.2  # the actor's save did not wait for the critic's write
+    assert not critic.done()
+    critic_opt.step()  # waits for the critic's copy (behind the held writer), not for the actor's
+    actor_opt.step()
+    store.wait_pending()
+    assert dict(iter_model_tensors(tmp_path / "critic"))["w"].equal(critic_before)
+    assert dict(iter_model_tensors(tmp_path / "actor"))["w"].equal(actor_before)
+    # Two steps of one root queued: both commit, in order, each with its own values.
+    _hold_writer(0.2)
+    _save(tmp_path / "actor", 2, _items(actor_w.detach(), [(0, 16)]), guard=[actor_opt], keep_last=2, **deferred)
+    actor_opt.step()
+    _save(tmp_path / "actor", 3, _items(actor_w.detach(), [(0, 16)]), guard=[actor_opt], keep_last=2, **deferred)
+    store.wait_pending()
+    assert fmt.committed_steps(tmp_path / "actor") == [2, 3]
+    assert dict(iter_model_tensors(tmp_path / "actor", 2))["w"].equal(actor_before - 1.0)
+    assert dict(iter_model_tensors(tmp_path / "actor", 3))["w"].equal(actor_before - 1.0 - 1.0)
+
+
+def test_a_failed_deferred_save_is_reported_by_the_next_save(tmp_path):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    orphan = Item("optimizer.fp32_param.v", (2,), (0,), torch.ones(2), alias_of="v")
+    handle = _save(tmp_path, 1, [orphan], async_save=True, snapshot="before_update", guard=[opt])
+    while not handle.done():
+        time.sleep(0.01)
+    deferred = dict(async_save=True, snapshot="before_update", guard=[opt])
+    with pytest.raises(fmt.CheckpointError, match="aliases v, which no rank wrote"):
+        _save(tmp_path, 2, _items(torch.ones(2, 2), [(0, 2)]), **deferred)
+    _save(tmp_path, 2, _items(torch.ones(2, 2), [(0, 2)]), **deferred).wait()  # reported once; saving goes on
+    assert fmt.committed_steps(tmp_path) == [2]
 
 
 def test_alias_is_stored_once_and_reads_its_target(tmp_path):
