@@ -1,11 +1,13 @@
 """The checkpoint's own gloo process group, so a save's collectives finish on its background thread.
 
-A save's only collective exchanges the ranks' plan digests. It is issued by the training
-thread (so every rank issues it at the same point of the program) but waited for on the
-save's background thread: the training loop does not wait on the slowest rank's arrival, and
-a separate group keeps it out of the way of the collectives the training loop issues next.
-Saves are serialised (a save waits for the previous one), so the group sees the same
-sequence of collectives on every rank.
+A save exchanges the ranks' plan digests (and, when they changed, the chunk lists). A
+copy-at-save save issues the digest exchange from the training thread, after waiting for
+every save in flight, and waits for it on the background thread. A deferred save issues it
+on the background writer thread, where queued saves run one after another. Either way the
+group sees the same sequence of collectives on every rank, and a separate group keeps them
+out of the way of the collectives the training loop issues meanwhile. The group itself is
+created on the training thread (``store.save_items``), where every rank creates its groups
+in the same order.
 """
 
 from __future__ import annotations
