@@ -142,26 +142,21 @@ def model_arch(config: Config):
 
 
 def validate(config: Config, world_size: int) -> Config:
-    """The cross-section check: the layout fits the model and the world size."""
-    try:
-        config.parallel.validate(world_size, model_arch(config).shape())
-    except LayoutError as err:
-        raise ConfigError(f"parallel: {err}") from None
-    if config.trainer.global_batch_size % (config.trainer.micro_batch_size * config.parallel.dp(world_size)):
-        raise ConfigError(
-            f"trainer.global_batch_size={config.trainer.global_batch_size} must be a multiple of "
-            f"micro_batch_size x data-parallel size = {config.trainer.micro_batch_size}x{config.parallel.dp(world_size)}"
-        )
+    """The cross-section check: the layouts fit the model and the world size."""
+    shape = model_arch(config).shape()
+    layouts = [("parallel", config.parallel, "")]
     if config.critic_parallel is not None:
+        layouts.append(("critic_parallel", config.critic_parallel, "the critic's "))
+    for section, layout, whose in layouts:
         try:
-            config.critic_parallel.validate(world_size, model_arch(config).shape())
+            layout.validate(world_size, shape)
         except LayoutError as err:
-            raise ConfigError(f"critic_parallel: {err}") from None
-        critic_dp = config.critic_parallel.dp(world_size)
-        if config.trainer.global_batch_size % (config.trainer.micro_batch_size * critic_dp):
+            raise ConfigError(f"{section}: {err}") from None
+        dp, mbs = layout.dp(world_size), config.trainer.micro_batch_size
+        if config.trainer.global_batch_size % (mbs * dp):
             raise ConfigError(
                 f"trainer.global_batch_size={config.trainer.global_batch_size} must be a multiple of "
-                f"micro_batch_size x the critic's data-parallel size = {config.trainer.micro_batch_size}x{critic_dp}"
+                f"micro_batch_size x {whose}data-parallel size = {mbs}x{dp}"
             )
     if world_size % config.rollout.tensor_parallel_size:
         raise ConfigError(

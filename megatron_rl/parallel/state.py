@@ -173,8 +173,7 @@ def initialize_alongside(config: ParallelConfig, seed: int = 1234, model=None) -
     rng = torch.get_rng_state()
     _install_globals(_uninitialised(current))
     try:
-        ctx = _build_groups(config, seed)
-        ctx.megatron_globals = _capture_globals()
+        ctx = _build_groups(config, seed)  # captures the new layout's globals
     finally:
         _install_globals(current)
         torch.set_rng_state(rng)

@@ -478,7 +478,7 @@ def _value_mse(critic, batch, micro_batch_size: int) -> float:
 
 def _critic_layout(cfg: Config, actor_ctx, arch, world: int):
     """The critic's process groups: the actor's, or its own when critic_parallel is set."""
-    if cfg.critic_parallel is None or cfg.critic_parallel == cfg.parallel:
+    if cfg.critic_layout == cfg.parallel:
         return actor_ctx
     try:
         cfg.critic_parallel.validate(world, arch.shape())
