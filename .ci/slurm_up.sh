@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Start a throwaway single-node Slurm (munged + slurmctld + slurmd as plain daemons, no
-# systemd, no cgroups) for tests/slurm. Recipe and timings: shared/notes/slurm-ci.md.
+# systemd, no cgroups) for tests/slurm. Recipe and timings: docs/platform.md.
 #
 #   .ci/slurm_up.sh [--install] [STATE_DIR]     (default STATE_DIR: /tmp/megatron-rl-slurm)
 #   export SLURM_CONF=STATE_DIR/slurm.conf      (tests/slurm find it there by default)

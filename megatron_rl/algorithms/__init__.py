@@ -1,6 +1,6 @@
 """Pure tensor RL algorithms: advantages, reward shaping, losses, HAPO pieces, recipes.
 
-Everything here is a function of tensors (specs/algorithms.md): no process groups, no
+Everything here is a function of tensors (formulas: docs/algorithms.md): no process groups, no
 model, no `torch.distributed` (a unit test enforces it). `schedules/` owns the parallel
 reductions and passes whole-mini-batch denominators in as `norm`.
 """

@@ -1,4 +1,4 @@
-"""Advantage and return estimators (specs/algorithms.md, "Advantages and returns").
+"""Advantage and return estimators (docs/algorithms.md, "Advantages and returns").
 
 Token-level tensors are [B, T] over response tokens, with `response_mask` [B, T]
 (1 = real response token); sequence-level tensors are [B]; `group_index` [B] says which

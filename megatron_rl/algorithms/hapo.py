@@ -1,4 +1,4 @@
-"""HAPO token-aware pieces (specs/algorithms.md, "HAPO token-aware pieces").
+"""HAPO token-aware pieces (docs/algorithms.md, "HAPO token-aware pieces").
 
 High-entropy tokens are the "forks" of a reasoning path. HAPO normalises each token's
 entropy to ĥ ∈ [−1, 1] around a batch quantile and uses it three ways: the sampling

@@ -1,4 +1,4 @@
-"""Per-token losses and their aggregation (specs/algorithms.md, "Losses").
+"""Per-token losses and their aggregation (docs/algorithms.md, "Losses").
 
 Split-invariance contract (`norm`): every aggregation is "local numerator / denominator".
 The schedule computes the denominator of the WHOLE mini-batch before it starts

@@ -1,5 +1,5 @@
 """Algorithm recipes as data: which pieces of `megatron_rl.algorithms` each algorithm
-turns on, with the papers' constants (specs/algorithms.md, "Recipes").
+turns on, with the papers' constants (docs/algorithms.md, "Recipes").
 
 A recipe selects pieces; the trainer has one code path and reads these fields. Values
 are validated when the recipe is built (raising, never rewriting):

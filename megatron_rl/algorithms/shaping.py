@@ -1,4 +1,4 @@
-"""Reward shaping and rollout filtering (specs/algorithms.md, "Reward shaping and sampling")."""
+"""Reward shaping and rollout filtering (docs/algorithms.md, "Reward shaping and sampling")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ByteCheckpoint-style checkpoints for Megatron-Core (see shared specs/checkpoint.md).
+"""ByteCheckpoint-style checkpoints for Megatron-Core (on-disk layout: format.py; docs/design.md).
 
 Data and metadata apart, parallelism-free tensor names, replicated chunks written once by a
 balanced choice of writer, async save that blocks only for the host copy (or, deferred, only

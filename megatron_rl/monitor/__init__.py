@@ -1,4 +1,4 @@
-"""Minder-style faulty-machine detection (specs/minder.md).
+"""Minder-style faulty-machine detection (docs/monitor.md).
 
 Modules, in the order data flows through them:
   collect   per-machine sampler (psutil, NVML, PFC, step times) -> trace rows

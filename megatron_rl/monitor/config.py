@@ -22,7 +22,7 @@ class DetectConfig:
     """Declare a machine only after it has been the candidate this long (~4 min published)."""
     max_gap_s: float = 24.0
     """A run of candidacy survives this many seconds without the machine being the
-    candidate (0 = strictly consecutive, as in the spec); lets flapping faults through."""
+    candidate (0 = strictly consecutive, as published); lets flapping faults through."""
     min_fraction: float = 0.75
     """... but the machine must be the candidate in at least this fraction of the run's windows."""
     max_fill_s: float = 3.0
@@ -32,8 +32,8 @@ class DetectConfig:
     step_s: float = 1.0
     """Sampling period the trace is resampled to."""
     mode: str = "any"
-    """Candidate rule: "any" (every machine above threshold) or "top1" (the spec's
-    single top scorer per window); see the module docstring."""
+    """Candidate rule: "any" (every machine above threshold) or "top1" (the paper's
+    single top scorer per window); see the docstring of monitor/detect.py."""
 
     def __post_init__(self):
         checks = [

@@ -5,14 +5,14 @@
 They are separate so that evaluation can sweep the threshold without re-scoring.
 
 Dissimilarity: a machine's score for one metric and window is the mean absolute distance
-of its (denoised) window to the cross-machine median window. The spec sums each
-machine's distances to all others; for Manhattan distance (which the spec reports did
+of its (denoised) window to the cross-machine median window. The Minder paper sums each
+machine's distances to all others; for Manhattan distance (which the paper reports did
 as well as Euclidean) the median is the point that sum is built around, and using it is
 O(machines) instead of O(machines^2), which is what keeps 1024 machines under a second.
 Scores are normalised across machines: (score - median) / spread, the spread being the
 larger of this window's robust spread and the metric's typical one over the call.
 
-Candidates: `mode="top1"` is the spec's rule (one machine per window: the top scorer of
+Candidates: `mode="top1"` is the paper's rule (one machine per window: the top scorer of
 the first metric, in priority order, whose top scorer passes the threshold).
 `mode="any"` (default) makes every machine above the threshold in some metric a
 candidate, the metric reported being the first such in priority order. With hundreds
@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .config import MODES, DetectConfig
+from .config import DetectConfig
 from .denoise import Denoiser, WindowMedian
 from .trace import Trace
 from .windows import Grid, cut_windows, nanmedian, normalise, to_grid, window_times

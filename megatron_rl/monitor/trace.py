@@ -1,4 +1,4 @@
-"""The trace format of specs/minder.md: rows of (timestamp, machine, metric, value).
+"""The monitor's trace format (docs/monitor.md): rows of (timestamp, machine, metric, value).
 
 A trace is one CSV or Parquet file, or a directory of them. In memory it is held
 column-wise (numpy arrays, machines and metrics as integer codes) because a 15-minute
@@ -76,7 +76,7 @@ class TraceError(ValueError):
 
 
 def metric_order(names: Iterable[str]) -> list[str]:
-    """Sort metric names by detection priority: spec order first, unknown names last."""
+    """Sort metric names by detection priority: the published order first, unknown names last."""
     rank = {name: i for i, name in enumerate(CANONICAL_METRICS)}
     return sorted(set(names), key=lambda n: (rank.get(n, len(rank)), n))
 

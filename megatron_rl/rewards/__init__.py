@@ -1,7 +1,7 @@
 """Rule-based rewards: math answers checked by math-verify under a time limit, and the
 synthetic digit task's exact-match verifier, found by name through ``build_verifier``.
 
-No process groups here (STYLE.md rule 5): scoring is per response; the trainer decides
+No process groups here (docs/design.md, rules): scoring is per response; the trainer decides
 which rank scores what.
 """
 

@@ -1,7 +1,7 @@
 """HAPO's adaptive sampling temperature as a vLLM V1 logits processor (vllm 0.32).
 
 Every generated token is sampled from softmax(logits / T_t) with
-T_t = T·(1 + τ·ĥ_t) (specs/algorithms.md, "HAPO token-aware pieces"). ĥ_t is the
+T_t = T·(1 + τ·ĥ_t) (docs/algorithms.md, "HAPO token-aware pieces"). ĥ_t is the
 normalised entropy of the current step's distribution under the previous training
 step's `EntropyStats`. Choice: the entropy is that of the base-temperature distribution
 softmax(logits / T), which is what Megatron's `compute_logprobs` returns as entropy when

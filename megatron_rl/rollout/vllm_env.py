@@ -1,4 +1,4 @@
-"""Process hygiene for a vLLM engine colocated with training (notes/vllm-cpu.md).
+"""Process hygiene for a vLLM engine colocated with training (docs/platform.md, "vLLM on CPU").
 
 What must happen before the engine is built, and the two CPU defects we work around:
 - environment (in-process engine, KV cache size, no thread pinning, caches in the run dir)

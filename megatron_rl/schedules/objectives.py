@@ -38,7 +38,7 @@ __all__ = ["LossOutput", "ActorLoss", "CriticLoss"]
 
 @dataclass(frozen=True)
 class LossOutput:
-    """One microbatch's result (STYLE rule 6: the loss function returns one dataclass)."""
+    """One microbatch's result: the loss function returns one small dataclass (docs/design.md, rules)."""
 
     loss: Tensor
     """This microbatch's share of the mini-batch loss (differentiable)."""

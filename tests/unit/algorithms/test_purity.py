@@ -1,5 +1,5 @@
 """`megatron_rl.algorithms` stays pure: no torch.distributed, no other megatron_rl package,
-no Megatron/vLLM (STYLE.md rule 5). Checked on the sources' import graph (AST), since
+no Megatron/vLLM (docs/design.md, rules). Checked on the sources' import graph (AST), since
 `import torch` itself may load torch.distributed and a runtime check could not tell."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`megatron_rl.rewards` imports no torch.distributed (STYLE.md rule 5), checked on the
+"""`megatron_rl.rewards` imports no torch.distributed (docs/design.md, rules), checked on the
 sources' AST so an indirect load through `import torch` cannot hide a direct import."""
 
 import ast
