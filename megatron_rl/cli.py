@@ -12,12 +12,12 @@ from typing import Optional, Sequence
 
 EPILOG = """\
 examples:
-  megatron-rl train --config examples/smoke.yaml trainer.max_steps=5
-  torchrun --nproc-per-node=4 -m megatron_rl train --config examples/smoke.yaml \\
+  megatron-rl train --config examples/dapo.yaml trainer.max_steps=5
+  torchrun --nproc-per-node=4 -m megatron_rl train --config examples/dapo.yaml \\
       parallel.tensor_model_parallel_size=2 parallel.expert_model_parallel_size=2
   megatron-rl layout --world-size 8 parallel.tensor_model_parallel_size=2 \\
       parallel.pipeline_model_parallel_size=2 parallel.expert_model_parallel_size=4
-  megatron-rl config --config examples/smoke.yaml model.dtype=bf16
+  megatron-rl config --config examples/dapo.yaml model.dtype=bf16
   megatron-rl convert hf-to-megatron --hf HF_DIR --out CKPT --tp 2 --ep 2
   megatron-rl convert megatron-to-hf --ckpt CKPT --out HF_DIR
   megatron-rl ckpt inspect CKPT --verify
@@ -54,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser(
         "train",
         help="train (SPMD under torchrun/srun, world size 1 alone)",
-        description="Run training. Until the RL trainer lands this runs the model smoke job: "
-        "supervised next-token training of the tiny actor through Megatron's schedules.",
+        description="Run training: the RL trainer (trainer.job=rl, the default; the recipe is "
+        "algorithm.recipe) or the model smoke job (trainer.job=smoke: supervised next-token "
+        "training of the tiny actor through Megatron's schedules).",
     )
     _add_config_args(train)
     show = sub.add_parser("config", help="print the resolved config as YAML")

@@ -1,9 +1,10 @@
 """The model smoke job: supervised next-token training of the tiny actor on a synthetic task.
 
 It exercises the whole foundation end to end (platform layer, layout, actor, Megatron DDP,
-the distributed optimizer, get_forward_backward_func) and is what ``make train`` runs
-until the RL trainer lands. Task: counting, token t+1 = token t + 1 (mod vocab) from a random
-start, so the loss must fall from ln(vocab) towards 0 once the model has learned it.
+the distributed optimizer, get_forward_backward_func) without vLLM or rewards; `train`
+runs it for ``trainer.job=smoke`` (examples/smoke.yaml). Task: counting, token t+1 =
+token t + 1 (mod vocab) from a random start, so the loss must fall from ln(vocab) towards
+0 once the model has learned it.
 
 It is also the stand-in trainer for the Slurm launch (scripts/slurm, megatron_rl.launch):
 it saves to ``<run_dir>/checkpoints`` every ``checkpoint.save_interval`` steps, at the end

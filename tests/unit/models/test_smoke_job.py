@@ -1,4 +1,4 @@
-"""The model smoke job behind `make train` learns its task (single rank, CPU)."""
+"""The model smoke job (`trainer.job=smoke`, examples/smoke.yaml) learns its task (single rank, CPU)."""
 
 import json
 import math
