@@ -14,7 +14,6 @@ full Megatron tensors in between). Peak memory is one group plus the HF tensors 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import re

@@ -20,7 +20,6 @@ from typing import Iterable, Iterator, Optional, Sequence
 import torch
 
 INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
 
 #: torch dtype <-> safetensors dtype tag
 DTYPE_TAGS = {

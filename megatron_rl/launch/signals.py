@@ -15,7 +15,6 @@ from __future__ import annotations
 import signal
 from typing import Optional
 
-REQUEUE_SIGNAL = signal.SIGUSR1
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 # Ranked so that MAX over ranks picks the strongest request.
 _RANK = {0: 0, int(signal.SIGUSR1): 1, int(signal.SIGTERM): 2}

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from functools import partial
 from pathlib import Path
 
 import torch

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from .actions import append_exclude, write_alerts
-from .collect import Collector, Row, default_hostname
+from .collect import Collector, default_hostname
 from .denoise import Denoiser
 from .config import OnlineConfig
 from .detect import Alert, detect
@@ -95,11 +94,6 @@ class OnlineMonitor:
             return []
         self._chunks += [t for t in gathered if t is not None and len(t)]
         return self.detect_now()
-
-    def add_rows(self, rows: list[Row]) -> None:
-        """Feed samples directly (tests, or a deployment that ships rows another way)."""
-        if rows:
-            self._chunks.append(Trace.from_rows(rows))
 
     def detect_now(self) -> list[Alert]:
         """Run the detector over the last lookback_s seconds and act on new alerts."""

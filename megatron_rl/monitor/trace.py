@@ -293,8 +293,7 @@ def _read_csv(p: Path) -> Trace:
 
 def _import_pyarrow(p: Path):
     try:
-        import pyarrow  # noqa: F401  (optional dependency)
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # optional dependency
     except ImportError:
         raise TraceError(f"{p}: reading or writing Parquet needs pyarrow (pip install pyarrow); "
                          f"CSV traces need nothing extra") from None

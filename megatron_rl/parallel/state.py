@@ -140,14 +140,6 @@ class ParallelContext:
             _install_globals(previous)
             _ACTIVE = previous_ctx
 
-    @property
-    def is_first_stage(self) -> bool:
-        return self.coords.pp == 0
-
-    @property
-    def is_last_stage(self) -> bool:
-        return self.coords.pp == self.config.pp - 1
-
 
 def initialize(config: ParallelConfig, seed: int = 1234, model=None) -> ParallelContext:
     """Validate, then build Megatron's process groups and RNG trackers for this layout

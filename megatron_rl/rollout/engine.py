@@ -15,7 +15,6 @@ temperature (Sampling.entropy_stats) T is the per-token T_t of rollout/adaptive_
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union

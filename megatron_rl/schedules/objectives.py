@@ -73,10 +73,6 @@ class ActorLoss:
         self.vocab_size = vocab_size
         self._agg = get_loss_aggregation(recipe.loss_agg)
 
-    @property
-    def output_kind(self) -> str:
-        return "logits"
-
     def required_fields(self) -> tuple[str, ...]:
         r = self.recipe
         fields = ["old_logprobs", "advantages"]
@@ -161,10 +157,6 @@ class CriticLoss:
     @classmethod
     def from_recipe(cls, recipe: AlgorithmRecipe, agg: str = "token-mean") -> "CriticLoss":
         return cls(recipe.value_clip, agg)
-
-    @property
-    def output_kind(self) -> str:
-        return "values"
 
     def required_fields(self) -> tuple[str, ...]:
         return ("returns", "old_values") if self.value_clip is not None else ("returns",)

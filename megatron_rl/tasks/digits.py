@@ -100,10 +100,6 @@ class DigitTask:
         rng = random.Random(f"{self}-{seed}")  # string seeds hash deterministically
         return [self.example(self.sample_digits(rng)) for _ in range(n)]
 
-    def max_solution_words(self) -> int:
-        """Whitespace-separated words in the longest solution (for generation limits)."""
-        return (self.max_digits if self.reasoning else 0) + 2
-
 
 TASKS: dict[str, DigitTask] = {
     "digits_max": DigitTask(op="max"),

@@ -7,7 +7,6 @@ template and eos/pad tokens, so vLLM, transformers and the trainer load the same
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -44,6 +43,3 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 320):
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
-
-def save_tokenizer(tokenizer, directory: Path) -> None:
-    tokenizer.save_pretrained(str(directory))

@@ -7,7 +7,6 @@ Megatron's get_forward_backward_func with DDP and finalize_model_grads, and gath
 gradients back into full tensors to compare.
 """
 
-import json
 import sys
 from functools import partial
 

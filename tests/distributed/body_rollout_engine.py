@@ -5,7 +5,6 @@ its parallel groups are global) for the tiny KIND model with vLLM TP = TP; promp
 per replica. transformers computes the reference logprobs and greedy continuations.
 """
 
-import os
 import sys
 from pathlib import Path
 

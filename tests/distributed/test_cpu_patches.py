@@ -1,6 +1,5 @@
 """CPU patches reached only with several ranks: the layout fails without each one."""
 
-import os
 from pathlib import Path
 
 import pytest

@@ -52,8 +52,6 @@ def make(path):
 
 
 def convert(path):
-    import torch
-
     from megatron_rl import platform
     from megatron_rl.bridge import load_hf, save_hf
     from megatron_rl.models import build_model

@@ -4,7 +4,6 @@ transformers itself writes and holds."""
 import os
 
 import pytest
-import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.tasks import get_task
 from megatron_rl.tasks.base_model import BaseModelSettings, hf_config
-from megatron_rl.tasks.chat_format import prompt_messages, render_chat, training_text
+from megatron_rl.tasks.chat_format import render_chat, training_text
 from megatron_rl.tasks.tokenizer import train_tokenizer
 
 
