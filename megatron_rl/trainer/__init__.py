@@ -1,8 +1,10 @@
-"""The RL trainer: the loop, its setup, rollouts and metrics (see DESIGN.md)."""
+"""The RL trainer: :class:`~megatron_rl.trainer.trainer.RLTrainer` runs one method per phase of
+a step; rollout sources, batch assembly, advantages, run checkpoints and metrics are its
+parts (docs/design.md, "The trainer")."""
 
 
 def train(cfg):
-    from megatron_rl.trainer.loop import train as _train
+    from megatron_rl.trainer.trainer import train as _train
 
     return _train(cfg)
 

@@ -89,6 +89,15 @@ class TrainRows:
                    [r.trained for r in rows], [r.fresh for r in rows], [not r.finished for r in rows])
 
 
+def shaped_rewards(recipe: AlgorithmRecipe, scores: list[float], lengths: torch.Tensor) -> torch.Tensor:
+    """[samples] float64: the verifier's scores plus the recipe's shaping (DAPO's overlong penalty)."""
+    rewards = torch.tensor(scores, dtype=torch.float64)
+    if recipe.overlong is not None:
+        o = recipe.overlong
+        rewards = rewards + overlong_penalty(lengths, o.max_len, o.buffer_len, o.factor).double()
+    return rewards
+
+
 def generate_groups(engine: RolloutEngine, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:
     """``sampling.n`` samples per prompt of ``prompts``, the same list on every rank."""
     world = dist.get_world_size()
@@ -165,11 +174,7 @@ def windowed_rollouts(
     correct: list[float] = []
     if entries:
         correct, stats = score([decode(e.sample.token_ids) for e in entries], [e.answer for e in entries])
-        rewards = torch.tensor(correct, dtype=torch.float64)
-        if recipe.overlong is not None:
-            o = recipe.overlong
-            lengths = torch.tensor([e.length for e in entries])
-            rewards = rewards + overlong_penalty(lengths, o.max_len, o.buffer_len, o.factor).double()
+        rewards = shaped_rewards(recipe, correct, torch.tensor([e.length for e in entries]))
         pool.set_scores(entries, correct, rewards.tolist())
     nan = float("nan")
     return WindowedRollout(
@@ -209,10 +214,7 @@ def collect_rollouts(
         for key, value in stats.items():
             stats_total[key] = stats_total.get(key, 0) + value
         lengths = torch.tensor([len(s.token_ids) for group in samples for s in group])
-        rewards = torch.tensor(scores, dtype=torch.float64)
-        if recipe.overlong is not None:
-            o = recipe.overlong
-            rewards = rewards + overlong_penalty(lengths, o.max_len, o.buffer_len, o.factor).double()
+        rewards = shaped_rewards(recipe, scores, lengths)
         all_correct += scores
         all_lengths += lengths.tolist()
         group_index = torch.tensor([g for g, group in enumerate(samples) for _ in group])

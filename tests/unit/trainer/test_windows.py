@@ -134,24 +134,25 @@ def test_bad_pools_and_continuations_are_refused():
 
 def test_window_masks_and_egae_advantages_by_hand():
     from megatron_rl.algorithms import get_recipe
-    from megatron_rl.trainer.loop import _advantages, _aligned_span
+    from megatron_rl.trainer.advantages import estimate_advantages
+    from megatron_rl.trainer.assembly import aligned_span
 
     # Row 0 finished (reward 1, 3 tokens, the first 2 trained earlier); row 1 cut off (2 tokens).
     rows = TrainRows([_sample([1, 2, 3], "stop"), _sample([4, 5], "window", prompt=[7, 8, 9])],
                      rewards=[1.0, 0.0], correct=[1.0, 0.0], group_index=[0, 1], loss_start=[2, 0],
                      fresh_start=[2, 0], truncated=[False, True])
-    mask = _aligned_span([2, 3], [3, 2], rows.loss_start, seq_length=7)
+    mask = aligned_span([2, 3], [3, 2], rows.loss_start, seq_length=7)
     # Prediction-aligned: response token i of a row with prompt p is predicted at position p - 1 + i.
     assert mask.tolist() == [[False, False, False, True, False, False, False],
                              [False, False, True, True, False, False, False]]
     values = [torch.tensor([0.5, 0.5, 0.5]), torch.tensor([0.2, 0.4])]
-    adv, ret = _advantages(get_recipe("tppo", generation_window=4), rows, 3, values)
+    adv, ret = estimate_advantages(get_recipe("tppo", generation_window=4), rows, 3, values)
     # Finished, λ = 0.95: δ = (0, 0, 0.5) -> A = (0.95² · 0.5, 0.95 · 0.5, 0.5); λ_critic = 1: returns = R = 1.
     # Cut off: bootstrap V(s_2) ≈ V(s_1) = 0.4, so δ = (0.2, 0) -> A = (0.2, 0); returns = 0.4.
     assert torch.allclose(adv, torch.tensor([[0.45125, 0.475, 0.5], [0.2, 0.0, 0.0]]))
     assert torch.allclose(ret, torch.tensor([[1.0, 1.0, 1.0], [0.4, 0.4, 0.0]]))
     # Whitening sees only the loss tokens (0.5, 0.2, 0.0): mean 0.2333, unbiased std 0.2517.
-    adv_w, _ = _advantages(get_recipe("tppo", generation_window=4, whiten_advantages=True), rows, 3, values)
+    adv_w, _ = estimate_advantages(get_recipe("tppo", generation_window=4, whiten_advantages=True), rows, 3, values)
     loss_tokens = torch.tensor([0.5, 0.2, 0.0])
     expected = (loss_tokens - loss_tokens.mean()) / loss_tokens.std()
     assert torch.allclose(adv_w[[0, 1, 1], [2, 0, 1]], expected, atol=1e-6)

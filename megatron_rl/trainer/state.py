@@ -1,0 +1,71 @@
+"""Saving and resuming a run: the actor and its optimizer, the critic beside it, and the
+``extra`` entries the trainer adds (step, data position, rollout source state, HAPO's
+entropy statistics, what an HF export needs).
+
+Layout under ``<run_dir>/checkpoints``: the actor's committed steps, and the critic's in
+``critic/``. The critic is saved first: saves commit in the order they were made, so once
+the actor's step is committed the critic's is too, and resume reads the actor's newest step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from megatron_rl import checkpoint
+from megatron_rl.config import ConfigError
+from megatron_rl.config.schema import CheckpointConfig
+from megatron_rl.trainer.setup import Trainable
+
+CRITIC_DIR = "critic"
+"""The critic's checkpoints, under the actor's root (step directories only match there)."""
+
+
+class RunCheckpoint:
+    """The run's checkpoints, written and read through one checkpointer."""
+
+    def __init__(self, checkpointer, root: Path, config: CheckpointConfig, base_dir: Path):
+        self.checkpointer = checkpointer
+        self.root = Path(root)
+        self.config = config
+        # An HF export of a step needs the architecture it was trained from.
+        self.hf_config = json.loads((Path(base_dir) / "config.json").read_text())
+
+    def due(self, step: int, last_step: int) -> bool:
+        """Every checkpoint.save_interval steps, and at the last step."""
+        interval = self.config.save_interval
+        return step == last_step or bool(interval and step % interval == 0)
+
+    def save(self, step: int, actor: Trainable, critic: Optional[Trainable], extra: dict) -> None:
+        """Collective: the critic, then the actor with ``extra`` (async as configured)."""
+        cfg = self.config
+        options = dict(async_save=cfg.async_save, keep_last=cfg.keep_last,
+                       snapshot=cfg.snapshot if cfg.async_save else "at_save")
+        if critic is not None:
+            with critic.active():
+                self.checkpointer.save(self.root / CRITIC_DIR, step, model=critic.chunks,
+                                       optimizer=critic.optimizer, extra={"step": step}, **options)
+        extra = {"step": step, **extra, "hf_config": self.hf_config, "hf_expert_style": "per_expert"}
+        self.checkpointer.save(self.root, step, model=actor.chunks, optimizer=actor.optimizer, extra=extra,
+                               **options)
+
+    def resume(self, actor: Trainable, critic: Optional[Trainable]) -> Optional[dict]:
+        """Load the newest committed step into the models (any saved layout into the current
+        one); its ``extra``, or None for a fresh run."""
+        step = checkpoint.latest_step(self.root)
+        if step is None:
+            return None
+        if critic is not None:  # first, so that the actor's RNG state is the one restored
+            if step not in checkpoint.committed_steps(self.root / CRITIC_DIR):
+                raise ConfigError(f"{self.root} step {step} has no critic checkpoint in {self.root / CRITIC_DIR}: "
+                                  "it was saved by a recipe without a critic; resume it with that recipe or use "
+                                  "a new trainer.run_dir")
+            with critic.active():
+                self.checkpointer.load(self.root / CRITIC_DIR, model=critic.chunks, optimizer=critic.optimizer,
+                                       step=step)
+        return self.checkpointer.load(self.root, model=actor.chunks, optimizer=actor.optimizer, step=step)
+
+    def wait(self) -> None:
+        """Block until every save in flight is committed (before the process exits)."""
+        self.checkpointer.wait_pending()

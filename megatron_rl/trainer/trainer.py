@@ -1,0 +1,443 @@
+"""RLTrainer: the RL loop, one method per phase of a step.
+
+:meth:`RLTrainer.step` reads as the algorithm: rollout (the source generates, scores,
+shapes and filters) -> the step's rows in the training layout -> forward passes without
+gradients (HAPO's per-token temperatures, critic values, old logprobs and the
+train/inference mismatch, reference logprobs) -> advantages -> PPO epochs over
+mini-batches for the critic and the actor -> weight sync into vLLM (and the parity guard)
+-> metrics -> checkpoint.
+
+The recipe decides which phases do anything (a critic, a KL reference, HAPO's token
+fields, T-PPO windows, VAPO's value warm-up); one code path serves every recipe. Where the
+rows come from is a :class:`~megatron_rl.trainer.sources.RolloutSource`. The critic trains
+in its own layout (``critic_parallel``; the actor's by default): everything done with it
+runs inside ``critic.active()``, which switches Megatron's process groups to the critic's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from megatron_rl import checkpoint, platform
+from megatron_rl.algorithms import explained_variance
+from megatron_rl.algorithms.hapo import EntropyStats
+from megatron_rl.config import Config, ConfigError, dump_yaml, validate
+from megatron_rl.launch import exit_codes
+from megatron_rl.launch.signals import StopSignals
+from megatron_rl.launch.slurm_env import SlurmEnv
+from megatron_rl.launch.status import write_status
+from megatron_rl.models.builder import BuildOptions
+from megatron_rl.models.hf_config import arch_from_hf
+from megatron_rl.parallel import initialize, initialize_alongside
+from megatron_rl.schedules import (ActorLoss, CriticLoss, TrainBatch, compute_logprobs, compute_values,
+                                   gather_data_parallel, local_batch, train_step)
+from megatron_rl.trainer import setup
+from megatron_rl.trainer.advantages import estimate_advantages
+from megatron_rl.trainer.assembly import StepBatch, assemble
+from megatron_rl.trainer.hapo import hapo_token_fields
+from megatron_rl.trainer.metrics import MetricsLog
+from megatron_rl.trainer.reference import ReferencePolicy
+from megatron_rl.trainer.rollouts import TrainRows
+from megatron_rl.trainer.sources import GroupSource, RolloutSource, WindowSource
+from megatron_rl.trainer.state import RunCheckpoint
+from megatron_rl.trainer.windows import WindowPool
+
+ACTOR_METRICS = ("actor/pg_loss", "actor/clipfrac", "actor/entropy", "actor/grad_norm", "actor/kl_loss")
+
+
+class RLTrainer:
+    """Everything a run needs, built once from its config; :meth:`run` trains to trainer.max_steps."""
+
+    def __init__(self, cfg: Config, stop_signals: StopSignals):
+        platform.init_distributed()
+        self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self.cfg = validate(cfg, self.world)
+        self.recipe = cfg.algorithm.build()
+        self.stop_signals = stop_signals
+        self.run_dir = Path(cfg.trainer.run_dir)
+        if self.rank == 0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
+        torch.manual_seed(cfg.trainer.seed)
+        # The actor's weights come from an HF directory (for task data: the task's tiny base).
+        self.base_dir = setup.base_model_dir(cfg, self.rank)
+        self.arch = arch_from_hf(self.base_dir)
+        self._build_models()
+        self._build_rollout()
+        self.checkpointer = checkpoint
+        self.run_checkpoint = RunCheckpoint(self.checkpointer, self.run_dir / "checkpoints", cfg.checkpoint,
+                                            self.base_dir)
+        self.entropy_stats: Optional[EntropyStats] = None
+        """HAPO: the last step's entropy statistics (None: the next rollout samples at plain T)."""
+        self.first_step = self._resume() + 1
+        self.log = MetricsLog(self.run_dir, enabled=self.rank == 0, total_steps=cfg.trainer.max_steps,
+                              resume_after=self.first_step - 1)
+        self.monitor = _start_monitor(cfg, self.run_dir)
+        self.slurm = SlurmEnv.from_environ()
+        self.history: list[dict] = []
+        self.probe: Optional[TrainBatch] = None
+        """VAPO: the first warm-up batch; the critic's loss on it before and after warm-up."""
+        self.last_save_s = 0.0
+        self.stop_signal = None
+
+    # ---- build ------------------------------------------------------------------------
+
+    def _build_models(self) -> None:
+        """Actor, critic (recipes with one) and the frozen KL reference, in their layouts."""
+        cfg, arch, recipe = self.cfg, self.arch, self.recipe
+        actor_layout = initialize(cfg.parallel, seed=cfg.trainer.seed, model=arch.shape())
+        critic_layout = self._critic_layout(actor_layout) if recipe.use_critic else None
+        if cfg.critic_parallel is not None and critic_layout is None and self.rank == 0:
+            print(f"critic_parallel is ignored: algorithm.recipe={cfg.algorithm.recipe} trains no critic", flush=True)
+        options = BuildOptions(dtype=cfg.model.dtype, moe_token_dispatcher_type=cfg.model.moe_token_dispatcher_type,
+                               moe_aux_loss_coeff=cfg.model.moe_aux_loss_coeff,
+                               recompute_activations=cfg.model.recompute_activations)
+        self.actor = setup.build_trainable("actor", arch, actor_layout, options, cfg.trainer.lr, self.base_dir)
+        self.critic = (setup.build_trainable("critic", arch, critic_layout, options,
+                                             cfg.trainer.lr * recipe.critic_lr_multiplier, self.base_dir)
+                       if critic_layout is not None else None)
+        self.reference = (ReferencePolicy(arch, cfg.parallel, options, self.base_dir)
+                          if recipe.kl is not None else None)
+        self.actor_loss = ActorLoss(recipe, arch.vocab_size)
+        self.critic_loss = CriticLoss.from_recipe(recipe) if self.critic is not None else None
+
+    def _critic_layout(self, actor_layout):
+        """The critic's process groups: the actor's, or its own when critic_parallel is set."""
+        cfg = self.cfg
+        if cfg.critic_layout == cfg.parallel:
+            return actor_layout
+        layout = initialize_alongside(cfg.critic_parallel, seed=cfg.trainer.seed, model=self.arch.shape())
+        if self.rank == 0:
+            print(f"actor layout: {cfg.parallel.describe(self.world)}\n"
+                  f"critic layout: {cfg.critic_parallel.describe(self.world)}", flush=True)
+        return layout
+
+    def _build_rollout(self) -> None:
+        """Prompts, the verifier, the colocated vLLM engine (from the actor's HF weights), the source."""
+        from transformers import AutoTokenizer
+
+        from megatron_rl.data import PromptDataset, PromptFields, PromptLoader
+        from megatron_rl.rewards import build_verifier
+        from megatron_rl.rollout import EngineConfig, RolloutEngine, Sampling
+        from megatron_rl.rollout.sync import sync_weights
+
+        cfg, recipe = self.cfg, self.recipe
+        tokenizer = AutoTokenizer.from_pretrained(self.base_dir)
+        self.pad_token_id = tokenizer.pad_token_id or 0
+        dataset = PromptDataset(setup.prompt_files(cfg, self.base_dir), tokenizer,
+                                fields=PromptFields(prompt=cfg.data.prompt_key, answer=cfg.data.answer_key))
+        windowed = recipe.generation_window is not None
+        # T-PPO refills single rows of the pool: its loader hands out one prompt at a time.
+        loader = PromptLoader(dataset, batch_size=1 if windowed else cfg.rollout.prompts_per_step,
+                              seed=cfg.trainer.seed)
+        self.verifier = build_verifier(setup.verifier_name(cfg))
+        self.engine = RolloutEngine(self.base_dir, EngineConfig(
+            tensor_parallel_size=cfg.rollout.tensor_parallel_size,
+            dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[cfg.model.dtype],
+            max_model_len=min(self.arch.max_position_embeddings, cfg.trainer.seq_length),
+            seed=cfg.trainer.seed, cpu_kv_cache_gib=cfg.rollout.kv_cache_gib,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            cpu_linear=cfg.rollout.cpu_linear, cache_dir=str(self.run_dir / "cache"),
+        ))
+        self.sampling = Sampling(n=cfg.rollout.n_samples, max_tokens=cfg.rollout.max_new_tokens,
+                                 temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                 stop_token_ids=(tokenizer.eos_token_id,), window=recipe.generation_window)
+        self.source = self._source(loader, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        bucket_bytes = int(cfg.rollout.bucket_mb * (1 << 20))
+        self.sync_into_engine = lambda: sync_weights(self.actor.chunks, self.arch, self.engine,
+                                                     bucket_bytes=bucket_bytes)
+
+    def _source(self, loader, decode) -> RolloutSource:
+        """Lockstep groups, or T-PPO's window pool; both on the colocated engine."""
+        cfg, recipe = self.cfg, self.recipe
+        # Every mini-batch splits evenly over the DP ranks (and micro-batches) of actor and critic.
+        critic_dp = self.critic.layout.config.dp(self.world) if self.critic is not None else 1
+        row_multiple = (math.lcm(cfg.parallel.dp(self.world), critic_dp) * cfg.trainer.micro_batch_size
+                        * cfg.algorithm.mini_batches_per_step)
+        if recipe.generation_window is None:
+            return GroupSource(self.engine, loader, recipe, self.verifier.score_batch, decode,
+                               cfg.rollout.prompts_per_step, cfg.rollout.n_samples, row_multiple)
+        try:
+            pool = WindowPool(cfg.rollout.prompts_per_step * cfg.rollout.n_samples, cfg.rollout.n_samples,
+                              row_multiple)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        return WindowSource(self.engine, loader, pool, recipe, self.verifier.score_batch, decode)
+
+    def _resume(self) -> int:
+        """The newest committed step (any saved layout), its weights pushed into vLLM; 0 for a fresh run."""
+        extra = self.run_checkpoint.resume(self.actor, self.critic)
+        if extra is None:
+            return 0
+        try:
+            note = self.source.load_state_dict(extra)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        self.sync_into_engine()
+        if self.rank == 0:
+            print(f"resumed from {self.run_checkpoint.root} step {extra['step']}{note}", flush=True)
+        stats = extra.get("hapo_entropy_stats")
+        self.entropy_stats = EntropyStats(**stats) if stats else None
+        return int(extra["step"])
+
+    # ---- the step -----------------------------------------------------------------------
+
+    def run(self) -> dict:
+        """Train from the step after the newest checkpoint to trainer.max_steps, or until told to stop."""
+        step = self.first_step - 1
+        for step in range(self.first_step, self.cfg.trainer.max_steps + 1):
+            if self.step(step):
+                break
+        return self.close(step)
+
+    def step(self, step: int) -> bool:
+        """One RL step; True when the run stops after it (a stop signal or the monitor)."""
+        started, snapshot_waited = time.perf_counter(), self.checkpointer.snapshot_wait_seconds()
+        rollout = self.source.collect(self.sampling_for_step())  # generate, score, shape, filter
+        metrics = {"step": step, **rollout.metrics}
+        train_start, trained_tokens = time.perf_counter(), 0
+        if len(rollout.rows):
+            batch = assemble(rollout.rows, self.cfg.trainer.seq_length, self.pad_token_id,
+                             self.cfg.rollout.temperature)
+            self.sampled_temperatures(batch, metrics)
+            self.critic_values(batch)
+            self.old_logprobs(batch, metrics)
+            self.reference_logprobs(batch)
+            self.advantages(batch)
+            trained_tokens = self.update(step, batch, metrics)
+        self.source.trained()
+        metrics["timing/train_s"] = time.perf_counter() - train_start
+        self.sync_weights(step, rollout.rows, metrics)
+        self.step_metrics(metrics, started, snapshot_waited, rollout.generated_tokens + trained_tokens)
+        faulty = self.agree_to_stop(metrics)
+        self.history.append(metrics)
+        self.log.write(metrics)
+        self.checkpoint(step, stopping=faulty or self.stop_signal is not None)
+        self.announce_stop(step, faulty)
+        return faulty or self.stop_signal is not None
+
+    def sampling_for_step(self):
+        """HAPO samples each token at its own temperature, from the last step's entropy statistics."""
+        if self.recipe.temperature_tau > 0 and self.entropy_stats is not None:
+            return dataclasses.replace(self.sampling, temperature_tau=self.recipe.temperature_tau,
+                                       entropy_stats=self.entropy_stats)
+        return self.sampling
+
+    def sampled_temperatures(self, batch: StepBatch, metrics: dict) -> None:
+        """HAPO: the temperature each token was sampled at and its ĥ, from Megatron's entropy at
+        T (vLLM does not return them); this step's statistics go to the next rollout."""
+        if not self.recipe.token_aware:
+            return
+        cfg = self.cfg
+        fields = hapo_token_fields(self.actor.chunks, TrainBatch(tokens=batch.tokens, loss_mask=batch.response_mask),
+                                   cfg.trainer.micro_batch_size, self.arch.vocab_size,
+                                   temperature=cfg.rollout.temperature, tau=self.recipe.temperature_tau,
+                                   prev_stats=self.entropy_stats, pivot_quantile=self.recipe.entropy_pivot_quantile)
+        batch.temperature, batch.h_hat, self.entropy_stats = fields.temperature, fields.h_hat, fields.stats
+        on_response = batch.temperature[batch.response_mask]
+        metrics["rollout/temperature_std"] = float(on_response.std()) if on_response.numel() > 1 else 0.0
+
+    def critic_values(self, batch: StepBatch) -> None:
+        """The critic's value of every prefix (recipes with a critic), on every rank."""
+        if self.critic is None:
+            return
+        batch.values = self._values(TrainBatch(tokens=batch.tokens, loss_mask=batch.response_mask))
+
+    def old_logprobs(self, batch: StepBatch, metrics: dict) -> None:
+        """log π_old of every token at its sampling temperature, recomputed by Megatron (the PPO
+        ratio's denominator), and how far vLLM's logprobs of the same tokens are from it."""
+        chunks = self.actor.chunks
+        local, _ = compute_logprobs(chunks, local_batch(chunks, batch.plain()), self.cfg.trainer.micro_batch_size,
+                                    self.arch.vocab_size)
+        batch.old_logprobs = gather_data_parallel(chunks, local)
+        vllm = batch.scatter([s.logprobs for s in batch.rows.samples])
+        fresh = batch.fresh_mask.float()  # tokens vLLM sampled with the current weights
+        if fresh.sum() > 0:
+            metrics["rollout/logprob_abs_diff"] = float(((batch.old_logprobs - vllm).abs() * fresh).sum()
+                                                        / fresh.sum())
+
+    def reference_logprobs(self, batch: StepBatch) -> None:
+        """log π_ref of every token (recipes with a KL penalty)."""
+        if self.reference is not None:
+            batch.ref_logprobs = self.reference.logprobs(batch.plain(), self.cfg.trainer.micro_batch_size)
+
+    def advantages(self, batch: StepBatch) -> None:
+        """Per-token advantages (and critic targets) by the recipe's estimator."""
+        values = batch.gather(batch.values) if batch.values is not None else None
+        advantages, returns = estimate_advantages(self.recipe, batch.rows, batch.max_response_len, values)
+        batch.advantages = batch.scatter(advantages)
+        batch.returns = batch.scatter(returns) if returns is not None else None
+
+    def update(self, step: int, batch: StepBatch, metrics: dict) -> int:
+        """PPO epochs over mini-batches: the critic on its tokens, then the actor on the policy
+        tokens (VAPO: the critic alone during value warm-up); returns the policy-loss tokens."""
+        actor_batch, critic_batch = batch.for_actor(), batch.for_critic()
+        if self.recipe.generation_window is not None:
+            metrics["critic/rows"] = int(batch.critic_mask.any(dim=1).sum())
+            metrics["critic/tokens"] = int(batch.critic_mask.sum())
+            metrics["actor/loss_tokens"] = int(batch.loss_mask.sum())
+        warming_up = step <= self.recipe.value_warmup_steps
+        if self.critic is not None and warming_up and self.probe is None:
+            self.probe = critic_batch
+            metrics["critic/warmup_probe_loss"] = self._value_mse(self.probe)
+        self.actor.set_lr(self._lr(step))
+        actor_out, critic_out = self._epochs(actor_batch, critic_batch, train_actor=not warming_up)
+        for key in ACTOR_METRICS:
+            if actor_out and key in actor_out[0]:
+                metrics[key] = sum(float(x[key]) for x in actor_out) / len(actor_out)
+        if critic_out:
+            metrics["critic/value_loss"] = sum(float(x["critic/value_loss"]) for x in critic_out) / len(critic_out)
+            metrics["critic/explained_var"] = float(explained_variance(batch.values, batch.returns,
+                                                                       batch.critic_mask))
+        metrics["actor/updated"] = bool(actor_out)
+        if self.probe is not None and step == self.recipe.value_warmup_steps:
+            metrics["critic/warmup_probe_loss"] = self._value_mse(self.probe)
+        return int(batch.loss_mask.sum())
+
+    def _epochs(self, actor_batch: TrainBatch, critic_batch: TrainBatch, train_actor: bool):
+        """algorithm.ppo_epochs passes, each algorithm.mini_batches_per_step optimizer steps."""
+        mbs, minis = self.cfg.trainer.micro_batch_size, self.cfg.algorithm.mini_batches_per_step
+        rows = actor_batch.num_rows // minis
+        actor_out, critic_out = [], []
+        for _ in range(self.cfg.algorithm.ppo_epochs):
+            for m in range(minis):
+                part, critic_part = (b.rows(m * rows, (m + 1) * rows) for b in (actor_batch, critic_batch))
+                # Every rank holds the whole batch, so all skip a mini-batch without finished rows alike.
+                if self.critic is not None and bool(critic_part.loss_mask.any()):
+                    with self.critic.active():
+                        critic_out.append(train_step(self.critic.chunks, self.critic.optimizer,
+                                                     local_batch(self.critic.chunks, critic_part),
+                                                     self.critic_loss, mbs))
+                if train_actor:
+                    actor_out.append(train_step(self.actor.chunks, self.actor.optimizer,
+                                                local_batch(self.actor.chunks, part), self.actor_loss, mbs))
+        return actor_out, critic_out
+
+    def sync_weights(self, step: int, rows: TrainRows, metrics: dict) -> None:
+        """vLLM gets the updated weights in place; every rollout.parity_every steps the parity
+        guard checks that vLLM's logprobs of a few sequences equal Megatron's."""
+        from megatron_rl.rollout.sync import check_parity
+
+        metrics["timing/weight_sync_s"] = self.sync_into_engine().seconds if metrics.get("actor/updated") else 0.0
+        every = self.cfg.rollout.parity_every
+        if every and step % every == 0 and len(rows):
+            first_of_group = [row for row, g in enumerate(rows.group_index) if g not in rows.group_index[:row]]
+            sequences = [rows.samples[row].prompt_ids + rows.samples[row].token_ids for row in first_of_group[:4]]
+            report = check_parity(self.actor.chunks, self.engine, sequences, self.arch.vocab_size,
+                                  self.cfg.trainer.seq_length, threshold=self.cfg.rollout.parity_threshold)
+            metrics["rollout/parity_max_abs_diff"] = report.max_abs_diff
+
+    def step_metrics(self, metrics: dict, started: float, snapshot_waited: float, tokens: float) -> None:
+        """Step time and throughput, and the stall of the checkpoint saved after the previous
+        step: the save call itself, and this step's updates waiting for its deferred host copy."""
+        metrics["timing/step_s"] = time.perf_counter() - started
+        metrics["timing/checkpoint_s"], self.last_save_s = self.last_save_s, 0.0
+        metrics["timing/checkpoint_wait_s"] = self.checkpointer.snapshot_wait_seconds() - snapshot_waited
+        metrics["throughput/tokens_per_s"] = tokens / metrics["timing/step_s"]
+
+    def agree_to_stop(self, metrics: dict) -> bool:
+        """Whether the monitor declared a machine faulty (stop_on_alert); and any stop signal
+        (Slurm preemption, scancel). Every rank, every step: all stop after the same step."""
+        faulty = False
+        if self.monitor is not None:
+            self.monitor.on_step(metrics["timing/step_s"])  # collective every detect_every_steps
+            metrics["monitor/declared_machines"] = len(self.monitor.declared)
+            faulty = _agree(self.cfg.monitor.stop_on_alert and self.monitor.stop_requested)
+        metrics["slurm/restart_count"] = self.slurm.restart_count
+        self.stop_signal = self.stop_signals.agree()
+        return faulty
+
+    def checkpoint(self, step: int, stopping: bool) -> None:
+        """Save when due, and before stopping early (async: only the save call blocks)."""
+        if not (stopping or self.run_checkpoint.due(step, self.cfg.trainer.max_steps)):
+            return
+        started = time.perf_counter()
+        extra = self.source.state_dict()
+        if self.entropy_stats is not None:
+            extra["hapo_entropy_stats"] = dataclasses.asdict(self.entropy_stats)
+        self.run_checkpoint.save(step, self.actor, self.critic, extra)
+        self.last_save_s = time.perf_counter() - started
+
+    def announce_stop(self, step: int, faulty: bool) -> None:
+        if self.rank != 0:
+            return
+        if faulty:
+            print(f"stopping after step {step}: the monitor declared {sorted(self.monitor.declared)} faulty "
+                  f"(listed in {self.monitor.exclude_file})", flush=True)
+        if self.stop_signal is not None:
+            print(f"stopped on {self.stop_signal.name} after step {step}; checkpoint saved in "
+                  f"{self.run_checkpoint.root}", flush=True)
+
+    # ---- helpers and the end of the run -------------------------------------------------
+
+    def _values(self, batch: TrainBatch) -> torch.Tensor:
+        """The critic's values on ``batch``, every row, on every rank."""
+        chunks, mbs = self.critic.chunks, self.cfg.trainer.micro_batch_size
+        with self.critic.active():
+            return gather_data_parallel(chunks, compute_values(chunks, local_batch(chunks, batch), mbs))
+
+    def _value_mse(self, batch: TrainBatch) -> float:
+        """Mean squared error of the critic's values against ``batch.returns`` over its loss tokens."""
+        mask = batch.loss_mask.float()
+        return float(((self._values(batch) - batch.returns) ** 2 * mask).sum() / mask.sum())
+
+    def _lr(self, step: int) -> float:
+        """Linear warm-up over trainer.lr_warmup_steps, then constant."""
+        warm = self.cfg.trainer.lr_warmup_steps
+        return self.cfg.trainer.lr * (min(1.0, step / warm) if warm else 1.0)
+
+    def close(self, step: int) -> dict:
+        """Wait for the saves in flight, write the run's status; the summary of this run."""
+        self.run_checkpoint.wait()  # an async save still writing must commit before we exit
+        if self.monitor is not None:
+            self.monitor.stop()
+        code = exit_codes.DONE if step >= self.cfg.trainer.max_steps else exit_codes.STOPPED
+        if self.rank == 0:
+            write_status(self.run_dir, code, step, None if self.stop_signal is None else self.stop_signal.name,
+                         self.slurm)
+        self.log.close()
+        self.verifier.close()
+        summary = {"run_dir": str(self.run_dir), "steps": len(self.history), "last_step": step, "exit_code": code}
+        # T-PPO steps in which no response finished have no reward (nan).
+        rewards = [r["reward/mean"] for r in self.history if math.isfinite(r["reward/mean"])]
+        if rewards:
+            first, last = rewards[:5], rewards[-5:]
+            summary.update(first_reward=sum(first) / len(first), last_reward=sum(last) / len(last))
+        return summary
+
+
+def _start_monitor(cfg: Config, run_dir: Path):
+    """Minder beside training: every machine samples, rank 0 detects (monitor.enabled)."""
+    if not cfg.monitor.enabled:
+        return None
+    import os
+
+    from megatron_rl.monitor.online import OnlineMonitor, torch_gather
+
+    return OnlineMonitor(cfg.monitor, run_dir, is_detector=dist.get_rank() == 0,
+                         sample_here=int(os.environ.get("LOCAL_RANK", "0")) == 0,
+                         gather=torch_gather()).start()
+
+
+def _agree(flag: bool) -> bool:
+    """Rank 0's decision, on every rank (only the detector rank knows)."""
+    value = torch.tensor([1 if flag else 0], device=platform.current().device)
+    dist.broadcast(value, src=0)
+    return bool(value.item())
+
+
+def train(cfg: Config) -> dict:
+    """Run ``trainer.max_steps`` RL steps; returns a summary (rank 0 writes the run dir).
+
+    SIGUSR1 / SIGTERM (Slurm preemption, scancel) stop the run after the current step with
+    a committed checkpoint; the summary's ``exit_code`` then says "requeue me" (launch.exit_codes).
+    The handlers go in first, so that a signal during start-up is not fatal either."""
+    with StopSignals() as stop:
+        return RLTrainer(cfg, stop).run()
