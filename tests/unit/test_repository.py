@@ -16,9 +16,6 @@ OUTSIDE = ".." + "/shared"  # spelled in two parts so this file does not match i
 MARKDOWN = [REPO / "README.md", REPO / "scripts" / "slurm" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 MD_NAME = re.compile(r"[\w./-]*\w\.md\b")
-# Docstrings of the trainer that is being rewritten on its own branch (wt-trainer) still cite
-# a design page by a name that is not in the repository; remove the entries when it merges.
-CITES_PENDING = {"megatron_rl/trainer/__init__.py", "megatron_rl/trainer/loop.py"}
 
 
 def _text_files():
@@ -75,8 +72,6 @@ def test_relative_links_resolve(markdown):
 def test_cited_markdown_files_exist():
     missing = []
     for file, text in _text_files():
-        if _rel(file) in CITES_PENDING:
-            continue
         for name in set(MD_NAME.findall(text)):
             candidates = [REPO / name, file.parent / name, REPO / "docs" / name]
             if not any(c.is_file() for c in candidates):
