@@ -51,6 +51,13 @@ from megatron_rl.algorithms.recipes import (
     OverlongPenalty,
     get_recipe,
 )
+from megatron_rl.algorithms.rollout_correction import (
+    CORRECTIONS,
+    CorrectionInputs,
+    CorrectionOutputs,
+    RolloutCorrection,
+    correct_rollout,
+)
 from megatron_rl.algorithms.shaping import dynamic_sampling_keep, overlong_penalty
 
 __all__ = [
@@ -85,6 +92,12 @@ __all__ = [
     "kl_penalty",
     "entropy_from_logits",
     "explained_variance",
+    # rollout correction
+    "CORRECTIONS",
+    "CorrectionInputs",
+    "CorrectionOutputs",
+    "RolloutCorrection",
+    "correct_rollout",
     # HAPO
     "EntropyStats",
     "entropy_stats",

@@ -138,13 +138,15 @@ def policy_loss(
     clip_c: float | None = None,
     agg: str = "token-mean",
     norm: Norm | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate (with Clip-Higher and optional dual clip), aggregated.
 
     logp, old_logp, advantages, response_mask: [B, T]; clip_low/clip_high: float or
     [B, T] per-token bounds (HAPO). ℓ = max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high));
     with clip_c and A < 0, ℓ = min(ℓ, −A·clip_c), which bounds the loss of a negative
-    advantage whose ratio has exploded. Returns (loss scalar, stats): detached local
+    advantage whose ratio has exploded. token_weights [B, T] (rollout correction, no
+    gradient) multiply ℓ before aggregation. Returns (loss scalar, stats): detached local
     metrics clipfrac, dual_clipfrac, approx_kl (mean old − new), ratio_mean, ratio_max.
     """
     if advantages.dim() != logp.dim():  # a [B] advantage would broadcast along T, silently
@@ -162,6 +164,8 @@ def policy_loss(
         bound = -advantages * clip_c
         dual_active = (advantages < 0) & (bound < loss_tokens)
         loss_tokens = torch.where(dual_active, bound, loss_tokens)
+    if token_weights is not None:
+        loss_tokens = loss_tokens * token_weights.detach().to(loss_tokens.dtype)
     loss = aggregate(loss_tokens, response_mask, agg, norm)
     with torch.no_grad():
         # masked tokens → 0; real ratios are > 0, so the max is a real token's

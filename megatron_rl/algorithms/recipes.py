@@ -22,6 +22,7 @@ from megatron_rl.algorithms.estimators import (
     AdvantageInputs,
 )
 from megatron_rl.algorithms.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
+from megatron_rl.algorithms.rollout_correction import RolloutCorrection
 
 __all__ = ["KLPenalty", "OverlongPenalty", "AlgorithmRecipe", "RECIPES", "get_recipe"]
 
@@ -134,6 +135,9 @@ class AlgorithmRecipe:
     """KL penalty against the reference policy; None = no reference model at all."""
     positive_nll_coef: float = 0.0
     """μ of VAPO's positive-example NLL term (0 = off)."""
+    rollout_correction: RolloutCorrection | None = None
+    """Weights of the per-token policy loss for the vLLM/Megatron mismatch (truncated or
+    masked importance sampling, token masks); None = off. See rollout_correction.py."""
     # --- rollouts and rewards ---
     dynamic_sampling: bool = False
     """DAPO: drop groups with zero reward spread and refill the batch."""
@@ -273,7 +277,7 @@ RECIPES: dict[str, AlgorithmRecipe] = {
 
 def _coerce(key: str, value: Any) -> Any:
     """YAML gives dicts for the nested settings; build the dataclass (keys validated)."""
-    nested = {"kl": KLPenalty, "overlong": OverlongPenalty}
+    nested = {"kl": KLPenalty, "overlong": OverlongPenalty, "rollout_correction": RolloutCorrection}
     if key in nested and isinstance(value, dict):
         allowed = {f.name for f in dataclasses.fields(nested[key])}
         unknown = sorted(set(value) - allowed)

@@ -26,7 +26,7 @@ Tensor = torch.Tensor
 __all__ = ["TrainBatch", "pack_sequences", "scatter_response", "gather_response"]
 
 _TOKEN_FIELDS = ("old_logprobs", "ref_logprobs", "advantages", "returns", "old_values",
-                 "temperature", "h_hat")
+                 "temperature", "h_hat", "is_weights")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ class TrainBatch:
     """[N, S] float > 0: temperature token t + 1 was sampled at; None = 1."""
     h_hat: Optional[Tensor] = None
     """[N, S] float in [−1, 1]: HAPO normalised entropy (clip bounds, redistribution)."""
+    is_weights: Optional[Tensor] = None
+    """[N, S] float ≥ 0: rollout-correction weight of each token's policy loss; None = 1."""
     is_positive: Optional[Tensor] = None
     """[N] bool: the response was correct (VAPO positive-example NLL)."""
 

@@ -78,6 +78,7 @@ class ActorLoss:
         fields = ["old_logprobs", "advantages"]
         fields += ["ref_logprobs"] if r.kl is not None else []
         fields += ["is_positive"] if r.positive_nll_coef > 0 else []
+        fields += ["is_weights"] if r.rollout_correction is not None else []
         fields += ["h_hat"] if (r.entropy_clip_alpha > 0 or r.redistribution_beta > 0) else []
         return tuple(fields)
 
@@ -124,7 +125,8 @@ class ActorLoss:
             advantages = redistribute_advantages(advantages, log_ratio.exp(), mb.h_hat,
                                                  clip_low, clip_high, r.redistribution_beta)
         pg_loss, stats = policy_loss(logp, mb.old_logprobs, advantages, mask, clip_low,
-                                     clip_high, r.clip_c, r.loss_agg, policy_norm)
+                                     clip_high, r.clip_c, r.loss_agg, policy_norm,
+                                     token_weights=mb.is_weights if r.rollout_correction else None)
         total = pg_loss
         tokens, local_tokens = norms["tokens"], mask.sum()
         sums = {"pg_loss": pg_loss.detach()}

@@ -58,6 +58,10 @@ class StepBatch:
     h_hat: Optional[Tensor] = None
     values: Optional[Tensor] = None
     old_logprobs: Optional[Tensor] = None
+    rollout_logprobs: Optional[Tensor] = None
+    """[N, S]: vLLM's logprobs of the tokens it sampled (the behaviour policy μ)."""
+    is_weights: Optional[Tensor] = None
+    """[N, S]: rollout-correction weights of the policy loss (None: off)."""
     ref_logprobs: Optional[Tensor] = None
     advantages: Optional[Tensor] = None
     returns: Optional[Tensor] = None
@@ -85,6 +89,7 @@ class StepBatch:
         return TrainBatch(tokens=self.tokens, loss_mask=self.loss_mask, advantages=self.advantages,
                           temperature=self.temperature, old_logprobs=self.old_logprobs,
                           ref_logprobs=self.ref_logprobs, h_hat=self.h_hat, returns=self.returns,
+                          is_weights=self.is_weights,
                           old_values=self.values, is_positive=torch.tensor([c > 0 for c in self.rows.correct]))
 
     def for_critic(self) -> TrainBatch:

@@ -26,8 +26,9 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl import checkpoint, platform
-from megatron_rl.algorithms import explained_variance
+from megatron_rl.algorithms import explained_variance, kl_penalty
 from megatron_rl.algorithms.hapo import EntropyStats
+from megatron_rl.algorithms.rollout_correction import CorrectionInputs, correct_rollout
 from megatron_rl.config import Config, ConfigError, dump_yaml, validate
 from megatron_rl.launch import exit_codes
 from megatron_rl.launch.signals import StopSignals
@@ -209,6 +210,7 @@ class RLTrainer:
             self.sampled_temperatures(batch, metrics)
             self.critic_values(batch)
             self.old_logprobs(batch, metrics)
+            self.rollout_correction(batch, metrics)
             self.reference_logprobs(batch)
             self.advantages(batch)
             trained_tokens = self.update(step, batch, metrics)
@@ -257,11 +259,28 @@ class RLTrainer:
         local, _ = compute_logprobs(chunks, local_batch(chunks, batch.plain()), self.cfg.trainer.micro_batch_size,
                                     self.arch.vocab_size)
         batch.old_logprobs = gather_data_parallel(chunks, local)
-        vllm = batch.scatter([s.logprobs for s in batch.rows.samples])
+        batch.rollout_logprobs = batch.scatter([s.logprobs for s in batch.rows.samples])
         fresh = batch.fresh_mask.float()  # tokens vLLM sampled with the current weights
         if fresh.sum() > 0:
-            metrics["rollout/logprob_abs_diff"] = float(((batch.old_logprobs - vllm).abs() * fresh).sum()
-                                                        / fresh.sum())
+            diff = (batch.old_logprobs - batch.rollout_logprobs).abs()
+            metrics["rollout/logprob_abs_diff"] = float((diff * fresh).sum() / fresh.sum())
+            # k3 estimate of KL(vLLM ‖ Megatron) from vLLM's samples.
+            k3 = kl_penalty(batch.rollout_logprobs, batch.old_logprobs, "k3")
+            metrics["rollout/mismatch_k3_kl"] = float((k3 * fresh).sum() / fresh.sum())
+
+    def rollout_correction(self, batch: StepBatch, metrics: dict) -> None:
+        """Per-token weights of the policy loss for the rest of the vLLM/Megatron mismatch
+        (algorithm.overrides.rollout_correction), and how many tokens/sequences they change."""
+        settings = self.recipe.rollout_correction
+        if settings is None:
+            return
+        out = correct_rollout(CorrectionInputs(batch.old_logprobs, batch.rollout_logprobs, batch.loss_mask),
+                              settings)
+        batch.is_weights = out.weights
+        loss_tokens = max(int(batch.loss_mask.sum()), 1)
+        metrics["rollout/correction_tokens_affected"] = out.tokens_affected / loss_tokens
+        metrics["rollout/correction_sequences_masked"] = out.sequences_masked
+        metrics["rollout/correction_weight_mean"] = float(out.weights[batch.loss_mask].mean())
 
     def reference_logprobs(self, batch: StepBatch) -> None:
         """log π_ref of every token (recipes with a KL penalty)."""

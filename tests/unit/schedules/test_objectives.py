@@ -17,6 +17,7 @@ RECIPES = {
     "seq-mean-token-sum": get_recipe("grpo", loss_agg="seq-mean-token-sum"),
     "seq-mean-token-sum-norm": get_recipe("grpo", loss_agg="seq-mean-token-sum-norm"),
     "hapo_kl_nll": get_recipe("hapo", kl={"kind": "k3", "coef": 0.04}, positive_nll_coef=0.1),
+    "dapo_seq_mis": get_recipe("dapo", rollout_correction={"kind": "seq_mis"}),
 }
 
 
@@ -36,6 +37,7 @@ def _batch(seed=0):
         old_values=torch.randn(N, S, generator=g),
         h_hat=2 * torch.rand(N, S, generator=g) - 1,
         is_positive=torch.rand(N, generator=g) > 0.5,
+        is_weights=torch.rand(N, S, generator=g) * 2,
     ), old + 0.3 * torch.randn(N, S, generator=g), torch.rand(N, S, generator=g) * 4
 
 
