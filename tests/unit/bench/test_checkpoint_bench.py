@@ -107,3 +107,20 @@ def test_short_run_at_world_2_reports_every_method_and_cleans_up(tmp_path):
     assert all(size > 0 for size in r["checkpoint_bytes"].values())
     assert "ours (async, deferred)" in proc.stdout and "torch DCP" in proc.stdout
     assert list(tmp_path.iterdir()) == [out]  # "new" was created by the bench, so it is gone
+
+
+def test_the_cuda_synchronize_no_op_holds_only_inside_its_block():
+    """The torch_dist baseline's save needs it on the CPU build (Megatron 0.16.1's filesystem
+    writer synchronizes unconditionally); nothing else in the process may see it."""
+    import torch
+
+    from megatron_rl.bench.checkpoint_timing import _cuda_synchronize_is_a_noop
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA build synchronizes for real")
+    original = torch.cuda.synchronize
+    with pytest.raises((AssertionError, RuntimeError)):
+        torch.cuda.synchronize()  # what the writer would hit without the block
+    with _cuda_synchronize_is_a_noop():
+        assert torch.cuda.synchronize() is None
+    assert torch.cuda.synchronize is original
