@@ -1,7 +1,7 @@
 """MFU of Megatron training steps: `megatron-rl bench mfu` as a script (torchrun-friendly).
 
-    python tools/bench_mfu.py --model cpu-dense
-    torchrun --nproc-per-node=2 tools/bench_mfu.py --model cpu-moe --sweep
+    python tools/bench_mfu.py --model cpu-dense-5m
+    torchrun --nproc-per-node=2 tools/bench_mfu.py --model cpu-moe-9m --sweep
     python tools/bench_mfu.py --model gpu-dense-1b --dtype bf16 --seq-length 4096 \
         --global-batch-size 16 --micro-batch-size 2
 

@@ -3,9 +3,9 @@
 Why: ``rollout.cpu_linear`` trades sync cost (plain weights: a sync is a copy) against decode
 speed (packed oneDNN weights are faster); this measures the decode side of that trade.
 
-    python tools/bench_rollout_speed.py --preset cpu-dense-big --cpu-linear packed,plain
+    python tools/bench_rollout_speed.py --preset cpu-dense-82m --cpu-linear packed,plain
 
-Writes the preset model under --work-dir once (same presets as bench weight-sync), then per
+Writes the preset model under --work-dir once (megatron_rl/bench/presets.py, as every bench), then per
 format builds one engine (each in a fresh process: vLLM's state is process-wide) and times
 ``generate`` of --prompts prompts x --n samples x --max-tokens tokens (median of --repeats).
 """
@@ -42,10 +42,11 @@ def measure(model_dir: str, cpu_linear: str, prompts: int, n: int, max_tokens: i
 
 
 def main(argv=None) -> int:
-    from megatron_rl.bench.weight_sync import PRESETS
+    from megatron_rl.bench.presets import PRESETS
+    from megatron_rl.bench.weight_sync import DEFAULT_PRESET
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu-dense")
+    p.add_argument("--preset", choices=list(PRESETS), default=DEFAULT_PRESET)
     p.add_argument("--cpu-linear", default="packed,plain", help="comma-separated: packed, plain")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--n", type=int, default=8)

@@ -1,7 +1,7 @@
 """Weight-sync benchmark (Megatron layouts -> colocated vLLM): `megatron-rl bench weight-sync` as a script.
 
-    torchrun --nproc-per-node=2 tools/bench_weight_sync.py --preset cpu-dense
-    torchrun --nproc-per-node=4 tools/bench_weight_sync.py --preset cpu-moe \
+    torchrun --nproc-per-node=2 tools/bench_weight_sync.py --preset cpu-dense-9m
+    torchrun --nproc-per-node=4 tools/bench_weight_sync.py --preset cpu-moe-14m \
         --layouts tp2,pp2,ep2,tp2_ep2_etp1 --bucket-mb 16,64,512 --json ws.json
 
 Per layout x bucket size: sync time (median), bytes each rank's engine receives, GB/s,
@@ -11,7 +11,7 @@ same bytes measured in the same run. `--help` lists the options.
 
 import sys
 
-from megatron_rl.bench.weight_sync import main
+from megatron_rl.bench.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["weight-sync", *sys.argv[1:]]))

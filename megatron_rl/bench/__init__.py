@@ -1,1 +1,2 @@
-"""Benchmarks: MFU of Megatron training steps (:mod:`.mfu`); command line in :mod:`.cli`."""
+"""Benchmarks: MFU (:mod:`.plan`, :mod:`.mfu`), weight sync (:mod:`.weight_sync`), checkpoints
+(:mod:`.checkpoint`); one model table (:mod:`.presets`); command line in :mod:`.cli`."""

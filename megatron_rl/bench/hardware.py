@@ -16,6 +16,9 @@ import time
 from typing import Optional
 
 import torch
+import torch.distributed as dist
+
+from megatron_rl import platform
 
 #: Dense (no sparsity) tensor-core peak TFLOP/s per GPU by dtype, from NVIDIA's data sheets.
 #: Ordered: the first key found in the device name wins (PCIe/NVL before the SXM default).
@@ -127,6 +130,14 @@ def peak_memory_bytes(cuda: bool) -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # since process start
+
+
+def max_over_ranks(values: list[float]) -> list[float]:
+    """Element-wise maximum over all ranks (collective): the slowest rank sets a step's pace."""
+    device = platform.current().device if platform.current().is_cuda else torch.device("cpu")
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
 
 
 def memory_kind(cuda: bool) -> str:

@@ -1,9 +1,9 @@
 """MFU benchmark: timed Megatron training steps of one model in one or many layouts.
 
-Each case builds the actor (or critic) through the project's builder, wraps it in Megatron
-DDP with the distributed optimizer, and runs warm-up then timed steps of
-``get_forward_backward_func`` + ``optimizer.step()`` on synthetic tokens (every token is
-real: full rows, no padding, no packing). Model FLOPs per step come from
+Each case builds the actor (or critic) in Megatron DDP with the distributed optimizer
+(:mod:`.training`) and runs warm-up then timed steps of ``get_forward_backward_func`` +
+``optimizer.step()`` on synthetic tokens (every token is real: full rows, no padding, no
+packing). Model FLOPs per step come from
 :mod:`megatron_rl.utils.flops`; MFU is achieved FLOP/s per device over the device's peak
 (:mod:`.hardware`). Rank 0 prints one line per case and writes all results as JSON.
 """
@@ -25,97 +25,12 @@ import torch.distributed as dist
 
 from megatron_rl import platform
 from megatron_rl.bench import hardware
-from megatron_rl.bench.plan import DTYPES, Case, MfuSettings
+from megatron_rl.bench.plan import Case, MfuSettings
+from megatron_rl.bench.training import build_trainable, synthetic_microbatches, train_step
+from megatron_rl.models.builder import BuildOptions
 from megatron_rl.models.hf_config import ModelArch
+from megatron_rl.utils import dtypes
 from megatron_rl.utils.flops import training_flops
-
-
-def _synthetic_microbatches(settings: MfuSettings, case: Case, world: int, vocab: int) -> list:
-    device = platform.current().device
-    g = torch.Generator().manual_seed(settings.seed)
-    per_rank = settings.global_batch_size // case.parallel.dp(world)
-    mbs, s = case.micro_batch_size, settings.seq_length
-    micro = []
-    for _ in range(per_rank // mbs):
-        seq = torch.randint(0, vocab, (mbs, s + 1), generator=g)
-        targets = torch.randn(mbs, s, generator=g)
-        micro.append(tuple(t.to(device) for t in (seq[:, :-1].contiguous(), seq[:, 1:].contiguous(), targets)))
-    return micro
-
-
-def _forward_step(role: str, data_iterator, model):
-    tokens, labels, targets = next(data_iterator)
-    positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
-    if role == "actor":
-        output = model(tokens, positions, None, labels=labels)  # per-token cross-entropy [b, s]
-        loss_of = lambda out: out.float().mean()
-    else:
-        output = model(tokens, positions, None)  # values [b, s, 1]
-        loss_of = lambda out: (out.float().squeeze(-1) - targets).pow(2).mean()
-
-    def loss_func(out):
-        loss = loss_of(out)
-        return loss, {"loss": loss.detach().clone()}  # the schedule divides `loss` in place
-
-    return output, loss_func
-
-
-def _build(arch: ModelArch, settings: MfuSettings, case: Case):
-    """Model chunks in Megatron DDP and the distributed optimizer, as in training."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.distributed import finalize_model_grads
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-    from megatron_rl.models.builder import BuildOptions, build_model
-
-    options = BuildOptions(
-        dtype=settings.dtype,
-        moe_token_dispatcher_type=settings.moe_token_dispatcher_type,
-        recompute_activations=settings.recompute_activations,
-    )
-    chunks = build_model(settings.role, arch, case.parallel, options)
-    config = chunks[0].config
-    with platform.megatron_scope():
-        ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=False)
-        chunks = [DistributedDataParallel(config, ddp, c) for c in chunks]
-        optimizer = get_megatron_optimizer(
-            OptimizerConfig(optimizer="adam", lr=1e-5, bf16=settings.dtype == "bf16",
-                            use_distributed_optimizer=True, clip_grad=1.0, weight_decay=0.0),
-            chunks,
-        )
-    config.finalize_model_grads_func = finalize_model_grads
-    return chunks, optimizer
-
-
-def _train_step(chunks, optimizer, micro, settings: MfuSettings, case: Case) -> Optional[float]:
-    """One optimizer step; the mean loss on the last pipeline stage (None elsewhere)."""
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
-    with platform.megatron_scope():
-        for chunk in chunks:
-            chunk.zero_grad_buffer()
-        optimizer.zero_grad()
-        losses = get_forward_backward_func()(
-            forward_step_func=partial(_forward_step, settings.role),
-            data_iterator=[iter(micro) for _ in chunks] if len(chunks) > 1 else iter(micro),
-            model=chunks if len(chunks) > 1 else chunks[0],
-            num_microbatches=len(micro),
-            seq_length=settings.seq_length,
-            micro_batch_size=case.micro_batch_size,
-            forward_only=False,
-        )
-        optimizer.step()
-    return sum(float(l["loss"]) for l in losses) / len(losses) if losses else None
-
-
-def _max_over_ranks(values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=_collective_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
-
-
-def _collective_device() -> torch.device:
-    return platform.current().device if platform.current().is_cuda else torch.device("cpu")
 
 
 def run_case(arch: ModelArch, settings: MfuSettings, case: Case, peak_tflops: float) -> dict:
@@ -127,10 +42,17 @@ def run_case(arch: ModelArch, settings: MfuSettings, case: Case, peak_tflops: fl
     cuda = platform.current().is_cuda
     initialize(case.parallel, seed=settings.seed, model=arch.shape())
     hardware.reset_peak_memory(cuda)
-    chunks, optimizer = _build(arch, settings, case)
-    micro = _synthetic_microbatches(settings, case, world, arch.vocab_size)
+    options = BuildOptions(
+        dtype=settings.dtype,
+        moe_token_dispatcher_type=settings.moe_token_dispatcher_type,
+        recompute_activations=settings.recompute_activations,
+    )
+    chunks, optimizer = build_trainable(settings.role, arch, case.parallel, options)
+    per_rank = settings.global_batch_size // case.parallel.dp(world)
+    micro = synthetic_microbatches(per_rank // case.micro_batch_size, case.micro_batch_size,
+                                   settings.seq_length, arch.vocab_size, settings.seed)
     num_microbatches = len(micro)
-    step = partial(_train_step, chunks, optimizer, micro, settings, case)
+    step = partial(train_step, chunks, optimizer, micro, settings.role)
     losses = [step() for _ in range(settings.warmup)]
     dist.barrier()
     timer = hardware.StepTimer(cuda)
@@ -138,8 +60,8 @@ def run_case(arch: ModelArch, settings: MfuSettings, case: Case, peak_tflops: fl
         timer.start()
         losses.append(step())
         timer.stop()
-    step_times = _max_over_ranks(timer.seconds())  # the slowest rank sets the pace
-    peak_memory = _max_over_ranks([float(hardware.peak_memory_bytes(cuda))])[0]
+    step_times = hardware.max_over_ranks(timer.seconds())  # the slowest rank sets the pace
+    peak_memory = hardware.max_over_ranks([float(hardware.peak_memory_bytes(cuda))])[0]
     everyone = [None] * world
     dist.all_gather_object(everyone, losses[-1])
     last_loss = next((l for l in everyone if l is not None), None)
@@ -189,7 +111,7 @@ def measure_peak(settings: MfuSettings) -> dict:
         value = hardware.gpu_peak_tflops(name, settings.dtype)
         if value is not None:
             return {"tflops": value, "source": f"table: {name}, dense {settings.dtype} tensor-core peak"}
-        value = hardware.measure_matmul_tflops(plat.device, getattr(torch, DTYPES[settings.dtype]), 8192, 2.0)
+        value = hardware.measure_matmul_tflops(plat.device, dtypes.to_torch(settings.dtype), 8192, 2.0)
         return {"tflops": value, "source": f"measured {settings.dtype} matmul on {name} (not in the table)"}
     dist.barrier()
     mine = hardware.measure_matmul_tflops(torch.device("cpu"), torch.float32, settings.peak_matmul_size, 2.0)

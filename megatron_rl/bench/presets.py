@@ -1,10 +1,16 @@
-"""Model sizes for the MFU benchmark, by name, or any HF config.json turned into a ModelArch.
+"""The benchmarks' model presets: one name, one model, for every bench.
 
-The CPU presets are sized so a training step takes about a second on two cores; the GPU
-presets are what a one-H100 session runs to check the MFU targets (dense >= 50%,
-MoE >= 40%). Parameter counts (untied embeddings and LM head included):
-  gpu-dense-1b   1.14 B  (Llama-style: hidden 2048, 16 layers, 16 heads, 8 KV groups, ffn 8192)
-  gpu-moe-2b     1.95 B total, 0.74 B active  (Qwen3-MoE-style: 8 experts top-2, ffn 2048)
+``bench mfu --model``, ``bench weight-sync --preset``, ``bench checkpoint --model`` and
+tools/bench_rollout_speed.py all read this table, so a number in docs/benchmarks.md names
+exactly one model whichever bench produced it. Each name says the family kind and the
+size, so a renamed or resized model cannot silently take an old name. All are qwen3 /
+qwen3_moe: the families :func:`megatron_rl.testing.hf_models.save_tiny_model` writes,
+so every bench (the weight sync and rollout benches write the model as an HF directory)
+takes every preset. Head sizes 32 / 64 / 128 suit vLLM's CPU attention; layers, heads,
+KV groups and experts divide by 2, so every preset runs in TP2, PP2 and (MoE) EP2.
+
+The table "Model presets" in docs/benchmarks.md gives each one's size and the numbers it
+produced; tests/unit/bench/test_presets.py checks that table against this one.
 """
 
 from __future__ import annotations
@@ -14,34 +20,36 @@ import types
 from pathlib import Path
 
 from megatron_rl.models.hf_config import ModelArch, arch_from_hf
-from megatron_rl.testing.tiny import TINY_DENSE, TINY_MOE
+from megatron_rl.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
 
 
-def _cpu(family: str, **moe) -> ModelArch:
+def _arch(family: str, hidden: int, layers: int, heads: int, groups: int, head_dim: int, ffn: int,
+          vocab: int, *, max_positions: int = 2048, rope_theta: float = 10000.0, **moe) -> ModelArch:
     return ModelArch(
-        family=family, vocab_size=4096, hidden_size=256, num_layers=4, num_attention_heads=8,
-        num_query_groups=4, head_dim=32, ffn_hidden_size=768, norm_epsilon=1e-6, rope_theta=10000.0,
-        max_position_embeddings=2048, tie_word_embeddings=False, qkv_bias=False, qk_layernorm=True,
-        **moe,
+        family=family, vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_attention_heads=heads,
+        num_query_groups=groups, head_dim=head_dim, ffn_hidden_size=ffn, norm_epsilon=1e-6,
+        rope_theta=rope_theta, max_position_embeddings=max_positions, tie_word_embeddings=False,
+        qkv_bias=False, qk_layernorm=True, **moe,
     )
 
 
-def _gpu(family: str, **moe) -> ModelArch:
-    return ModelArch(
-        family=family, vocab_size=32768, hidden_size=2048, num_layers=16, num_attention_heads=16,
-        num_query_groups=8, head_dim=128, ffn_hidden_size=8192, norm_epsilon=1e-5, rope_theta=500000.0,
-        max_position_embeddings=8192, tie_word_embeddings=False, qkv_bias=False,
-        qk_layernorm=family == "qwen3_moe", **moe,
-    )
+def _experts(ffn: int) -> dict:
+    return dict(num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=ffn)
 
+
+_GPU = dict(max_positions=8192, rope_theta=500000.0)  # room for the 4096-token MFU runs
 
 PRESETS: dict[str, ModelArch] = {
     "tiny-dense": TINY_DENSE,
-    "tiny-moe": TINY_MOE,
-    "cpu-dense": _cpu("qwen3"),
-    "cpu-moe": _cpu("qwen3_moe", num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=256),
-    "gpu-dense-1b": _gpu("llama"),
-    "gpu-moe-2b": _gpu("qwen3_moe", num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=2048),
+    "tiny-moe": TINY_QWEN3_MOE,
+    "cpu-dense-5m": _arch("qwen3", 256, 4, 8, 4, 32, 768, 4096),
+    "cpu-moe-9m": _arch("qwen3_moe", 256, 4, 8, 4, 32, 768, 4096, **_experts(256)),
+    "cpu-dense-9m": _arch("qwen3", 384, 4, 6, 2, 64, 1024, 4096),
+    "cpu-moe-14m": _arch("qwen3_moe", 384, 4, 6, 2, 64, 1024, 4096, **_experts(256)),
+    "cpu-dense-82m": _arch("qwen3", 1024, 4, 16, 4, 64, 3072, 16384),
+    "cpu-dense-85m": _arch("qwen3", 768, 4, 12, 6, 64, 3072, 32000),
+    "gpu-dense-1b": _arch("qwen3", 2048, 16, 16, 8, 128, 8192, 32768, **_GPU),
+    "gpu-moe-2b": _arch("qwen3_moe", 2048, 16, 16, 8, 128, 8192, 32768, **_GPU, **_experts(2048)),
 }
 
 
@@ -53,7 +61,7 @@ def resolve_model(name_or_path: str) -> ModelArch:
     config = path / "config.json" if path.is_dir() else path
     if not config.is_file():
         raise ValueError(
-            f"--model {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) "
+            f"model {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) "
             "nor an HF model directory / config.json"
         )
     return arch_from_hf(types.SimpleNamespace(**json.loads(config.read_text())))

@@ -13,7 +13,7 @@ VmHWM reset through /proc/self/clear_refs on CPU, ``max_memory_allocated`` on GP
 gather buffers the sync keeps between syncs on CPU (one bucket plus one receive buffer)
 are reported apart ("kept MB"), as they are already there before the timed syncs.
 
-    torchrun --nproc-per-node=2 tools/bench_weight_sync.py --preset cpu-dense
+    torchrun --nproc-per-node=2 tools/bench_weight_sync.py --preset cpu-dense-9m
 """
 
 from __future__ import annotations
@@ -28,14 +28,15 @@ import os
 import platform as host
 import re
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from megatron_rl.bench.args import BenchArgumentError, positive, positive_list, run_checked, world_size
+from megatron_rl.bench.presets import PRESETS, resolve_model
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import LayoutError, ParallelConfig
-from megatron_rl.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
+from megatron_rl.utils import dtypes
 
 DESCRIPTION = (
     "Time the Megatron -> vLLM weight sync per layout and bucket size (run under torchrun): "
@@ -44,8 +45,8 @@ DESCRIPTION = (
 )
 EPILOG = """\
 examples:
-  torchrun --nproc-per-node=2 tools/bench_weight_sync.py --preset cpu-dense
-  torchrun --nproc-per-node=4 tools/bench_weight_sync.py --preset cpu-moe --vllm-tp 2 \\
+  torchrun --nproc-per-node=2 tools/bench_weight_sync.py --preset cpu-dense-9m
+  torchrun --nproc-per-node=4 tools/bench_weight_sync.py --preset cpu-moe-14m --vllm-tp 2 \\
       --layouts tp2,pp2,ep2,tp2_ep2_etp1 --bucket-mb 16,64,512 --json ws.json
   torchrun --nproc-per-node=2 tools/bench_weight_sync.py --hf /path/to/hf_model --dtype bf16
 
@@ -53,31 +54,6 @@ Layouts are '_'-joined sizes: tp2, pp2, ep2, tp2_pp2, tp2_ep2_etp1, tp1 (DP only
 that do not fit the world size or the model are skipped (listed in the output).
 """
 
-
-def _arch(family: str, hidden: int, layers: int, heads: int, groups: int, head_dim: int, ffn: int,
-          vocab: int, **moe) -> ModelArch:
-    return ModelArch(
-        family=family, vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_attention_heads=heads,
-        num_query_groups=groups, head_dim=head_dim, ffn_hidden_size=ffn, norm_epsilon=1e-6,
-        rope_theta=10000.0, max_position_embeddings=2048, tie_word_embeddings=False, qkv_bias=False,
-        qk_layernorm=True, **moe,
-    )
-
-
-#: Sizes in fp32. qwen3 / qwen3_moe only: the families
-#: :func:`megatron_rl.testing.hf_models.save_tiny_model` can write. Head size 64 suits
-#: vLLM's CPU attention; layers, heads and groups divide by 2 and 4 for TP/PP/EP.
-PRESETS: dict[str, ModelArch] = {
-    "tiny-dense": TINY_DENSE,  # 0.21 M params, 0.8 MiB
-    "tiny-moe": TINY_QWEN3_MOE,  # 0.21 M params, 0.8 MiB
-    "cpu-dense": _arch("qwen3", 384, 4, 6, 2, 64, 1024, 4096),  # 9.4 M params, 36 MiB
-    "cpu-moe": _arch("qwen3_moe", 384, 4, 6, 2, 64, 1024, 4096,  # 14.2 M params, 54 MiB
-                     num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=256),
-    "cpu-dense-big": _arch("qwen3", 1024, 4, 16, 4, 64, 3072, 16384),  # 81.8 M params, 312 MiB
-    "gpu-dense-1b": _arch("qwen3", 2048, 16, 16, 8, 128, 8192, 32768),  # 1.1 B params
-    "gpu-moe-2b": _arch("qwen3_moe", 2048, 16, 16, 8, 128, 8192, 32768,  # 2.0 B params
-                        num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=2048),
-}
 
 _LAYOUT_PART = re.compile(r"^(tp|pp|vpp|cp|ep|etp)(\d+)$")
 _LAYOUT_FIELDS = {
@@ -88,12 +64,8 @@ _LAYOUT_FIELDS = {
     "ep": "expert_model_parallel_size",
     "etp": "expert_tensor_parallel_size",
 }
-DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 _MB = 1 << 20
-
-
-class BenchArgumentError(ValueError):
-    """Arguments that cannot run; reported before torch or any process group is touched."""
+DEFAULT_PRESET = "cpu-dense-9m"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,40 +116,24 @@ def parse_layout(text: str) -> ParallelConfig:
         raise ValueError(f"layout {text!r}: {err}") from None
 
 
-def _positive_floats(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x]
-    except ValueError:
-        values = []
-    if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be comma-separated positive numbers, e.g. 16,64,512")
-    return values
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
-    return value
-
-
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     model = p.add_mutually_exclusive_group()
-    model.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                       help="model size to generate (default cpu-dense); written once under --work-dir")
+    model.add_argument("--preset", choices=list(PRESETS), default=None, metavar="PRESET",
+                       help=f"model to generate (default {DEFAULT_PRESET}; one of {', '.join(PRESETS)}); "
+                       "written once under --work-dir")
     model.add_argument("--hf", type=Path, default=None, help="an existing HF model directory instead")
     p.add_argument("--layouts", default="tp2,pp2,ep2,tp2_ep2_etp1",
                    help="comma-separated Megatron layouts, e.g. tp2,pp2,ep2,tp2_ep2_etp1 (default)")
-    p.add_argument("--bucket-mb", type=_positive_floats, default=[16.0, 64.0, 512.0], metavar="16,64,512",
-                   help="sync bucket sizes in MiB")
-    p.add_argument("--vllm-tp", type=_positive, default=1, help="vLLM tensor_parallel_size (divides the world)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="Megatron and vLLM weights")
-    p.add_argument("--iterations", type=_positive, default=3, help="timed syncs per layout x bucket")
+    p.add_argument("--bucket-mb", type=positive_list(float, "16,64,512"), default=[16.0, 64.0, 512.0],
+                   metavar="16,64,512", help="sync bucket sizes in MiB")
+    p.add_argument("--vllm-tp", type=positive, default=1, help="vLLM tensor_parallel_size (divides the world)")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="Megatron and vLLM weights")
+    p.add_argument("--iterations", type=positive, default=3, help="timed syncs per layout x bucket")
     p.add_argument("--warmup", type=int, default=1, help="untimed syncs first")
-    p.add_argument("--copy-repeats", type=_positive, default=5, help="timed plain copies (median)")
+    p.add_argument("--copy-repeats", type=positive, default=5, help="timed plain copies (median)")
     p.add_argument("--cpu-linear", choices=("packed", "plain"), default="packed",
                    help="CPU: vLLM's linear weights packed for oneDNN (vLLM's default) or plain (torch's linear)")
-    p.add_argument("--kv-cache-gib", type=_positive, default=1,
+    p.add_argument("--kv-cache-gib", type=positive, default=1,
                    help="vLLM KV cache per rank on CPU (whole GiB: vLLM reads VLLM_CPU_KVCACHE_SPACE as an int)")
     p.add_argument("--work-dir", type=Path, default=Path("runs/bench/weight_sync"),
                    help="generated models and compile caches")
@@ -198,15 +154,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def _resolve_model(args) -> tuple[ModelArch, str, Optional[Path]]:
     if args.hf is not None:
-        from megatron_rl.bench.presets import resolve_model
-
         if not (args.hf / "config.json").is_file():
             raise BenchArgumentError(f"--hf {args.hf}: no config.json there (an HF model directory is needed)")
         try:
             return resolve_model(str(args.hf)), args.hf.name or "model", args.hf
         except ValueError as err:
             raise BenchArgumentError(f"--hf {args.hf}: {err}") from None
-    name = args.preset or "cpu-dense"
+    name = args.preset or DEFAULT_PRESET
     return PRESETS[name], name, None
 
 
@@ -238,7 +192,7 @@ def make_plan(args: argparse.Namespace, world: int) -> Plan:
     return Plan(
         arch=arch, model_label=label, hf_dir=hf_dir, work_dir=args.work_dir, layouts=tuple(layouts),
         skipped=tuple(skipped), bucket_bytes=tuple(int(mb * _MB) for mb in args.bucket_mb),
-        dtype=DTYPES[args.dtype], vllm_tp=args.vllm_tp, iterations=args.iterations, warmup=args.warmup,
+        dtype=dtypes.long_name(args.dtype), vllm_tp=args.vllm_tp, iterations=args.iterations, warmup=args.warmup,
         copy_repeats=args.copy_repeats, kv_cache_gib=args.kv_cache_gib, cpu_linear=args.cpu_linear,
         json_path=json_path,
     )
@@ -289,18 +243,6 @@ def _measure(fn: Callable[[], object]) -> tuple[float, float, int]:
     return seconds, cpu_seconds, max(hardware.peak_memory_bytes(cuda) - before, 0)
 
 
-def _max_over_ranks(values: list[float]) -> list[float]:
-    import torch
-    import torch.distributed as dist
-
-    from megatron_rl import platform
-
-    device = platform.current().device if _cuda() else "cpu"
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
-
-
 @dataclasses.dataclass
 class Timing:
     """Repeated collective runs of one phase: per run the slowest rank."""
@@ -322,10 +264,12 @@ class Timing:
 def _repeat(fn: Callable[[], object], times: int) -> Timing:
     import torch.distributed as dist
 
+    from megatron_rl.bench import hardware
+
     timing = Timing([], [], 0)
     for _ in range(times):
         dist.barrier()
-        wall, cpu, peak = _max_over_ranks(list(map(float, _measure(fn))))
+        wall, cpu, peak = hardware.max_over_ranks(list(map(float, _measure(fn))))
         timing.wall_s.append(wall)
         timing.cpu_s.append(cpu)
         timing.peak_bytes = max(timing.peak_bytes, int(peak))
@@ -359,13 +303,15 @@ def _plain_copy(sources: list, repeats: int) -> dict:
     """Copy time of the same bytes: rank 0 alone (others wait), then every rank at once."""
     import torch.distributed as dist
 
+    from megatron_rl.bench import hardware
+
     alone = ([0.0] * repeats, [0.0] * repeats)
     dist.barrier()
     if dist.get_rank() == 0:
         alone = _copy_seconds(sources, repeats)
-    alone_wall, alone_cpu = _max_over_ranks(alone[0]), _max_over_ranks(alone[1])
+    alone_wall, alone_cpu = hardware.max_over_ranks(alone[0]), hardware.max_over_ranks(alone[1])
     dist.barrier()
-    together = _max_over_ranks(_copy_seconds(sources, repeats)[0])
+    together = hardware.max_over_ranks(_copy_seconds(sources, repeats)[0])
     return {
         "copy_s": statistics.median(alone_wall),
         "copy_cpu_s": statistics.median(alone_cpu),
@@ -398,8 +344,7 @@ def _build_layout(plan: Plan, layout: ParallelConfig, hf_dir: Path):
     from megatron_rl.parallel import initialize
 
     initialize(layout, seed=1, model=plan.arch.shape())
-    dtype = {"float32": "fp32", "bfloat16": "bf16"}[plan.dtype]
-    chunks = build_model("actor", plan.arch, layout, BuildOptions(dtype=dtype))
+    chunks = build_model("actor", plan.arch, layout, BuildOptions(dtype=dtypes.short_name(plan.dtype)))
     load_hf(chunks, hf_dir, plan.arch)
     return chunks
 
@@ -412,7 +357,7 @@ def bench_bucket(chunks, arch: ModelArch, engine, plan: Plan, bucket_bytes: int)
     from megatron_rl.bridge.export import plan_buffers
     from megatron_rl.rollout.sync import buckets, sync_weights
 
-    dtype = getattr(torch, plan.dtype)
+    dtype = dtypes.to_torch(plan.dtype)
     stats = []
     for _ in range(plan.warmup):
         sync_weights(chunks, arch, engine, bucket_bytes)
@@ -466,12 +411,13 @@ def bench_layout(plan: Plan, name: str, layout: ParallelConfig, hf_dir: Path, en
     import torch
     import torch.distributed as dist
 
+    from megatron_rl.bench import hardware
     from megatron_rl.parallel import destroy
 
     world = dist.get_world_size()
     chunks = _build_layout(plan, layout, hf_dir)
     try:
-        received = _max_over_ranks([float(gather_received_bytes(chunks, plan.arch))])[0]
+        received = hardware.max_over_ranks([float(gather_received_bytes(chunks, plan.arch))])[0]
         rows = []
         for bucket_bytes in plan.bucket_bytes:
             row = bench_bucket(chunks, plan.arch, engine, plan, bucket_bytes)
@@ -606,29 +552,9 @@ def run(plan: Plan) -> dict:
     return result
 
 
-def _world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
-
-
 def run_args(args: argparse.Namespace) -> int:
-    """Run from parsed arguments (``megatron-rl bench weight-sync``); the exit code."""
-    try:
-        plan = make_plan(args, _world_size())
-    except BenchArgumentError as err:
-        print(f"megatron-rl bench weight-sync: error: {err}", file=sys.stderr)
-        return 2
-    run(plan)
-    # The process group stays: vLLM's exit hook destroys its groups on it, then the rest.
-    return 0
+    """``megatron-rl bench weight-sync``: the exit code.
 
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = add_arguments(argparse.ArgumentParser(
-        prog="bench_weight_sync", description=DESCRIPTION, epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    ))
-    return run_args(parser.parse_args(list(sys.argv[1:] if argv is None else argv)))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    The process group stays after the run: vLLM's exit hook destroys its groups on it, then the rest.
+    """
+    return run_checked("weight-sync", lambda: make_plan(args, world_size()), run)

@@ -17,8 +17,9 @@ from functools import partial
 from pathlib import Path
 from typing import Optional, Sequence
 
+from megatron_rl.utils import dtypes
+
 BAD_INPUT = 2
-_DTYPES = ("fp32", "bf16", "fp16")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     to_hf.add_argument("--ckpt", required=True, type=Path, help="checkpoint root (written by hf-to-megatron or training)")
     to_hf.add_argument("--out", required=True, type=Path, help="new HF directory to write")
     to_hf.add_argument("--step", type=int, default=None, help="step to export (default: newest committed)")
-    to_hf.add_argument("--dtype", choices=_DTYPES, default=None, help="dtype to write (default: the HF config's)")
+    to_hf.add_argument("--dtype", choices=dtypes.SHORT_NAMES, default=None, help="dtype to write (default: the HF config's)")
     to_hf.add_argument(
         "--expert-style", choices=("per_expert", "fused"), default=None,
         help="MoE expert names (default: those of the HF checkpoint the model came from)",
@@ -84,11 +85,9 @@ def _hf_to_megatron(args) -> int:
 
 
 def _megatron_to_hf(args) -> int:
-    import torch
-
     from megatron_rl.bridge.convert import megatron_to_hf
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(args.dtype)
+    dtype = dtypes.to_torch(args.dtype) if args.dtype else None
     out = megatron_to_hf(args.ckpt, args.out, step=args.step, dtype=dtype, style=args.expert_style,
                          progress=_progress("megatron -> hf"))
     print(f"wrote {out}")

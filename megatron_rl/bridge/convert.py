@@ -26,9 +26,9 @@ from megatron_rl.bridge.load import load_hf, tensor_map
 from megatron_rl.bridge.mapping import BridgeError
 from megatron_rl.models.hf_config import ModelArch, arch_from_hf
 from megatron_rl.parallel import ParallelConfig
+from megatron_rl.utils import dtypes
 
 Progress = Optional[Callable[[Iterable], Iterable]]
-_BUILD_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def hf_config_dict(hf_dir: str | os.PathLike) -> dict:
@@ -68,7 +68,7 @@ def hf_to_megatron(
         build, divisible_by = target, 1
     build.validate(world, arch.shape())
     dtype = config_dtype(hf_config) or torch.float32
-    options = BuildOptions(dtype=_BUILD_DTYPES[dtype], vocab_size_divisible_by=divisible_by)
+    options = BuildOptions(dtype=dtypes.short_name(dtype), vocab_size_divisible_by=divisible_by)
     initialize(build, model=arch.shape())
     chunks = build_model("actor", arch, build, options)
     style = load_hf(chunks, hf_dir, arch, progress=progress)

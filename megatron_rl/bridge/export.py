@@ -30,9 +30,9 @@ from megatron_rl.bridge.hf_files import write_checkpoint
 from megatron_rl.bridge.mapping import BridgeError, TensorMap, expand
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.shards import local_shards
+from megatron_rl.utils import dtypes
 
 DEFAULT_MAX_FILE_BYTES = 2 * 1024**3
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # (megatron name, offsets, local shape) of one piece an owner sends
 _Part = tuple[str, tuple[int, ...], tuple[int, ...]]
@@ -538,14 +538,14 @@ def config_dtype(hf_config: Optional[dict]) -> Optional[torch.dtype]:
     """The dtype an HF config names (``dtype`` or the older ``torch_dtype``), if any."""
     for key in ("dtype", "torch_dtype"):
         value = (hf_config or {}).get(key)
-        if value in _DTYPES:
-            return _DTYPES[value]
+        if value in dtypes.LONG_NAMES:
+            return dtypes.to_torch(value)
     return None
 
 
 def config_with_dtype(hf_config: dict, dtype: torch.dtype) -> dict:
     """``hf_config`` saying the dtype the tensors are written in."""
-    config = dict(hf_config, dtype=str(dtype).replace("torch.", ""))
+    config = dict(hf_config, dtype=dtypes.long_name(dtype))
     config.pop("torch_dtype", None)
     return config
 

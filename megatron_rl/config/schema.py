@@ -12,6 +12,7 @@ from typing import Optional
 
 from megatron_rl.monitor.config import OnlineConfig
 from megatron_rl.parallel.config import ParallelConfig
+from megatron_rl.utils import dtypes
 
 
 class ConfigError(ValueError):
@@ -48,7 +49,7 @@ class ModelConfig:
             raise ConfigError("model needs hf_path or preset; neither is set")
         if self.hf_path is None:
             _choice("model", "preset", self.preset, TINY_PRESETS)
-        _choice("model", "dtype", self.dtype, ("fp32", "bf16", "fp16"))
+        _choice("model", "dtype", self.dtype, dtypes.SHORT_NAMES)
         _choice("model", "moe_token_dispatcher_type", self.moe_token_dispatcher_type, ("alltoall", "allgather"))
         if self.moe_aux_loss_coeff < 0:
             raise ConfigError(f"model.moe_aux_loss_coeff={self.moe_aux_loss_coeff} must be >= 0")

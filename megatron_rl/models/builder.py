@@ -17,9 +17,9 @@ from megatron_rl import platform
 from megatron_rl.models.hf_config import MOE_FIELDS, ModelArch
 from megatron_rl.models.layer_spec import block_spec
 from megatron_rl.parallel.config import ParallelConfig
+from megatron_rl.utils import dtypes
 
 Role = Literal["actor", "critic"]
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -49,7 +49,7 @@ def transformer_config(arch: ModelArch, parallel: ParallelConfig, options: Build
     """The Megatron ``TransformerConfig`` for this architecture and layout."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    dtype = DTYPES[options.dtype]
+    dtype = dtypes.to_torch(options.dtype)
     moe = {}
     if arch.is_moe:
         moe = dict(

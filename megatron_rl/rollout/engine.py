@@ -23,6 +23,7 @@ import torch
 
 from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.rollout import vllm_env
+from megatron_rl.utils import dtypes
 
 Prompt = Union[str, Sequence[int]]
 
@@ -63,8 +64,8 @@ class EngineConfig:
             )
         if not (float(self.cpu_kv_cache_gib).is_integer() and self.cpu_kv_cache_gib >= 1):
             raise ValueError(f"rollout cpu_kv_cache_gib={self.cpu_kv_cache_gib}: vLLM's CPU backend takes whole GiB (>= 1)")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"rollout dtype={self.dtype!r}; allowed: float32, bfloat16, float16")
+        if self.dtype not in dtypes.LONG_NAMES:
+            raise ValueError(f"rollout dtype={self.dtype!r}; allowed: {', '.join(dtypes.LONG_NAMES)}")
         if self.cpu_linear not in vllm_env.CPU_LINEAR_FORMATS:
             raise ValueError(f"rollout cpu_linear={self.cpu_linear!r}; allowed: {', '.join(vllm_env.CPU_LINEAR_FORMATS)}")
 

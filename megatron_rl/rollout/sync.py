@@ -26,9 +26,9 @@ import torch.distributed as dist
 
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.rollout.engine import RolloutEngine
+from megatron_rl.utils import dtypes
 
 _LAYER = re.compile(r"^(model\.layers\.\d+)\.")
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ParityError(RuntimeError):
@@ -95,7 +95,7 @@ def sync_weights(
     """
     from megatron_rl.bridge import iter_hf_buckets
 
-    dtype = _TORCH_DTYPES[engine.config.dtype]
+    dtype = dtypes.to_torch(engine.config.dtype)
     if keep_buffers is None:
         keep_buffers = not torch.cuda.is_available()
     start = time.perf_counter()

@@ -42,6 +42,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_script(script: Path, world_size: int, args: Sequence[str] = (), timeout_s: float = 600,
+               env: Optional[dict] = None) -> subprocess.CompletedProcess:
+    """``script`` under torchrun at ``world_size`` on a free port, one thread per rank (the
+    ranks share the host's cores); the finished process with its output captured."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nproc-per-node={world_size}", f"--master-port={_free_port()}",
+        str(script), *args,
+    ]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
 def launch(
     script: Path,
     world_size: int,
@@ -52,16 +65,11 @@ def launch(
     """Run ``script`` with torchrun at ``world_size``; return rank 0's case results."""
     with tempfile.TemporaryDirectory(prefix="mrl-torchrun-") as tmp:
         result_path = Path(tmp) / "result.json"
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **{RESULT_ENV: str(result_path)})
+        env = {RESULT_ENV: str(result_path)}
         if cases is not None:
             env[CASES_ENV] = ",".join(cases)
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run",
-            f"--nproc-per-node={world_size}", f"--master-port={_free_port()}",
-            str(script), *args,
-        ]
         start = time.time()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        proc = run_script(script, world_size, args, timeout_s, env)
         if not result_path.exists():
             tail = (proc.stdout + proc.stderr)[-6000:]
             raise LaunchError(f"torchrun exited {proc.returncode} with no result after {time.time() - start:.0f} s:\n{tail}")

@@ -7,15 +7,13 @@ the benchmark), and every time, rate and memory figure must be present and posit
 
 import argparse
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from megatron_rl.bench import weight_sync
+from megatron_rl.bench.args import BenchArgumentError
+from megatron_rl.testing.torchrun import run_script
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -25,15 +23,15 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_layouts_that_do_not_fit_are_skipped_and_bad_names_rejected():
-    plan = weight_sync.make_plan(_args("--preset", "cpu-moe", "--layouts", "tp2,pp4,tp2_ep2_etp1"), world=2)
+    plan = weight_sync.make_plan(_args("--preset", "cpu-moe-14m", "--layouts", "tp2,pp4,tp2_ep2_etp1"), world=2)
     assert [name for name, _ in plan.layouts] == ["tp2", "tp2_ep2_etp1"]
     assert plan.layouts[1][1].etp == 1 and plan.layouts[1][1].ep == 2
     assert len(plan.skipped) == 1 and plan.skipped[0].startswith("pp4:")
-    with pytest.raises(weight_sync.BenchArgumentError, match="'xp2' is not <kind><size>"):
+    with pytest.raises(BenchArgumentError, match="'xp2' is not <kind><size>"):
         weight_sync.make_plan(_args("--layouts", "tp2_xp2"), world=2)
-    with pytest.raises(weight_sync.BenchArgumentError, match="none of --layouts ep2 fits"):
-        weight_sync.make_plan(_args("--preset", "cpu-dense", "--layouts", "ep2"), world=2)
-    with pytest.raises(weight_sync.BenchArgumentError, match="--vllm-tp 4 must divide the world size 2"):
+    with pytest.raises(BenchArgumentError, match="none of --layouts ep2 fits"):
+        weight_sync.make_plan(_args("--preset", "cpu-dense-9m", "--layouts", "ep2"), world=2)
+    with pytest.raises(BenchArgumentError, match="--vllm-tp 4 must divide the world size 2"):
         weight_sync.make_plan(_args("--vllm-tp", "4", "--layouts", "tp2"), world=2)
 
 
@@ -52,12 +50,6 @@ def _checkpoint_bytes(hf_dir: Path) -> int:
     return total
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_benchmark_reports_the_model_bytes_and_positive_figures(tmp_path):
@@ -66,14 +58,10 @@ def test_benchmark_reports_the_model_bytes_and_positive_figures(tmp_path):
 
     hf_dir = save_tiny_model(TINY_DENSE, tmp_path / "hf")
     out = tmp_path / "result.json"
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={_free_port()}",
-        str(ROOT / "tools" / "bench_weight_sync.py"), "--hf", str(hf_dir), "--layouts", "tp2",
-        "--bucket-mb", "1", "--iterations", "1", "--warmup", "0", "--copy-repeats", "1",
-        "--work-dir", str(tmp_path / "work"), "--json", str(out),
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_script(ROOT / "tools" / "bench_weight_sync.py", 2, [
+        "--hf", str(hf_dir), "--layouts", "tp2", "--bucket-mb", "1", "--iterations", "1", "--warmup", "0",
+        "--copy-repeats", "1", "--work-dir", str(tmp_path / "work"), "--json", str(out),
+    ])
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     result = json.loads(out.read_text())
     assert result["world_size"] == 2 and result["model"]["family"] == "qwen3"

@@ -1,0 +1,60 @@
+"""What every bench's command line shares: argument types, the world size, the exit codes.
+
+Each bench module (:mod:`.plan` for mfu, :mod:`.weight_sync`, :mod:`.checkpoint`) exposes
+``add_parser(sub)`` and ``run_args(args) -> exit code``; :mod:`.cli` registers them. Bad
+arguments are reported in one line with exit code 2 before torch or any process group is
+touched, so a wrong flag under torchrun fails in well under a second on every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, TypeVar
+
+BAD_ARGUMENTS = 2
+
+Plan = TypeVar("Plan")
+
+
+class BenchArgumentError(ValueError):
+    """Arguments that cannot run; reported before torch or any process group is touched."""
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
+    return value
+
+
+def positive_list(convert: Callable[[str], float], example: str) -> Callable[[str], list]:
+    """An argparse type for comma-separated positive numbers, e.g. ``1,2,4``."""
+
+    def parse(text: str) -> list:
+        try:
+            values = [convert(x) for x in text.split(",") if x]
+        except ValueError:
+            values = []
+        if not values or min(values) <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be comma-separated positive numbers, e.g. {example}")
+        return values
+
+    return parse
+
+
+def world_size() -> int:
+    """The launch's world size from the launcher's environment (no process group needed)."""
+    return int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
+
+
+def run_checked(bench: str, make_plan: Callable[[], Plan], run: Callable[[Plan], object]) -> int:
+    """Plan, then run: exit code 2 with one line on stderr if the plan cannot run, else 0."""
+    try:
+        plan = make_plan()
+    except BenchArgumentError as err:
+        print(f"megatron-rl bench {bench}: error: {err}", file=sys.stderr)
+        return BAD_ARGUMENTS
+    run(plan)
+    return 0
