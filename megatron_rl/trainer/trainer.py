@@ -49,6 +49,7 @@ from megatron_rl.trainer.rollouts import TrainRows
 from megatron_rl.trainer.sources import GroupSource, RolloutSource, WindowSource
 from megatron_rl.trainer.state import RunCheckpoint
 from megatron_rl.trainer.windows import WindowPool
+from megatron_rl.utils import dtypes
 
 ACTOR_METRICS = ("actor/pg_loss", "actor/clipfrac", "actor/entropy", "actor/grad_norm", "actor/kl_loss")
 
@@ -141,7 +142,7 @@ class RLTrainer:
         self.verifier = build_verifier(setup.verifier_name(cfg))
         self.engine = RolloutEngine(self.base_dir, EngineConfig(
             tensor_parallel_size=cfg.rollout.tensor_parallel_size,
-            dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[cfg.model.dtype],
+            dtype=dtypes.long_name(cfg.model.dtype),
             max_model_len=min(self.arch.max_position_embeddings, cfg.trainer.seq_length),
             seed=cfg.trainer.seed, cpu_kv_cache_gib=cfg.rollout.kv_cache_gib,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
