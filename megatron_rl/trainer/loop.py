@@ -42,6 +42,7 @@ from megatron_rl.trainer.hapo import hapo_token_fields
 from megatron_rl.trainer.metrics import MetricsLog
 from megatron_rl.trainer.reference import ReferencePolicy
 from megatron_rl.trainer.rollouts import TrainRows, collect_rollouts, windowed_rollouts
+from megatron_rl.trainer.rows import train_row_multiple, usable_groups
 from megatron_rl.trainer.windows import WindowPool
 
 
@@ -117,13 +118,6 @@ def _window_record(step: int, rollout, pool: WindowPool, rows) -> dict:
     }
 
 
-def _rows_usable(num_groups: int, group_size: int, multiple: int) -> int:
-    """Most groups whose rows split evenly over DP x micro-batches x mini-batches."""
-    while num_groups and (num_groups * group_size) % multiple:
-        num_groups -= 1
-    return num_groups
-
-
 def train(cfg: Config) -> dict:
     """Run ``trainer.max_steps`` RL steps; returns a summary (rank 0 writes the run dir).
 
@@ -150,16 +144,9 @@ def _train(cfg: Config, stop) -> dict:
 
     platform.init_distributed()
     world, rank = dist.get_world_size(), dist.get_rank()
-    validate(cfg, world)
+    validate(cfg, world)  # everything: layouts against the model built below, recipe, batch sizes, data
     recipe = cfg.algorithm.build()
     windowed = recipe.generation_window is not None
-    if windowed and recipe.token_aware:
-        raise ConfigError("algorithm: generation_window (tppo) cannot be combined with the HAPO pieces "
-                          "(temperature_tau, entropy_clip_alpha, redistribution_beta): a response's windows "
-                          "would be sampled under different entropy statistics")
-    if windowed and recipe.dynamic_sampling:
-        raise ConfigError("algorithm: generation_window (tppo) cannot be combined with dynamic_sampling: "
-                          "responses finish at different steps, so there are no whole groups to filter")
     run_dir = Path(cfg.trainer.run_dir)
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -169,10 +156,6 @@ def _train(cfg: Config, stop) -> dict:
     # The actor's weights come from an HF directory (for task data: the task's tiny base).
     base_dir = setup.base_model_dir(cfg, rank)
     arch = arch_from_hf(base_dir)
-    try:
-        cfg.parallel.validate(world, arch.shape())
-    except ValueError as err:
-        raise ConfigError(f"parallel: {err} (model {base_dir})") from None
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     ctx = initialize(cfg.parallel, seed=cfg.trainer.seed, model=arch.shape())
     critic_ctx = _critic_layout(cfg, ctx, arch, world) if recipe.use_critic else None
@@ -210,8 +193,7 @@ def _train(cfg: Config, stop) -> dict:
     seq_length = cfg.trainer.seq_length
     mbs = cfg.trainer.micro_batch_size
     # Every mini-batch splits evenly over the DP ranks (and micro-batches) of actor and critic.
-    dp = math.lcm(cfg.parallel.dp(world), critic_ctx.config.dp(world) if critic_ctx else 1)
-    row_multiple = dp * mbs * cfg.algorithm.mini_batches_per_step
+    row_multiple = train_row_multiple(cfg, world, recipe.use_critic)
     actor_loss = ActorLoss(recipe, arch.vocab_size)
     critic_loss = CriticLoss.from_recipe(recipe) if critic is not None else None
     pool = None
@@ -243,7 +225,7 @@ def _train(cfg: Config, stop) -> dict:
         if pool is None:
             rollout = collect_rollouts(engine, loader.next_batch, step_sampling, recipe, verifier.score_batch,
                                        decode, cfg.rollout.prompts_per_step)
-            groups = rollout.groups[: _rows_usable(len(rollout.groups), cfg.rollout.n_samples, row_multiple)]
+            groups = rollout.groups[: usable_groups(len(rollout.groups), cfg.rollout.n_samples, row_multiple)]
             rows = TrainRows.from_groups(groups)
             record = {
                 "step": step,
@@ -480,10 +462,6 @@ def _critic_layout(cfg: Config, actor_ctx, arch, world: int):
     """The critic's process groups: the actor's, or its own when critic_parallel is set."""
     if cfg.critic_layout == cfg.parallel:
         return actor_ctx
-    try:
-        cfg.critic_parallel.validate(world, arch.shape())
-    except ValueError as err:
-        raise ConfigError(f"critic_parallel: {err}") from None
     critic_ctx = initialize_alongside(cfg.critic_parallel, seed=cfg.trainer.seed, model=arch.shape())
     if dist.get_rank() == 0:
         print(f"actor layout: {cfg.parallel.describe(world)}\ncritic layout: {cfg.critic_parallel.describe(world)}",
