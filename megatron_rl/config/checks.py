@@ -76,8 +76,10 @@ def _check_prompts(config: Config) -> None:
     where = f"data.source={config.data.source!r} with model.hf_path" if name else "data.source"
     try:
         rows = list(itertools.islice(read_rows(path), FIRST_ROWS))
-    except (DatasetFormatError, OSError) as err:  # no such file, unknown suffix, unreadable, not Parquet
+    except DatasetFormatError as err:  # no such file, unknown suffix
         raise ConfigError(f"{where}: {err}") from None
+    except (ValueError, OSError) as err:  # unreadable, not Parquet after all (pyarrow's ArrowInvalid)
+        raise ConfigError(f"{where}: {path} cannot be read: {err}") from None
     if not rows:
         raise ConfigError(f"{where}: {path} holds no rows")
     fields = PromptFields(prompt=config.data.prompt_key, answer=config.data.answer_key)

@@ -59,9 +59,10 @@ def model_arch(config: Config) -> ModelArch:
             raise ConfigError(f"model.hf_path={config.model.hf_path}: no config.json there")
         try:
             return arch_from_hf(types.SimpleNamespace(**json.loads(cfg_file.read_text())))
-        except (ValueError, AttributeError) as err:  # bad JSON, an unsupported family, a missing field
-            raise ConfigError(f"model.hf_path={config.model.hf_path}: config.json is not a supported "
-                              f"model: {err}") from None
+        except AttributeError as err:
+            raise ConfigError(f"model.hf_path={config.model.hf_path}: config.json has no {err.name!r}") from None
+        except ValueError as err:  # not JSON, an unsupported family
+            raise ConfigError(f"model.hf_path={config.model.hf_path}: config.json: {err}") from None
     if config.trainer.job != "smoke":
         raise ValueError("the RL task base has no architecture before it is built; use model_shape(config)")
     from megatron_rl.testing.tiny import TINY_ARCHS
