@@ -1,7 +1,8 @@
 """`megatron-rl`: the command line (also `python -m megatron_rl`).
 
-Config errors and bad layouts are reported before torch, Megatron or any process group is
-touched, so they come back in well under two seconds.
+Config errors are reported by one validation pass (megatron_rl.config.checks) before Megatron
+or any process group is touched (bad layouts, data and names before torch too), so they come
+back in well under two seconds.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(train)
     show = sub.add_parser("config", help="print the resolved config as YAML")
     _add_config_args(show)
-    layout = sub.add_parser("layout", help="validate a parallel layout and print every rank's coordinates")
+    layout = sub.add_parser("layout", help="validate the run (layouts against the model it builds, recipe, data) "
+                            "and print every rank's coordinates")
     _add_config_args(layout)
     layout.add_argument("--world-size", type=int, required=True, help="number of ranks")
     # Subcommands with their own parsers (loaded only when used: they import torch).

@@ -1,13 +1,13 @@
-"""YAML + dotted ``key=value`` overrides -> the validated :class:`Config` tree.
+"""YAML + dotted ``key=value`` overrides -> the :class:`Config` tree (each section checks its
+own fields; :func:`megatron_rl.config.checks.validate` checks the run as a whole).
 
-Everything here is cheap (no torch, no Megatron import) so that a bad key or layout fails
-in well under two seconds, before any process group exists.
+Everything here is cheap (no torch, no Megatron import) so that a bad key fails in well
+under two seconds, before any process group exists.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import types
 import typing
 from pathlib import Path
@@ -127,45 +127,6 @@ def load_config(path: Optional[str | Path] = None, overrides: Iterable[str] = ()
         raise ConfigError(str(err)) from None
 
 
-def model_arch(config: Config):
-    """The ModelArch for ``config.model``, read without importing transformers."""
-    from megatron_rl.models.hf_config import arch_from_hf
-    from megatron_rl.testing.tiny import TINY_ARCHS
-
-    if config.model.hf_path is None:
-        return TINY_ARCHS[config.model.preset.removeprefix("tiny-")]
-    cfg_file = Path(config.model.hf_path) / "config.json"
-    if not cfg_file.is_file():
-        raise ConfigError(f"model.hf_path={config.model.hf_path}: no config.json there")
-    raw = json.loads(cfg_file.read_text())
-    return arch_from_hf(types.SimpleNamespace(**raw))
-
-
-def validate(config: Config, world_size: int) -> Config:
-    """The cross-section check: the layouts fit the model and the world size."""
-    shape = model_arch(config).shape()
-    layouts = [("parallel", config.parallel, "")]
-    if config.critic_parallel is not None:
-        layouts.append(("critic_parallel", config.critic_parallel, "the critic's "))
-    for section, layout, whose in layouts:
-        try:
-            layout.validate(world_size, shape)
-        except LayoutError as err:
-            raise ConfigError(f"{section}: {err}") from None
-        dp, mbs = layout.dp(world_size), config.trainer.micro_batch_size
-        if config.trainer.global_batch_size % (mbs * dp):
-            raise ConfigError(
-                f"trainer.global_batch_size={config.trainer.global_batch_size} must be a multiple of "
-                f"micro_batch_size x {whose}data-parallel size = {mbs}x{dp}"
-            )
-    if world_size % config.rollout.tensor_parallel_size:
-        raise ConfigError(
-            f"rollout.tensor_parallel_size={config.rollout.tensor_parallel_size} must divide the world size {world_size}"
-        )
-    config.algorithm.build()  # unknown recipe, bad override names or values
-    return config
-
-
 def to_dict(config: Config) -> dict:
     return dataclasses.asdict(config)
 
@@ -175,4 +136,4 @@ def dump_yaml(config: Config) -> str:
     return yaml.safe_dump(to_dict(config), sort_keys=False)
 
 
-__all__ = ["Config", "ConfigError", "ParallelConfig", "dump_yaml", "load_config", "model_arch", "to_dict", "validate"]
+__all__ = ["Config", "ConfigError", "ParallelConfig", "dump_yaml", "load_config", "to_dict"]

@@ -1,8 +1,9 @@
 """The configuration tree: one dataclass per component, a docstring under every field.
 
-Each section validates only its own fields (raising, never rewriting); the one check that
-spans sections (does the layout fit the model and the world size?) is
-:func:`megatron_rl.config.loader.validate`. Later components add their sections here.
+Each section validates only its own fields (raising, never rewriting); everything that
+spans sections (layouts against the real model, recipe compatibility, batch sizes, data,
+reward and task names) is the one pass :func:`megatron_rl.config.checks.validate`. Later
+components add their sections here.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ def _choice(section: str, name: str, value, allowed) -> None:
         raise ConfigError(f"{section}.{name}={value!r} is not allowed; choose one of {sorted(allowed)}")
 
 
-TINY_PRESETS = ("tiny-dense", "tiny-moe")
+PRESET_FAMILIES = {"tiny-dense": "qwen3", "tiny-moe": "qwen3_moe"}
+"""model.preset -> the HF family of the task base the RL trainer builds (tasks.base_model)."""
+TINY_PRESETS = tuple(PRESET_FAMILIES)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -34,7 +37,11 @@ class ModelConfig:
     hf_path: Optional[str] = None
     """Directory of a Hugging Face model (config.json is read for the architecture)."""
     preset: Optional[str] = "tiny-moe"
-    """Built-in tiny architecture used when hf_path is not set: tiny-dense | tiny-moe."""
+    """Built-in tiny model used when hf_path is not set: tiny-dense | tiny-moe. For RL on
+    task:<name> data, the family of the task's supervised base the trainer builds
+    (tiny-moe: qwen3_moe, 2 layers, 8 experts; tiny-dense: qwen3, see
+    tasks.base_model.BaseModelSettings); for trainer.job=smoke, the test architecture of
+    testing.tiny. RL on a prompt file has no built-in base: it needs hf_path."""
     dtype: str = "fp32"
     """Parameter dtype: fp32 | bf16 | fp16."""
     moe_token_dispatcher_type: str = "alltoall"
@@ -72,7 +79,8 @@ class TrainerConfig:
     micro_batch_size: int = 2
     """Sequences per microbatch."""
     global_batch_size: int = 8
-    """Sequences per optimizer step, over all data-parallel ranks."""
+    """Sequences per optimizer step, over all data-parallel ranks (trainer.job=smoke only:
+    an RL step trains rollout.prompts_per_step x rollout.n_samples rows)."""
     seq_length: int = 32
     """Tokens per training sequence (prompt + response), fixed for every microbatch."""
     lr_warmup_steps: int = 0
@@ -108,7 +116,7 @@ class AlgorithmConfig:
     """Optimizer steps per PPO epoch (the rollout batch is split into this many)."""
 
     def __post_init__(self) -> None:
-        # The recipe itself is checked by loader.validate (building it imports torch).
+        # The recipe itself is checked by checks.validate (building it imports torch).
         for name in ("ppo_epochs", "mini_batches_per_step"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"algorithm.{name}={getattr(self, name)} must be >= 1")
@@ -168,7 +176,7 @@ class RolloutConfig:
 class DataConfig:
     """Where prompts come from and how responses are scored."""
 
-    source: str = "task:digits"
+    source: str = "task:digits_max"
     """A JSONL/Parquet file of prompts with answers, or task:<name> for a built-in synthetic task."""
     prompt_key: str = "prompt"
     answer_key: str = "answer"

@@ -2,7 +2,7 @@
 batches, and group expansion (each prompt -> G samples)."""
 
 from megatron_rl.data.batching import PromptBatch, PromptLoader
-from megatron_rl.data.prompts import PromptDataset, PromptFields, PromptRecord, encode_prompt
+from megatron_rl.data.prompts import PromptDataset, PromptFields, PromptRecord, encode_prompt, parse_row
 from megatron_rl.data.sampler import EpochSampler
 from megatron_rl.data.sources import DatasetFormatError, read_rows
 
@@ -15,5 +15,6 @@ __all__ = [
     "PromptLoader",
     "PromptRecord",
     "encode_prompt",
+    "parse_row",
     "read_rows",
 ]

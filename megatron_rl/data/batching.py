@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Sequence
 
 from megatron_rl.data.prompts import PromptDataset
 from megatron_rl.data.sampler import EpochSampler
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +51,8 @@ class PromptBatch:
 
     def padded(self, pad_id: int, *, side: str = "left") -> tuple[torch.Tensor, torch.Tensor]:
         """``(ids [B, L], attention_mask [B, L])``; left padding keeps prompts ending together."""
+        import torch  # here, so that a config check can read prompt rows without loading torch
+
         if side not in ("left", "right"):
             raise ValueError(f"side={side!r}; allowed: 'left', 'right'")
         length = max(len(ids) for ids in self.prompt_ids)

@@ -79,6 +79,25 @@ def _answer(value: Any) -> str:
     return text
 
 
+def parse_row(location: str, row: Any, fields: PromptFields) -> tuple[list[dict], str]:
+    """One row's chat messages and answer, before tokenization (so a config check can read a
+    file's first rows without a tokenizer); DatasetFormatError names the location and field."""
+    if isinstance(row, Exception):
+        raise DatasetFormatError(f"{location}: not valid JSON ({row})")
+    if not isinstance(row, dict):
+        raise DatasetFormatError(f"{location}: a row must be a JSON object, got {type(row).__name__}")
+    found = []
+    for name, convert in ((fields.prompt, lambda v: _messages(v, fields)), (fields.answer, _answer)):
+        value = _get(row, name)
+        if value is _MISSING:
+            raise DatasetFormatError(f"{location}: field {name!r} is missing (row keys: {sorted(row)})")
+        try:
+            found.append(convert(value))
+        except ValueError as exc:
+            raise DatasetFormatError(f"{location}: field {name!r} {exc}") from None
+    return found[0], found[1]
+
+
 def encode_prompt(tokenizer, messages: Sequence[dict]) -> list[int]:
     """Token ids of the chat template with the generation prompt (what the policy continues)."""
     text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
@@ -125,25 +144,11 @@ class PromptDataset:
             )
 
     def _record(self, location: str, row: Any, tokenizer, problems: list[str]) -> Optional[PromptRecord]:
-        if isinstance(row, Exception):
-            problems.append(f"{location}: not valid JSON ({row})")
+        try:
+            messages, answer = parse_row(location, row, self.fields)
+        except DatasetFormatError as exc:
+            problems.append(str(exc))
             return None
-        if not isinstance(row, dict):
-            problems.append(f"{location}: a row must be a JSON object, got {type(row).__name__}")
-            return None
-        found = []
-        for name, convert in ((self.fields.prompt, lambda v: _messages(v, self.fields)),
-                              (self.fields.answer, _answer)):
-            value = _get(row, name)
-            if value is _MISSING:
-                problems.append(f"{location}: field {name!r} is missing (row keys: {sorted(row)})")
-                return None
-            try:
-                found.append(convert(value))
-            except ValueError as exc:
-                problems.append(f"{location}: field {name!r} {exc}")
-                return None
-        messages, answer = found
         return PromptRecord(tuple(encode_prompt(tokenizer, messages)), answer, location)
 
     def __len__(self) -> int:

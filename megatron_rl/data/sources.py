@@ -32,8 +32,11 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
 def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
     import pyarrow.parquet as pq
 
-    for index, row in enumerate(pq.read_table(path).to_pylist()):
-        yield f"{path} row {index}", row
+    index = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):  # streamed: a check reads only the first rows
+        for row in batch.to_pylist():
+            yield f"{path} row {index}", row
+            index += 1
 
 
 def read_rows(path: str | Path) -> Iterator[tuple[str, Any]]:

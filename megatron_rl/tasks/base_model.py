@@ -21,10 +21,13 @@ import os
 import shutil
 import tempfile
 import time
+import types
 from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
+from megatron_rl.models.hf_config import arch_from_hf
+from megatron_rl.parallel.config import ModelShape
 from megatron_rl.tasks.chat_format import training_text
 from megatron_rl.tasks.digits import get_task
 
@@ -80,6 +83,30 @@ class BaseModelSettings:
         if self.num_experts_per_tok > self.num_experts:
             raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} > num_experts={self.num_experts}")
 
+    def hf_fields(self, vocab_size: int, *, eos_id: Optional[int] = None, pad_id: Optional[int] = None) -> dict:
+        """The HF config fields (``model_type`` included) of this base: the one table behind
+        both the saved config.json and :meth:`model_shape`, so the two cannot disagree."""
+        fields = dict(
+            model_type=self.family, vocab_size=vocab_size, hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size, num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim, max_position_embeddings=self.max_position_embeddings, rms_norm_eps=1e-6,
+            tie_word_embeddings=False, eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None,
+        )
+        if self.family != "qwen3":
+            fields.update(num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
+                          moe_intermediate_size=self.moe_intermediate_size, norm_topk_prob=True)
+        if self.family == "qwen2_moe":
+            fields.update(shared_expert_intermediate_size=self.intermediate_size)
+        return fields
+
+    def model_shape(self) -> ModelShape:
+        """What a parallel layout must divide, known before the base is built (the vocabulary,
+        which needs the trained tokenizer, is not among it): read through the same HF mapping
+        the trainer applies to the built config.json."""
+        fields = self.hf_fields(self.tokenizer_vocab_size)
+        return arch_from_hf(types.SimpleNamespace(**fields)).shape()
+
     def content_hash(self) -> str:
         payload = json.dumps({"build": BUILD_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -89,23 +116,8 @@ def hf_config(settings: BaseModelSettings, vocab_size: int, eos_id: int, pad_id:
     """The transformers config of the chosen family."""
     from transformers import AutoConfig
 
-    s = settings
-    common = dict(
-        vocab_size=vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
-        num_hidden_layers=s.num_layers, num_attention_heads=s.num_attention_heads,
-        num_key_value_heads=s.num_key_value_heads, head_dim=s.head_dim,
-        max_position_embeddings=s.max_position_embeddings, rms_norm_eps=1e-6,
-        tie_word_embeddings=False, eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None,
-    )
-    moe = dict(num_experts=s.num_experts, num_experts_per_tok=s.num_experts_per_tok,
-               moe_intermediate_size=s.moe_intermediate_size, norm_topk_prob=True)
-    if s.family == "qwen3":
-        return AutoConfig.for_model("qwen3", **common)
-    if s.family == "qwen3_moe":
-        return AutoConfig.for_model("qwen3_moe", **common, **moe)
-    return AutoConfig.for_model(
-        "qwen2_moe", **common, **moe, shared_expert_intermediate_size=s.intermediate_size
-    )
+    fields = settings.hf_fields(vocab_size, eos_id=eos_id, pad_id=pad_id)
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
 
 def _split_prompts(settings: BaseModelSettings):

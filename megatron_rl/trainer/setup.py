@@ -14,31 +14,22 @@ from typing import Optional
 import torch
 
 from megatron_rl import platform
-from megatron_rl.config import Config, ConfigError
+from megatron_rl.config import Config
+from megatron_rl.config.sources import base_settings, prompt_file, task_name
 from megatron_rl.models.builder import BuildOptions, build_model
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import ParallelConfig
 from megatron_rl.parallel.state import ParallelContext
 
-TASK_PREFIX = "task:"
-
-
-def task_name(cfg: Config) -> Optional[str]:
-    source = cfg.data.source
-    return source[len(TASK_PREFIX):] if source.startswith(TASK_PREFIX) else None
-
 
 def base_model_dir(cfg: Config, rank: int) -> Path:
-    """The HF directory the actor starts from (built for ``task:`` data without hf_path)."""
-    if cfg.model.hf_path:
+    """The HF directory the actor starts from: model.hf_path, or the task base built here from
+    config.sources.base_settings (the settings validation checked the layouts against)."""
+    settings = base_settings(cfg)
+    if settings is None:
         return Path(cfg.model.hf_path)
-    name = task_name(cfg)
-    if name is None:
-        raise ConfigError("model.hf_path must be set when data.source is a file (no built-in base for it)")
-    from megatron_rl.tasks.base_model import BaseModelSettings, make_tiny_base
+    from megatron_rl.tasks.base_model import make_tiny_base
 
-    settings = BaseModelSettings(task=name, family="qwen3_moe" if cfg.model.preset == "tiny-moe" else "qwen3",
-                                 seed=cfg.trainer.seed)
     directory = Path(cfg.trainer.run_dir) / "base_model"
     if rank == 0:
         make_tiny_base(directory, settings)
@@ -47,8 +38,7 @@ def base_model_dir(cfg: Config, rank: int) -> Path:
 
 
 def prompt_files(cfg: Config, base_dir: Path) -> list[Path]:
-    name = task_name(cfg)
-    return [base_dir / "train.jsonl"] if name is not None else [Path(cfg.data.source)]
+    return [prompt_file(cfg) or base_dir / "train.jsonl"]
 
 
 def verifier_name(cfg: Config) -> str:

@@ -23,6 +23,7 @@ from megatron_rl.algorithms.recipes import AlgorithmRecipe
 from megatron_rl.data import PromptBatch, PromptLoader
 from megatron_rl.rollout import RolloutEngine, Sampling
 from megatron_rl.trainer.rollouts import TrainRows, collect_rollouts, windowed_rollouts
+from megatron_rl.trainer.rows import usable_groups
 from megatron_rl.trainer.windows import WindowPool, WindowSample
 
 Score = Callable[[list[str], list[str]], tuple[list[float], dict]]
@@ -57,13 +58,6 @@ class RolloutSource(abc.ABC):
     @abc.abstractmethod
     def load_state_dict(self, extra: dict) -> str:
         """Restore from a checkpoint's ``extra``; returns a note for the resume message."""
-
-
-def usable_groups(num_groups: int, group_size: int, multiple: int) -> int:
-    """Most groups whose rows split evenly over DP x micro-batches x mini-batches."""
-    while num_groups and (num_groups * group_size) % multiple:
-        num_groups -= 1
-    return num_groups
 
 
 class GroupSource(RolloutSource):

@@ -47,6 +47,7 @@ from megatron_rl.trainer.metrics import MetricsLog
 from megatron_rl.trainer.reference import ReferencePolicy
 from megatron_rl.trainer.rollouts import TrainRows
 from megatron_rl.trainer.sources import GroupSource, RolloutSource, WindowSource
+from megatron_rl.trainer.rows import train_row_multiple
 from megatron_rl.trainer.state import RunCheckpoint
 from megatron_rl.trainer.windows import WindowPool
 from megatron_rl.utils import dtypes
@@ -159,18 +160,11 @@ class RLTrainer:
     def _source(self, loader, decode) -> RolloutSource:
         """Lockstep groups, or T-PPO's window pool; both on the colocated engine."""
         cfg, recipe = self.cfg, self.recipe
-        # Every mini-batch splits evenly over the DP ranks (and micro-batches) of actor and critic.
-        critic_dp = self.critic.layout.config.dp(self.world) if self.critic is not None else 1
-        row_multiple = (math.lcm(cfg.parallel.dp(self.world), critic_dp) * cfg.trainer.micro_batch_size
-                        * cfg.algorithm.mini_batches_per_step)
+        row_multiple = train_row_multiple(cfg, self.world, recipe.use_critic)
         if recipe.generation_window is None:
             return GroupSource(self.engine, loader, recipe, self.verifier.score_batch, decode,
                                cfg.rollout.prompts_per_step, cfg.rollout.n_samples, row_multiple)
-        try:
-            pool = WindowPool(cfg.rollout.prompts_per_step * cfg.rollout.n_samples, cfg.rollout.n_samples,
-                              row_multiple)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+        pool = WindowPool(cfg.rollout.prompts_per_step * cfg.rollout.n_samples, cfg.rollout.n_samples, row_multiple)
         return WindowSource(self.engine, loader, pool, recipe, self.verifier.score_batch, decode)
 
     def _resume(self) -> int:

@@ -18,9 +18,10 @@ decisions without communicating; the state is JSON-like for the checkpoint.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from megatron_rl.rollout import Sample
+if TYPE_CHECKING:  # the engine module loads torch; config validation imports this file without it
+    from megatron_rl.rollout import Sample
 
 
 @dataclasses.dataclass
@@ -59,6 +60,8 @@ class WindowSample:
 
     @classmethod
     def from_state(cls, state: dict) -> "WindowSample":
+        from megatron_rl.rollout import Sample
+
         sample = Sample(prompt_ids=list(state["prompt_ids"]), token_ids=list(state["token_ids"]),
                         logprobs=list(state["logprobs"]), finish_reason=state["finish_reason"])
         return cls(sample, state["answer"], int(state["prompt_key"]), trained=int(state["trained"]),
@@ -81,6 +84,17 @@ class WindowPool:
     """The responses of a T-PPO run that have not left training yet, oldest first."""
 
     def __init__(self, capacity: int, group_size: int, row_multiple: int):
+        self.check_sizes(capacity, group_size, row_multiple)
+        self.capacity = capacity
+        self.group_size = group_size
+        self.row_multiple = row_multiple
+        self.samples: list[WindowSample] = []
+        self.next_prompt_key = 0
+
+    @staticmethod
+    def check_sizes(capacity: int, group_size: int, row_multiple: int) -> None:
+        """Raise ValueError unless a pool of these sizes can train: it holds a whole group
+        and one training batch (config validation runs this before anything is built)."""
         if group_size < 1 or capacity < group_size:
             raise ValueError(f"window pool: capacity={capacity} rows must hold at least one group of "
                              f"group_size={group_size} >= 1")
@@ -88,11 +102,6 @@ class WindowPool:
             raise ValueError(f"window pool: capacity={capacity} rows cannot fill one training batch of "
                              f"{row_multiple} rows (DP x micro_batch_size x mini_batches); raise "
                              "rollout.prompts_per_step or rollout.n_samples")
-        self.capacity = capacity
-        self.group_size = group_size
-        self.row_multiple = row_multiple
-        self.samples: list[WindowSample] = []
-        self.next_prompt_key = 0
 
     # -- one step, in order -------------------------------------------------------------
 

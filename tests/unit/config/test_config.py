@@ -45,10 +45,16 @@ def test_bad_keys_and_values_name_the_key(override, message):
 
 def test_layout_checked_against_model_and_world():
     cfg = load_config(None, ["parallel.expert_model_parallel_size=3"])
-    with pytest.raises(ConfigError, match="expert_model_parallel_size=3 does not divide num_moe_experts=4"):
+    # The RL default's model is the digit task's base: qwen3_moe with 8 experts.
+    with pytest.raises(ConfigError, match="expert_model_parallel_size=3 does not divide num_moe_experts=8"):
         validate(cfg, 3)
-    with pytest.raises(ConfigError, match="global_batch_size=8 must be a multiple"):
-        validate(load_config(None, ["trainer.micro_batch_size=4"]), 4)
+    # The smoke job builds the test preset (testing.tiny: 4 experts) and splits global_batch_size.
+    smoke = load_config(None, ["trainer.job=smoke", "parallel.expert_model_parallel_size=8"])
+    with pytest.raises(ConfigError, match="expert_model_parallel_size=8 does not divide num_moe_experts=4"):
+        validate(smoke, 8)
+    with pytest.raises(ConfigError, match="global_batch_size=8 must be a multiple .* = 4x4 \\(trainer.job=smoke\\)"):
+        validate(load_config(None, ["trainer.job=smoke", "trainer.micro_batch_size=4"]), 4)
+    validate(load_config(None, ["trainer.micro_batch_size=4"]), 4)  # RL ignores global_batch_size
 
 
 def test_critic_layout_is_its_own_section_or_the_actors():
@@ -69,9 +75,14 @@ def test_critic_layout_round_trips_and_is_checked(tmp_path):
         validate(cfg, 2)
     with pytest.raises(ConfigError, match="critic_parallel: expert_model_parallel_size=3 does not divide num_moe"):
         validate(load_config(None, ["critic_parallel.expert_model_parallel_size=3", "trainer.global_batch_size=6"]), 3)
-    with pytest.raises(ConfigError, match="micro_batch_size x the critic's data-parallel size = 4x4"):
-        validate(load_config(None, ["trainer.micro_batch_size=4", "parallel.tensor_model_parallel_size=2",
-                                    "critic_parallel.tensor_model_parallel_size=1"]), 4)
+    # A PPO step's rows split over the lcm of both DP sizes: 4 x 8 x 1 rows > 3 groups of 8.
+    rows = ["algorithm.recipe=ppo", "trainer.micro_batch_size=8",
+            "rollout.prompts_per_step=3", "parallel.tensor_model_parallel_size=2",
+            "critic_parallel.tensor_model_parallel_size=1"]
+    with pytest.raises(ConfigError, match="prompts_per_step=3 groups of rollout.n_samples=8 cannot fill one "
+                                          "training batch of 32 rows"):
+        validate(load_config(None, rows), 4)
+    validate(load_config(None, rows[:-1] + ["critic_parallel.tensor_model_parallel_size=2"]), 4)  # 16 rows fit
     with pytest.raises(ConfigError, match="unknown config key 'critic_parallel.tp'"):
         load_config(None, ["critic_parallel.tp=2"])
     with pytest.raises(ConfigError, match="critic_parallel must be a mapping of its keys or null, got 2"):

@@ -4,6 +4,8 @@ world 1, the cluster variants at 64 ranks against Qwen3-30B-A3B's published conf
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from megatron_rl.algorithms.recipes import RECIPES
@@ -33,7 +35,9 @@ def test_tiny_variant_validates_on_one_rank(path):
 @pytest.mark.parametrize("path", CLUSTER, ids=lambda p: p.stem)
 def test_cluster_variant_fits_qwen3_30b_a3b_on_64_gpus(path, tmp_path):
     shutil.copy(Path(__file__).parent / "data" / "qwen3_30b_a3b_config.json", tmp_path / "config.json")
-    cfg = load_config(str(path), [f"model.hf_path={tmp_path}"])
+    data = tmp_path / "math.parquet"  # validation reads the first rows of the prompt file
+    pq.write_table(pa.Table.from_pylist([{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}]), data)
+    cfg = load_config(str(path), [f"model.hf_path={tmp_path}", f"data.source={data}"])
     validate(cfg, 64)
     recipe = cfg.algorithm.build()
     assert recipe.name == path.stem.split("_")[0]

@@ -66,3 +66,13 @@ def test_hf_configs_map_to_megatron_archs(family):
         assert (arch.num_moe_experts, arch.moe_router_topk, arch.moe_ffn_hidden_size) == (8, 2, 128)
         assert arch.moe_router_pre_softmax is False  # norm_topk_prob=True: renormalised top-k
     assert arch.moe_shared_expert_intermediate_size == (256 if family == "qwen2_moe" else None)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "qwen3"])
+def test_model_shape_is_the_shape_of_the_saved_hf_config(family):
+    # Config validation checks layouts against model_shape() before the base exists; the
+    # trainer then reads the built config.json: both must be the same numbers.
+    settings = BaseModelSettings(family=family, num_layers=3, num_experts=6)
+    assert settings.model_shape() == arch_from_hf(hf_config(settings, vocab_size=384, eos_id=1, pad_id=0)).shape()
+    assert settings.model_shape().num_layers == 3
+    assert settings.model_shape().num_moe_experts == (None if family == "qwen3" else 6)

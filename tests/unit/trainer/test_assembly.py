@@ -1,11 +1,10 @@
-"""The step's rows in the training layout: masks by hand, scatter/gather, and the row split."""
+"""The step's rows in the training layout: masks by hand, scatter and gather."""
 
 import torch
 
 from megatron_rl.rollout import Sample
 from megatron_rl.trainer.assembly import assemble
 from megatron_rl.trainer.rollouts import TrainRows
-from megatron_rl.trainer.sources import usable_groups
 
 
 def _rows():
@@ -44,9 +43,3 @@ def test_scatter_and_gather_are_inverse_and_the_batches_carry_the_fields():
     assert torch.equal(actor.loss_mask, batch.loss_mask) and torch.equal(critic.loss_mask, batch.critic_mask)
     assert torch.equal(critic.advantages, actor.advantages)
 
-
-def test_usable_groups_split_evenly_over_the_row_multiple():
-    assert usable_groups(5, 4, 8) == 4   # 20 rows -> 16 (two batches of 8)
-    assert usable_groups(3, 2, 4) == 2
-    assert usable_groups(1, 2, 4) == 0   # two rows cannot fill a batch of four
-    assert usable_groups(6, 3, 9) == 6

@@ -157,3 +157,15 @@ def test_window_masks_and_egae_advantages_by_hand():
     expected = (loss_tokens - loss_tokens.mean()) / loss_tokens.std()
     assert torch.allclose(adv_w[[0, 1, 1], [2, 0, 1]], expected, atol=1e-6)
     assert float(adv_w[0, 0]) == 0.0 and float(adv_w[0, 1]) == 0.0
+
+
+def test_pool_size_check_is_the_one_config_validation_runs():
+    # capacity 4 < one training batch of 8 rows: the pool and the staticmethod refuse alike.
+    with pytest.raises(ValueError) as built:
+        WindowPool(capacity=4, group_size=2, row_multiple=8)
+    with pytest.raises(ValueError) as checked:
+        WindowPool.check_sizes(4, 2, 8)
+    assert str(built.value) == str(checked.value)
+    WindowPool.check_sizes(8, 2, 8)
+    with pytest.raises(ValueError, match="must hold at least one group"):
+        WindowPool.check_sizes(2, 3, 1)

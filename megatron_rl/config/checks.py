@@ -1,0 +1,134 @@
+"""The one validation pass over a loaded config, before anything heavy is built.
+
+Sections check their own fields when they are built (schema.py); everything that needs
+several sections, the world size, the model or the data is checked here, in one function
+the CLI and the trainers call first. Every problem is a one-line :class:`ConfigError`
+naming the key. The cheap checks run first and import no torch, so a bad layout, data
+file or name fails in well under two seconds; only the recipe build imports torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from megatron_rl.config import sources
+from megatron_rl.config.schema import Config, ConfigError
+from megatron_rl.parallel.config import LayoutError, ModelShape
+
+FIRST_ROWS = 8
+"""Rows of a prompt file read by the check (the trainer reads and reports all of them)."""
+
+
+def validate(config: Config, world_size: int) -> Config:
+    """Check that ``config`` can run on ``world_size`` ranks; return it unchanged."""
+    shape = sources.model_shape(config)  # the model the job builds (file data without hf_path fails here)
+    _check_layouts(config, world_size, shape)
+    if world_size % config.rollout.tensor_parallel_size:
+        raise ConfigError(f"rollout.tensor_parallel_size={config.rollout.tensor_parallel_size} must divide "
+                          f"the world size {world_size}")
+    if config.trainer.job == "smoke":
+        _check_smoke_batch(config, world_size)
+        config.algorithm.build()  # unknown recipe, bad override names or values
+        return config
+    _check_prompts(config)
+    _check_reward(config)
+    recipe = _check_recipe(config)
+    _check_rows_per_step(config, world_size, recipe)
+    return config
+
+
+def _check_layouts(config: Config, world_size: int, shape: ModelShape) -> None:
+    """Actor and critic layouts against the world size and the real model."""
+    layouts = [("parallel", config.parallel)]
+    if config.critic_parallel is not None:  # also for a recipe without a critic: the section is wrong either way
+        layouts.append(("critic_parallel", config.critic_parallel))
+    for section, layout in layouts:
+        try:
+            layout.validate(world_size, shape)
+        except LayoutError as err:
+            raise ConfigError(f"{section}: {err}") from None
+
+
+def _check_smoke_batch(config: Config, world_size: int) -> None:
+    """The smoke job splits trainer.global_batch_size over the actor's DP ranks and micro-batches."""
+    dp, mbs = config.parallel.dp(world_size), config.trainer.micro_batch_size
+    if config.trainer.global_batch_size % (mbs * dp):
+        raise ConfigError(f"trainer.global_batch_size={config.trainer.global_batch_size} must be a multiple of "
+                          f"trainer.micro_batch_size x data-parallel size = {mbs}x{dp} (trainer.job=smoke)")
+
+
+def _check_prompts(config: Config) -> None:
+    """The prompt file exists and its first rows hold a prompt and an answer (the data module's
+    own reader and row parser); task:<name> data names a known task."""
+    name = sources.task_name(config)
+    if name is not None:
+        from megatron_rl.tasks import get_task
+
+        try:
+            get_task(name)
+        except ValueError as err:  # lists the valid ones
+            raise ConfigError(f"data.source={config.data.source!r}: {err}") from None
+    path = sources.prompt_file(config)
+    if path is None:  # the trainer builds the task base and writes its prompts
+        return
+    from megatron_rl.data import DatasetFormatError, PromptFields, parse_row, read_rows
+
+    where = f"data.source={config.data.source!r} with model.hf_path" if name else "data.source"
+    try:
+        rows = list(itertools.islice(read_rows(path), FIRST_ROWS))
+    except DatasetFormatError as err:  # no such file, unknown suffix
+        raise ConfigError(f"{where}: {err}") from None
+    except (ValueError, OSError) as err:  # unreadable, not Parquet after all (pyarrow's ArrowInvalid)
+        raise ConfigError(f"{where}: {path} cannot be read: {err}") from None
+    if not rows:
+        raise ConfigError(f"{where}: {path} holds no rows")
+    fields = PromptFields(prompt=config.data.prompt_key, answer=config.data.answer_key)
+    try:
+        for location, row in rows:
+            parse_row(location, row, fields)
+    except DatasetFormatError as err:
+        raise ConfigError(f"{where}: {err}; data.prompt_key={fields.prompt!r}, data.answer_key={fields.answer!r}") \
+            from None
+
+
+def _check_reward(config: Config) -> None:
+    """A named reward exists; ``auto`` needs no lookup (nor the verifiers' imports)."""
+    if config.data.reward == "auto":
+        return
+    from megatron_rl.rewards.registry import REWARDS
+
+    if config.data.reward not in REWARDS:
+        raise ConfigError(f"data.reward={config.data.reward!r} is not allowed; choose one of "
+                          f"{sorted(['auto', *REWARDS])}")
+
+
+def _check_recipe(config: Config):
+    """The recipe builds, and its pieces work together in the trainer."""
+    recipe = config.algorithm.build()  # unknown recipe, bad override names or values
+    if recipe.generation_window is not None and recipe.token_aware:
+        raise ConfigError("algorithm: generation_window (tppo) cannot be combined with the HAPO pieces "
+                          "(temperature_tau, entropy_clip_alpha, redistribution_beta): a response's windows "
+                          "would be sampled under different entropy statistics")
+    if recipe.generation_window is not None and recipe.dynamic_sampling:
+        raise ConfigError("algorithm: generation_window (tppo) cannot be combined with dynamic_sampling: "
+                          "responses finish at different steps, so there are no whole groups to filter")
+    return recipe
+
+
+def _check_rows_per_step(config: Config, world_size: int, recipe) -> None:
+    """A step's rollout can fill at least one training batch; otherwise every step trains nothing."""
+    from megatron_rl.trainer.rows import train_row_multiple, usable_groups
+    from megatron_rl.trainer.windows import WindowPool
+
+    groups, group_size = config.rollout.prompts_per_step, config.rollout.n_samples
+    multiple = train_row_multiple(config, world_size, recipe.use_critic)
+    if recipe.generation_window is not None:  # T-PPO trains any rows of its pool
+        try:
+            WindowPool.check_sizes(groups * group_size, group_size, multiple)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    elif usable_groups(groups, group_size, multiple) == 0:
+        raise ConfigError(
+            f"rollout.prompts_per_step={groups} groups of rollout.n_samples={group_size} cannot fill one "
+            f"training batch of {multiple} rows in whole groups (data-parallel size x trainer.micro_batch_size "
+            "x algorithm.mini_batches_per_step); raise rollout.prompts_per_step or lower the others")

@@ -1,0 +1,87 @@
+"""Where a run's model and prompts come from, derived from the config without torch.
+
+Validation and the trainer both ask these functions, so the model a layout is checked
+against is the one the trainer builds:
+
+- ``model.hf_path`` set: its config.json (prompts: ``data.source``, or for ``task:<name>``
+  data the directory's ``train.jsonl``, as a built task base holds it).
+- RL on ``task:<name>`` without hf_path: the task's tiny supervised base
+  (:func:`base_settings`; ``model.preset`` picks its family), built by the trainer.
+- ``trainer.job=smoke`` without hf_path: the test architecture of ``model.preset``
+  (``testing.tiny``), which the smoke job builds.
+- RL on a prompt file without hf_path: no model to start from, a :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+from typing import Optional
+
+from megatron_rl.config.schema import PRESET_FAMILIES, Config, ConfigError
+from megatron_rl.models.hf_config import ModelArch, arch_from_hf
+from megatron_rl.parallel.config import ModelShape
+from megatron_rl.tasks.base_model import BaseModelSettings
+
+TASK_PREFIX = "task:"
+
+
+def task_name(config: Config) -> Optional[str]:
+    """The task of ``task:<name>`` data, None for a prompt file."""
+    source = config.data.source
+    return source[len(TASK_PREFIX):] if source.startswith(TASK_PREFIX) else None
+
+
+def base_settings(config: Config) -> Optional[BaseModelSettings]:
+    """The task base the RL trainer builds and starts from; None when it starts from
+    model.hf_path. A prompt file without hf_path is refused: the base's tokenizer and
+    warm-up come from a task, so no base exists for arbitrary prompts."""
+    if config.model.hf_path is not None:
+        return None
+    name = task_name(config)
+    if name is None:
+        raise ConfigError(f"model.hf_path must be set when data.source is a file ({config.data.source}); "
+                          f"model.preset={config.model.preset!r} builds a base only for task:<name> data")
+    try:
+        return BaseModelSettings(task=name, family=PRESET_FAMILIES[config.model.preset], seed=config.trainer.seed)
+    except ValueError as err:  # an unknown task lists the valid ones
+        raise ConfigError(f"data.source={config.data.source!r}: {err}") from None
+
+
+def model_arch(config: Config) -> ModelArch:
+    """The architecture of model.hf_path, or the smoke job's preset. The RL task base has no
+    architecture before it is built (its vocabulary comes from the trained tokenizer): use
+    :func:`model_shape` to check layouts against it."""
+    if config.model.hf_path is not None:
+        cfg_file = Path(config.model.hf_path) / "config.json"
+        if not cfg_file.is_file():
+            raise ConfigError(f"model.hf_path={config.model.hf_path}: no config.json there")
+        try:
+            return arch_from_hf(types.SimpleNamespace(**json.loads(cfg_file.read_text())))
+        except AttributeError as err:
+            raise ConfigError(f"model.hf_path={config.model.hf_path}: config.json has no {err.name!r}") from None
+        except ValueError as err:  # not JSON, an unsupported family
+            raise ConfigError(f"model.hf_path={config.model.hf_path}: config.json: {err}") from None
+    if config.trainer.job != "smoke":
+        raise ValueError("the RL task base has no architecture before it is built; use model_shape(config)")
+    from megatron_rl.testing.tiny import TINY_ARCHS
+
+    return TINY_ARCHS[config.model.preset.removeprefix("tiny-")]
+
+
+def model_shape(config: Config) -> ModelShape:
+    """What a parallel layout must divide, for the model this run's job builds."""
+    if config.trainer.job == "rl" and config.model.hf_path is None:
+        return base_settings(config).model_shape()
+    return model_arch(config).shape()
+
+
+def prompt_file(config: Config) -> Optional[Path]:
+    """The prompt file an RL run reads that must exist before it starts; None when the
+    trainer writes it (the task base's ``train.jsonl``)."""
+    if task_name(config) is None:
+        return Path(config.data.source)
+    if config.model.hf_path is not None:
+        return Path(config.model.hf_path) / "train.jsonl"
+    return None

@@ -1,0 +1,28 @@
+"""How many rollout rows a step trains: the rule the trainer applies and validation checks.
+
+Every mini-batch splits evenly over the data-parallel ranks of actor and critic and into
+micro-batches, so a step trains a multiple of :func:`train_row_multiple` rows. Without a
+generation window the rows come in whole groups (:func:`usable_groups`); T-PPO's pool
+trains any rows (trainer.windows). Pure integer arithmetic: no torch, no process group.
+"""
+
+from __future__ import annotations
+
+import math
+
+from megatron_rl.config.schema import Config
+
+
+def train_row_multiple(config: Config, world_size: int, uses_critic: bool) -> int:
+    """DP (lcm of actor's and critic's) x trainer.micro_batch_size x algorithm.mini_batches_per_step."""
+    dp = config.parallel.dp(world_size)
+    if uses_critic:
+        dp = math.lcm(dp, config.critic_layout.dp(world_size))
+    return dp * config.trainer.micro_batch_size * config.algorithm.mini_batches_per_step
+
+
+def usable_groups(num_groups: int, group_size: int, multiple: int) -> int:
+    """Most of ``num_groups`` groups whose rows are a multiple of ``multiple`` (0: none)."""
+    while num_groups and (num_groups * group_size) % multiple:
+        num_groups -= 1
+    return num_groups

@@ -1,0 +1,145 @@
+"""The one validation pass (config.checks.validate): it checks the model the trainer builds,
+the recipe's compatibility, the rows a step trains, the prompt data and the names, and every
+failure is one line naming the key (the CLI's exit code 2)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_rl.config import ConfigError, base_settings, load_config, model_shape, validate
+from megatron_rl.tasks import TASKS
+from megatron_rl.tasks.base_model import BaseModelSettings
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+DAPO = str(EXAMPLES / "dapo.yaml")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "megatron_rl", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_layout_fits_ep8_on_the_task_base_with_8_experts():
+    proc = _cli("layout", "--world-size", "8", "--config", DAPO, "parallel.expert_model_parallel_size=8")
+    assert proc.returncode == 0, proc.stderr
+    assert "dense TP1·CP1·DP8·PP1 | MoE ETP1·EP8·EDP1·PP1 (world 8)" in proc.stdout
+
+
+def test_cli_layout_refuses_pp4_on_the_2_layer_base_in_one_line():
+    proc = _cli("layout", "--world-size", "4", "--config", DAPO, "parallel.pipeline_model_parallel_size=4")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "megatron-rl: config error: parallel: num_layers=2 is not divisible by pipeline_model_parallel_size x "
+        "virtual_pipeline_model_parallel_size = 4x1"
+    ]
+
+
+def test_the_checked_shape_is_the_task_base_the_trainer_builds():
+    cfg = load_config(DAPO, [])
+    settings = base_settings(cfg)
+    assert settings == BaseModelSettings(task="digits_max", family="qwen3_moe", seed=1234)
+    shape = model_shape(cfg)
+    assert (shape.num_layers, shape.num_moe_experts) == (settings.num_layers, settings.num_experts) == (2, 8)
+    dense = load_config(DAPO, ["model.preset=tiny-dense"])
+    assert base_settings(dense).family == "qwen3" and model_shape(dense).num_moe_experts is None
+    with pytest.raises(ConfigError, match="need a MoE model; this model has no experts"):
+        validate(load_config(DAPO, ["model.preset=tiny-dense", "parallel.expert_model_parallel_size=2"]), 2)
+
+
+def test_the_default_config_is_valid():
+    cfg = load_config(None, [])
+    assert cfg.data.source == "task:digits_max"
+    validate(cfg, 1)
+    assert _cli("config").returncode == 0
+    proc = _cli("layout", "--world-size", "1")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_critic_layout_is_checked_against_the_real_model():
+    with pytest.raises(ConfigError, match="^critic_parallel: num_layers=2 is not divisible by pipeline"):
+        validate(load_config(str(EXAMPLES / "ppo.yaml"), ["critic_parallel.pipeline_model_parallel_size=4"]), 4)
+    validate(load_config(str(EXAMPLES / "ppo.yaml"), ["critic_parallel.pipeline_model_parallel_size=2"]), 2)
+
+
+def _hf_dir(tmp_path: Path) -> Path:
+    """A model directory whose config.json is the task base's (what validation reads of it)."""
+    (tmp_path / "config.json").write_text(json.dumps(BaseModelSettings().hf_fields(vocab_size=320)))
+    return tmp_path
+
+
+def test_a_prompt_file_needs_hf_path(tmp_path):
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
+    with pytest.raises(ConfigError, match="^model.hf_path must be set when data.source is a file"):
+        validate(load_config(None, [f"data.source={data}"]), 1)
+    validate(load_config(None, [f"data.source={data}", f"model.hf_path={_hf_dir(tmp_path)}"]), 1)
+
+
+def test_a_missing_data_file_is_refused_before_torch(tmp_path):
+    missing = tmp_path / "missing.jsonl"
+    code = (
+        "import sys\nfrom megatron_rl.cli import main\n"
+        f"rc = main(['layout', '--world-size', '1', 'data.source={missing}', 'model.hf_path={_hf_dir(tmp_path)}'])\n"
+        "assert 'torch' not in sys.modules, 'torch was imported before the config was rejected'\n"
+        "sys.exit(rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [f"megatron-rl: config error: data.source: {missing}: no such dataset file"]
+
+
+def test_first_rows_need_the_prompt_and_answer_keys(tmp_path):
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
+    hf = f"model.hf_path={_hf_dir(tmp_path)}"
+    with pytest.raises(ConfigError) as err:
+        validate(load_config(None, [f"data.source={data}", hf]), 1)
+    assert str(err.value) == (f"data.source: {data}:1: field 'prompt' is missing (row keys: ['answer', 'question']); "
+                              "data.prompt_key='prompt', data.answer_key='answer'")
+    validate(load_config(None, [f"data.source={data}", hf, "data.prompt_key=question"]), 1)
+
+
+def test_task_data_with_hf_path_reads_its_train_jsonl(tmp_path):
+    hf = f"model.hf_path={_hf_dir(tmp_path)}"
+    with pytest.raises(ConfigError, match="with model.hf_path: .*train.jsonl: no such dataset file"):
+        validate(load_config(None, [hf]), 1)
+    (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": "max of 3 7", "answer": "7"}) + "\n")
+    validate(load_config(None, [hf]), 1)
+
+
+def test_unknown_task_lists_the_valid_ones():
+    with pytest.raises(ConfigError) as err:
+        validate(load_config(None, ["data.source=task:digits"]), 1)
+    assert str(err.value) == f"data.source='task:digits': task 'digits' is not known; allowed: {sorted(TASKS)}"
+
+
+def test_unknown_reward_lists_the_valid_ones():
+    with pytest.raises(ConfigError) as err:
+        validate(load_config(None, ["data.reward=exact"]), 1)
+    assert str(err.value) == "data.reward='exact' is not allowed; choose one of ['auto', 'digits', 'math']"
+    validate(load_config(None, ["data.reward=math"]), 1)
+
+
+def test_tppo_refuses_dynamic_sampling_and_hapo_pieces():
+    tppo = str(EXAMPLES / "tppo.yaml")
+    validate(load_config(tppo, []), 1)
+    with pytest.raises(ConfigError, match="^algorithm: generation_window \\(tppo\\) cannot be combined with "
+                                          "dynamic_sampling: responses finish at different steps"):
+        validate(load_config(tppo, ["algorithm.overrides.dynamic_sampling=true"]), 1)
+    with pytest.raises(ConfigError, match="^algorithm: generation_window \\(tppo\\) cannot be combined with the "
+                                          "HAPO pieces"):
+        validate(load_config(tppo, ["algorithm.overrides.temperature_tau=0.05"]), 1)
+
+
+def test_rows_per_step_must_fill_one_training_batch():
+    # DAPO at DP8: 8 ranks x 8 rows x 2 mini-batches = 128 rows = 16 prompts x 8 samples.
+    validate(load_config(DAPO, ["parallel.expert_model_parallel_size=8"]), 8)
+    with pytest.raises(ConfigError, match="^rollout.prompts_per_step=8 groups of rollout.n_samples=8 cannot fill "
+                                          "one training batch of 128 rows in whole groups"):
+        validate(load_config(DAPO, ["rollout.prompts_per_step=8"]), 8)
+    # T-PPO trains any rows of its pool: the pool's own check, named after its config keys.
+    with pytest.raises(ConfigError, match="^window pool: capacity=64 rows cannot fill one training batch of 128 "
+                                          "rows .*raise rollout.prompts_per_step or rollout.n_samples"):
+        validate(load_config(str(EXAMPLES / "tppo.yaml"), ["rollout.prompts_per_step=8"]), 8)

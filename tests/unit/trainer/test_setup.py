@@ -1,0 +1,38 @@
+"""The trainer starts from the model validation checked: the task base of
+config.sources.base_settings, or model.hf_path; prompts from the same file validation read."""
+
+from pathlib import Path
+
+import pytest
+
+from megatron_rl.config import base_settings, load_config, model_shape
+from megatron_rl.tasks.base_model import BaseModelSettings
+from megatron_rl.trainer import setup
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """The settings base_model_dir builds with (the build itself is stubbed)."""
+    calls = []
+    monkeypatch.setattr("megatron_rl.tasks.base_model.make_tiny_base", lambda d, s: calls.append((Path(d), s)))
+    monkeypatch.setattr(setup.torch.distributed, "barrier", lambda: None)
+    return calls
+
+
+@pytest.mark.parametrize("preset, family", [("tiny-moe", "qwen3_moe"), ("tiny-dense", "qwen3")])
+def test_task_runs_build_the_base_validation_checked(built, tmp_path, preset, family):
+    cfg = load_config(None, [f"model.preset={preset}", "data.source=task:digits_sum", "trainer.seed=7",
+                             f"trainer.run_dir={tmp_path}"])
+    directory = setup.base_model_dir(cfg, rank=0)
+    assert built == [(tmp_path / "base_model", base_settings(cfg))]
+    assert built[0][1] == BaseModelSettings(task="digits_sum", family=family, seed=7)
+    assert model_shape(cfg) == built[0][1].model_shape()
+    assert setup.prompt_files(cfg, directory) == [tmp_path / "base_model" / "train.jsonl"]
+    assert setup.verifier_name(cfg) == "digits"
+
+
+def test_hf_path_runs_build_nothing(built, tmp_path):
+    cfg = load_config(None, [f"model.hf_path={tmp_path}", f"data.source={tmp_path / 'p.parquet'}"])
+    assert setup.base_model_dir(cfg, rank=0) == tmp_path and built == []
+    assert setup.prompt_files(cfg, tmp_path) == [tmp_path / "p.parquet"]
+    assert setup.verifier_name(cfg) == "math"
