@@ -82,13 +82,13 @@ def _timed(fn) -> tuple[float, object]:
     return max(times), out
 
 
-def _timed_deferred(save_call) -> tuple[float, float, object]:
+def _timed_deferred(ckpt: checkpoint.Checkpointer, save_call) -> tuple[float, float, object]:
     """(the save call, the call plus an update's wait right after it), max over ranks."""
     dist.barrier()
     start = time.perf_counter()
     handle = save_call()
     call = time.perf_counter() - start
-    checkpoint.wait_snapshot()  # what an optimizer update issued now would wait
+    ckpt.wait_snapshot()  # what an optimizer update issued now would wait
     both = [None] * dist.get_world_size()
     dist.all_gather_object(both, (call, time.perf_counter() - start))
     return max(c for c, _ in both), max(u for _, u in both), handle
@@ -159,8 +159,9 @@ def run(args) -> dict:
     dist.all_gather_object(total, nbytes)
     r: dict = {"world_size": world, "model_bytes": sum(total) // 2, "save_layout": "TP2", "reshard_layout": "TP1"}
     r["loadavg_start"] = os.getloadavg()
-    save = lambda step, a, snapshot="at_save": checkpoint.save(root / "ours", step, model=chunks, optimizer=optimizer,
-                                                               async_save=a, snapshot=snapshot)
+    ckpt = checkpoint.Checkpointer()
+    save = lambda step, a, snapshot="at_save": ckpt.save(root / "ours", step, model=chunks, optimizer=optimizer,
+                                                         async_save=a, snapshot=snapshot)
     r["ours_sync_save_s"], _ = _timed(lambda: save(1, False))
     r["ours_async_first_blocking_s"], handle = _timed(lambda: save(2, True))
     handle.wait()
@@ -177,7 +178,7 @@ def run(args) -> dict:
     # issued right after it (the worst case).
     calls, immediate = [], []
     for step in range(4 + args.repeats, 4 + 2 * args.repeats):
-        call, until_copied, handle = _timed_deferred(lambda: save(step, True, "before_update"))
+        call, until_copied, handle = _timed_deferred(ckpt, lambda: save(step, True, "before_update"))
         handle.wait()
         calls.append(call)
         immediate.append(until_copied)
@@ -193,13 +194,14 @@ def run(args) -> dict:
         seconds, _ = _timed(lambda: _dcp_save(chunks, optimizer, root / "dcp"))
         samples.append(seconds)
     r["dcp_save_samples_s"], r["dcp_save_s"] = samples, statistics.median(samples)
-    r["ours_load_s"], _ = _timed(lambda: checkpoint.load(root / "ours", model=chunks, optimizer=optimizer))
+    r["ours_load_s"], _ = _timed(lambda: ckpt.load(root / "ours", model=chunks, optimizer=optimizer))
     r["torch_dist_load_s"], _ = _timed(lambda: _torch_dist_load(chunks, optimizer, root / "torch_dist"))
     r["dcp_load_s"], _ = _timed(lambda: _dcp_load(chunks, optimizer, root / "dcp"))
     destroy()
     del chunks, optimizer
     chunks, optimizer = _build(arch, load_layout)
-    r["ours_reshard_load_s"], _ = _timed(lambda: checkpoint.load(root / "ours", model=chunks, optimizer=optimizer))
+    r["ours_reshard_load_s"], _ = _timed(lambda: ckpt.load(root / "ours", model=chunks, optimizer=optimizer))
+    ckpt.close()
     r["torch_dist_reshard_load_s"], _ = _timed(lambda: _torch_dist_load(chunks, optimizer, root / "torch_dist"))
     r["dcp_reshard_load_s"] = None
     newest = root / "ours" / f"step_{checkpoint.latest_step(root / 'ours')}"

@@ -222,8 +222,9 @@ def _train(cfg: Config, stop) -> dict:
         except ValueError as err:
             raise ConfigError(str(err)) from None
     ckpt_root = run_dir / "checkpoints"
+    ckpt = checkpoint.Checkpointer()
     # HAPO: the previous step's entropy statistics (None: the first step samples at plain T).
-    first_step, hapo_stats = _resume(ckpt_root, actor, critic, loader, engine, arch, cfg, pool)
+    first_step, hapo_stats = _resume(ckpt_root, ckpt, actor, critic, loader, engine, arch, cfg, pool)
     first_step += 1
     log = MetricsLog(run_dir, enabled=rank == 0, total_steps=cfg.trainer.max_steps, resume_after=first_step - 1)
     monitor = _start_monitor(cfg, run_dir)
@@ -235,7 +236,7 @@ def _train(cfg: Config, stop) -> dict:
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     for step in range(first_step, cfg.trainer.max_steps + 1):
         step_start = time.perf_counter()
-        snapshot_waited = checkpoint.snapshot_wait_seconds()
+        snapshot_waited = ckpt.snapshot_wait_seconds()
         step_sampling = sampling
         if recipe.temperature_tau > 0 and hapo_stats is not None:
             step_sampling = dataclasses.replace(sampling, temperature_tau=recipe.temperature_tau,
@@ -361,7 +362,7 @@ def _train(cfg: Config, stop) -> dict:
         # The stall of the checkpoint saved after the previous step: the save call itself, and
         # this step's updates waiting for its deferred host copy (0 once the rollout covered it).
         record["timing/checkpoint_s"], last_save_s = last_save_s, 0.0
-        record["timing/checkpoint_wait_s"] = checkpoint.snapshot_wait_seconds() - snapshot_waited
+        record["timing/checkpoint_wait_s"] = ckpt.snapshot_wait_seconds() - snapshot_waited
         record["throughput/tokens_per_s"] = (generated_tokens + tokens_trained) / record["timing/step_s"]
         faulty = False
         if monitor is not None:
@@ -375,7 +376,7 @@ def _train(cfg: Config, stop) -> dict:
         interval = cfg.checkpoint.save_interval
         if faulty or stop_signal or step == cfg.trainer.max_steps or (interval and step % interval == 0):
             save_start = time.perf_counter()
-            _save(ckpt_root, step, actor, critic, loader, base_dir, cfg, pool, hapo_stats)
+            _save(ckpt_root, ckpt, step, actor, critic, loader, base_dir, cfg, pool, hapo_stats)
             last_save_s = time.perf_counter() - save_start
         if faulty and rank == 0:
             print(f"stopping after step {step}: the monitor declared {sorted(monitor.declared)} faulty "
@@ -384,7 +385,7 @@ def _train(cfg: Config, stop) -> dict:
             print(f"stopped on {stop_signal.name} after step {step}; checkpoint saved in {ckpt_root}", flush=True)
         if faulty or stop_signal is not None:
             break
-    checkpoint.wait_pending()  # an async save still writing must commit before we exit
+    ckpt.close()  # an async save still writing must commit before we exit
     if monitor is not None:
         monitor.stop()
     done = step >= cfg.trainer.max_steps
@@ -403,28 +404,29 @@ def _train(cfg: Config, stop) -> dict:
     return summary
 
 
-def _save(root: Path, step: int, actor, critic, loader, base_dir: Path, cfg: Config,
-          pool: Optional[WindowPool], hapo_stats=None) -> None:
+def _save(root: Path, ckpt: checkpoint.Checkpointer, step: int, actor, critic, loader, base_dir: Path,
+          cfg: Config, pool: Optional[WindowPool], hapo_stats=None) -> None:
     """Actor, optimizer, RNG, data position, T-PPO's in-flight responses, HAPO's entropy statistics;
     plus what an HF export needs. The critic (and its optimizer) goes first into root/critic:
     saves commit in the order they were made, so once the actor's step is committed the critic's is too."""
     snapshot = cfg.checkpoint.snapshot if cfg.checkpoint.async_save else "at_save"
     if critic is not None:
         with critic.active():
-            checkpoint.save(root / CRITIC_DIR, step, model=critic.chunks, optimizer=critic.optimizer,
-                            extra={"step": step}, async_save=cfg.checkpoint.async_save,
-                            keep_last=cfg.checkpoint.keep_last, snapshot=snapshot)
+            ckpt.save(root / CRITIC_DIR, step, model=critic.chunks, optimizer=critic.optimizer,
+                      extra={"step": step}, async_save=cfg.checkpoint.async_save,
+                      keep_last=cfg.checkpoint.keep_last, snapshot=snapshot)
     hf_config = json.loads((base_dir / "config.json").read_text())
     extra = {"step": step, "data": loader.state_dict(), "hf_config": hf_config, "hf_expert_style": "per_expert"}
     if pool is not None:
         extra["windows"] = pool.state_dict()
     if hapo_stats is not None:
         extra["hapo_entropy_stats"] = dataclasses.asdict(hapo_stats)
-    checkpoint.save(root, step, model=actor.chunks, optimizer=actor.optimizer, extra=extra,
-                    async_save=cfg.checkpoint.async_save, keep_last=cfg.checkpoint.keep_last, snapshot=snapshot)
+    ckpt.save(root, step, model=actor.chunks, optimizer=actor.optimizer, extra=extra,
+              async_save=cfg.checkpoint.async_save, keep_last=cfg.checkpoint.keep_last, snapshot=snapshot)
 
 
-def _resume(root: Path, actor, critic, loader, engine, arch, cfg: Config, pool: Optional[WindowPool]):
+def _resume(root: Path, ckpt: checkpoint.Checkpointer, actor, critic, loader, engine, arch, cfg: Config,
+            pool: Optional[WindowPool]):
     """Load the newest committed step (any layout), push its weights into vLLM; return
     (step, HAPO entropy stats or None); (0, None) for a fresh run.
 
@@ -441,8 +443,8 @@ def _resume(root: Path, actor, critic, loader, engine, arch, cfg: Config, pool: 
             raise ConfigError(f"{root} step {step} has no critic checkpoint in {root / CRITIC_DIR}: it was saved "
                               f"by a recipe without a critic; resume it with that recipe or use a new trainer.run_dir")
         with critic.active():  # any saved layout loads into the critic's current one
-            checkpoint.load(root / CRITIC_DIR, model=critic.chunks, optimizer=critic.optimizer, step=step)
-    extra = checkpoint.load(root, model=actor.chunks, optimizer=actor.optimizer, step=step)
+            ckpt.load(root / CRITIC_DIR, model=critic.chunks, optimizer=critic.optimizer, step=step)
+    extra = ckpt.load(root, model=actor.chunks, optimizer=actor.optimizer, step=step)
     loader.load_state_dict(extra["data"])
     note = ""
     if pool is not None:
