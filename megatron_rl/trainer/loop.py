@@ -142,7 +142,7 @@ def _train(cfg: Config, stop) -> dict:
     from megatron_rl.data import PromptDataset, PromptFields, PromptLoader
     from megatron_rl.rewards import build_verifier
     from megatron_rl.rollout import EngineConfig, RolloutEngine, Sampling
-    from megatron_rl.rollout.sync import check_parity, sync_weights
+    from megatron_rl.rollout.sync import WeightSync, check_parity
     from megatron_rl.algorithms import explained_variance
     from megatron_rl.schedules import (ActorLoss, CriticLoss, TrainBatch, compute_logprobs, compute_values,
                                        gather_data_parallel, local_batch, train_step)
@@ -223,8 +223,9 @@ def _train(cfg: Config, stop) -> dict:
             raise ConfigError(str(err)) from None
     ckpt_root = run_dir / "checkpoints"
     ckpt = checkpoint.Checkpointer()
+    weight_sync = WeightSync(actor.chunks, arch, engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20)))
     # HAPO: the previous step's entropy statistics (None: the first step samples at plain T).
-    first_step, hapo_stats = _resume(ckpt_root, ckpt, actor, critic, loader, engine, arch, cfg, pool)
+    first_step, hapo_stats = _resume(ckpt_root, ckpt, actor, critic, loader, weight_sync, pool)
     first_step += 1
     log = MetricsLog(run_dir, enabled=rank == 0, total_steps=cfg.trainer.max_steps, resume_after=first_step - 1)
     monitor = _start_monitor(cfg, run_dir)
@@ -350,7 +351,7 @@ def _train(cfg: Config, stop) -> dict:
         record["timing/train_s"] = time.perf_counter() - train_start
         record["timing/weight_sync_s"] = 0.0
         if record.get("actor/updated"):
-            sync = sync_weights(actor.chunks, arch, engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20)))
+            sync = weight_sync.sync()
             record["timing/weight_sync_s"] = sync.seconds
         if cfg.rollout.parity_every and step % cfg.rollout.parity_every == 0 and len(rows):
             first_of_group = [row for row, g in enumerate(rows.group_index) if g not in rows.group_index[:row]]
@@ -425,7 +426,7 @@ def _save(root: Path, ckpt: checkpoint.Checkpointer, step: int, actor, critic, l
               async_save=cfg.checkpoint.async_save, keep_last=cfg.checkpoint.keep_last, snapshot=snapshot)
 
 
-def _resume(root: Path, ckpt: checkpoint.Checkpointer, actor, critic, loader, engine, arch, cfg: Config,
+def _resume(root: Path, ckpt: checkpoint.Checkpointer, actor, critic, loader, weight_sync,
             pool: Optional[WindowPool]):
     """Load the newest committed step (any layout), push its weights into vLLM; return
     (step, HAPO entropy stats or None); (0, None) for a fresh run.
@@ -433,7 +434,6 @@ def _resume(root: Path, ckpt: checkpoint.Checkpointer, actor, critic, loader, en
     A T-PPO run also gets its in-flight responses back, so it continues them where it stopped;
     a HAPO run its sampling statistics, so the next rollout samples as it would have."""
     from megatron_rl.algorithms.hapo import EntropyStats
-    from megatron_rl.rollout.sync import sync_weights
 
     step = checkpoint.latest_step(root)
     if step is None:
@@ -456,7 +456,7 @@ def _resume(root: Path, ckpt: checkpoint.Checkpointer, actor, critic, loader, en
             note = f" with {len(pool.samples)} in-flight responses of the window pool"
         else:
             note = " (the checkpoint has no window pool: T-PPO starts with new prompts only)"
-    sync_weights(actor.chunks, arch, engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20)))
+    weight_sync.sync()
     if dist.get_rank() == 0:
         print(f"resumed from {root} step {extra['step']}{note}", flush=True)
     stats = extra.get("hapo_entropy_stats")
