@@ -32,18 +32,23 @@ class _Store:
 
     def __init__(self, root: Path, chunks, optimizer):
         self.root, self.chunks, self.optimizer = root, chunks, optimizer
+        self.checkpointer = checkpoint.Checkpointer()
 
     def save(self, step: int, async_save: bool, snapshot: str = "at_save"):
         """The store's save; returns its handle (``handle.wait()`` until committed)."""
-        return checkpoint.save(self.root, step, model=self.chunks, optimizer=self.optimizer,
-                               async_save=async_save, snapshot=snapshot)
+        return self.checkpointer.save(self.root, step, model=self.chunks, optimizer=self.optimizer,
+                                      async_save=async_save, snapshot=snapshot)
 
     def wait_snapshot(self) -> None:
         """What an optimizer update issued now would wait for (a deferred snapshot's copy)."""
-        checkpoint.wait_snapshot()
+        self.checkpointer.wait_snapshot()
 
     def load(self) -> None:
-        checkpoint.load(self.root, model=self.chunks, optimizer=self.optimizer)
+        self.checkpointer.load(self.root, model=self.chunks, optimizer=self.optimizer)
+
+    def close(self) -> None:
+        """Commit the saves in flight and stop the checkpointer's writer."""
+        self.checkpointer.close()
 
     def newest_step_dir(self) -> Path:
         return self.root / f"step_{checkpoint.latest_step(self.root)}"
@@ -228,6 +233,7 @@ def measure(arch: ModelArch, save_layout: ParallelConfig, reshard_layout: Parall
     r.update(_our_saves(store, repeats))
     r.update(_baseline_saves(store, scratch, repeats))
     r.update(_loads(store, scratch, resharded=False))
+    store.close()
     destroy()
     del store
     store = _build(arch, reshard_layout, scratch.path("ours"))
@@ -237,5 +243,6 @@ def measure(arch: ModelArch, save_layout: ParallelConfig, reshard_layout: Parall
                              "dcp": _dir_bytes(scratch.path("dcp"))}
     r["loadavg_end"] = os.getloadavg()
     r["ratios"] = _ratios(r)
+    store.close()
     destroy()
     return r

@@ -3,7 +3,7 @@
 One torchrun launch builds one HF model (a qwen3 / qwen3_moe size preset or ``--hf DIR``)
 and one vLLM engine per rank (vLLM's parallel groups are process-wide, so the engine
 outlives the Megatron layouts). For each Megatron layout and bucket size it times
-:func:`megatron_rl.rollout.sync.sync_weights` and, to say where the time goes, its two
+:class:`megatron_rl.rollout.sync.WeightSync` and, to say where the time goes, its two
 halves run alone: the gather (iterating ``iter_hf_buckets``, no engine) and the engine's
 load (the same buckets, pre-gathered). The yardstick is a plain ``copy_`` of the
 same bytes into preallocated tensors of the same shapes, timed in the same run on rank 0
@@ -323,11 +323,11 @@ def gather_received_bytes(chunks, arch: ModelArch) -> int:
     """Bytes this rank receives from other ranks during one gather (the network part)."""
     import torch.distributed as dist
 
-    from megatron_rl.bridge import export_plan
+    from megatron_rl.bridge import ExportPlans
 
     rank = dist.get_rank()
     total = 0
-    for unit in export_plan(chunks, arch).units:
+    for unit in ExportPlans().export_plan(chunks, arch).units:  # collective: a fresh plan
         itemsize = unit.dtype.itemsize
         for owner, parts in unit.sources:
             if owner != rank:
@@ -354,23 +354,23 @@ def bench_bucket(chunks, arch: ModelArch, engine, plan: Plan, bucket_bytes: int)
     import torch
 
     from megatron_rl.bridge import PER_EXPERT, iter_hf_buckets, iter_hf_tensors
-    from megatron_rl.bridge.export import plan_buffers
-    from megatron_rl.rollout.sync import buckets, sync_weights
+    from megatron_rl.rollout.sync import WeightSync, buckets
 
     dtype = dtypes.to_torch(plan.dtype)
+    weight_sync = WeightSync(chunks, arch, engine, bucket_bytes)
     stats = []
     for _ in range(plan.warmup):
-        sync_weights(chunks, arch, engine, bucket_bytes)
-    sync = _repeat(lambda: stats.append(sync_weights(chunks, arch, engine, bucket_bytes)), plan.iterations)
+        weight_sync.sync()
+    sync = _repeat(lambda: stats.append(weight_sync.sync()), plan.iterations)
     last = stats[-1]
-    kept = sum(t.numel() * t.element_size() for t in plan_buffers(chunks, arch, PER_EXPERT).values())
+    kept = sum(t.numel() * t.element_size() for t in weight_sync.plans.buffers(chunks, arch, PER_EXPERT).values())
 
-    def gather_only():
-        for _ in iter_hf_buckets(chunks, arch, bucket_bytes, dtype=dtype):
+    def gather_only():  # the sync's own plans and buffers: its gather, without the engine
+        for _ in iter_hf_buckets(chunks, arch, bucket_bytes, dtype=dtype, plans=weight_sync.plans):
             pass
 
     gather = _repeat(gather_only, plan.iterations)
-    gathered = list(iter_hf_tensors(chunks, arch, dtype=dtype))
+    gathered = list(iter_hf_tensors(chunks, arch, dtype=dtype, plans=weight_sync.plans))
 
     def load_only():
         for bucket in buckets(gathered, bucket_bytes):

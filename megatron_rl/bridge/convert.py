@@ -77,7 +77,8 @@ def hf_to_megatron(
         "hf_expert_style": style,
         "converted_for_layout": target.megatron_sizes(),
     }
-    checkpoint.save(out_root, step, model=chunks, extra=extra).wait()
+    with checkpoint.Checkpointer() as ckpt:
+        ckpt.save(out_root, step, model=chunks, extra=extra).wait()
     destroy()
     return extra
 

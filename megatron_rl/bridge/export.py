@@ -2,7 +2,9 @@
 
 The global plan (which rank holds which main-replica piece of which tensor, and which
 Megatron tensors make up which HF tensors) is computed once per model with one metadata
-exchange and cached, together with the collectives and copies derived from it. Each step
+exchange and kept, together with the collectives and copies derived from it, in an
+:class:`ExportPlans` its caller owns (the weight sync keeps one for all its syncs; without
+one, each call builds a fresh plan). Each step
 then moves one group: a *unit* (the smallest set of Megatron tensors that closes over a
 set of HF tensors: a layer's linear_qkv -> q/k/v, one expert's linear_fc1 -> gate/up) for
 :func:`iter_hf_tensors`, or a whole decoder layer for :func:`iter_hf_buckets`. Each owner
@@ -57,21 +59,77 @@ class ExportPlan:
         return [(h, self.tmap.hf_shapes[h], dtype or u.dtype) for u in self.units for h in u.hf]
 
 
-_PLANS: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
-
-
 def _root(module: torch.nn.Module) -> torch.nn.Module:
     while hasattr(module, "module"):
         module = module.module
     return module
 
 
-def export_plan(chunks: Sequence[torch.nn.Module], arch: ModelArch, style: str = PER_EXPERT) -> ExportPlan:
-    """The cached global plan of this model (collective on first use for this model/style)."""
-    cache = _PLANS.setdefault(_root(chunks[0]), {})
-    if (arch, style) not in cache:
-        cache[arch, style] = _build_plan(chunks, arch, style)
-    return cache[arch, style]
+class ExportPlans:
+    """What exporting a model keeps from one call to the next, per model: the global plan,
+    the gather plans derived from it, the views of this rank's pieces and the reusable gather
+    buffers. Entries go with their model (weakly keyed on it).
+
+    Building a plan is collective (one metadata exchange), so every rank must use its
+    ``ExportPlans`` for the same calls.
+    """
+
+    def __init__(self) -> None:
+        self._models: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+    def _of(self, chunks: Sequence[torch.nn.Module]) -> dict:
+        return self._models.setdefault(_root(chunks[0]), {})
+
+    def export_plan(self, chunks: Sequence[torch.nn.Module], arch: ModelArch, style: str = PER_EXPERT) -> ExportPlan:
+        """The global plan of this model (collective on first use for this model/style)."""
+        cache = self._of(chunks)
+        if (arch, style) not in cache:
+            cache[arch, style] = _build_plan(chunks, arch, style)
+        return cache[arch, style]
+
+    def gather_plan(self, chunks, arch: ModelArch, style: str = PER_EXPERT, by_layer: bool = False) -> "GatherPlan":
+        """The collectives and copies of one stream (collective on first use)."""
+        cache = self._of(chunks)
+        key = ("gather", arch, style, by_layer)
+        if key not in cache:
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            world = dist.get_world_size() if dist.is_initialized() else 1
+            plan = GatherPlan.build(self.export_plan(chunks, arch, style), by_layer, rank, world)
+            if by_layer and world > 1:  # only the bucketed stream can use a shared arena
+                plan.same_host = host_arena.all_ranks_on_this_host()
+            cache[key] = plan
+        return cache[key]
+
+    def buffers(self, chunks, arch: ModelArch, style: str) -> dict:
+        """Reusable gather buffers of this model (receive buffer, bucket arena)."""
+        return self._of(chunks).setdefault(("buffers", arch, style), {})
+
+    def local_pieces(self, chunks) -> dict:
+        """(canonical name, offsets) -> live view of this rank's main-replica piece.
+
+        Megatron's ``sharded_state_dict`` costs more than moving a small model's bytes, so
+        the views are kept per model and rebuilt only when a parameter's storage moved
+        (views of the old storage would export stale weights).
+        """
+        cache = self._of(chunks)
+        storage = [p.data_ptr() for chunk in chunks for p in chunk.parameters()]
+        cached = cache.get("local")
+        if cached is None or cached[0] != storage:
+            pieces = {
+                (canonical(s.name), tuple(s.offsets)): s.data.detach()
+                for s in local_shards(chunks)
+                if s.is_main_replica
+            }
+            cache["local"] = cached = (storage, pieces)
+        return cached[1]
+
+    def release_buffers(self, chunks: Sequence[torch.nn.Module]) -> None:
+        """Free the gather buffers kept for this model (:func:`iter_hf_buckets`)."""
+        for key, value in self._of(chunks).items():
+            if key[0] == "buffers":
+                value.clear()
+            elif isinstance(value, GatherPlan):
+                value.shared_views.clear()  # views that hold the shared arena
 
 
 def _gather_metadata(chunks) -> list[list[tuple]]:
@@ -203,16 +261,19 @@ def iter_hf_tensors(
     arch: ModelArch,
     dtype: Optional[torch.dtype] = None,
     style: str = PER_EXPERT,
+    plans: Optional[ExportPlans] = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, full tensor) for the whole model, identical on every rank.
 
     Collective over the default group: every rank must call it and consume it fully, in
     the same order. ``style`` picks per-expert (``save_pretrained``) or fused expert names.
+    ``plans``: the caller's plans to reuse and extend (None: a fresh plan for this call).
     Each tensor is newly allocated (the caller may keep it); extra memory is one unit.
     """
-    gather = gather_plan(chunks, arch, style, by_layer=False)
+    plans = plans if plans is not None else ExportPlans()
+    gather = plans.gather_plan(chunks, arch, style, by_layer=False)
     device = platform.current().device
-    local = _local_pieces(chunks)
+    local = plans.local_pieces(chunks)
     buffers: dict = {}  # the receive buffer lives as long as this stream
     with torch.no_grad():
         for group in gather.groups:
@@ -229,6 +290,7 @@ def iter_hf_buckets(
     dtype: Optional[torch.dtype] = None,
     style: str = PER_EXPERT,
     keep_buffers: bool = True,
+    plans: Optional[ExportPlans] = None,
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Yield the model as buckets of (HF name, full tensor) of at most ``bucket_bytes``.
 
@@ -239,15 +301,16 @@ def iter_hf_buckets(
     per decoder layer and owner instead of one per unit and owner; when every rank is on
     this CPU host, through a shared arena instead (:mod:`megatron_rl.bridge.host_arena`:
     each owner writes its pieces in place, no broadcasts, one bucket per host).
-    ``keep_buffers`` keeps the bucket buffer and the receive buffer for the next call (no
-    fresh pages to map then); otherwise they are freed at the end. Extra memory: one
-    bucket plus one layer.
+    ``keep_buffers`` keeps the bucket buffer and the receive buffer in ``plans`` for the
+    next call (no fresh pages to map then); otherwise they are freed at the end. ``plans``:
+    as for :func:`iter_hf_tensors`. Extra memory: one bucket plus one layer.
     """
-    gather = gather_plan(chunks, arch, style, by_layer=True)
+    plans = plans if plans is not None else ExportPlans()
+    gather = plans.gather_plan(chunks, arch, style, by_layer=True)
     layout = gather.bucket_layout(bucket_bytes, dtype)
-    buffers = plan_buffers(chunks, arch, style)
+    buffers = plans.buffers(chunks, arch, style)
     device = platform.current().device
-    local = _local_pieces(chunks)
+    local = plans.local_pieces(chunks)
     shared = _shared_arena(gather, buffers, layout.nbytes, device)
     arena = shared
     if arena is None:
@@ -314,53 +377,6 @@ def _shared_arena(gather: "GatherPlan", buffers: dict, nbytes: int, device) -> O
             return None
         buffers["shared_arena"] = arena
     return arena
-
-
-def release_buffers(chunks: Sequence[torch.nn.Module]) -> None:
-    """Free the gather buffers kept for this model (:func:`iter_hf_buckets`)."""
-    for key, value in _PLANS.get(_root(chunks[0]), {}).items():
-        if key[0] == "buffers":
-            value.clear()
-        elif isinstance(value, GatherPlan):
-            value.shared_views.clear()  # views that hold the shared arena
-
-
-def _local_pieces(chunks) -> dict:
-    """(canonical name, offsets) -> live view of this rank's main-replica piece.
-
-    Megatron's ``sharded_state_dict`` costs more than moving a small model's bytes, so
-    the views are cached per model and rebuilt only when a parameter's storage moved
-    (views of the old storage would export stale weights).
-    """
-    cache = _PLANS.setdefault(_root(chunks[0]), {})
-    storage = [p.data_ptr() for chunk in chunks for p in chunk.parameters()]
-    cached = cache.get("local")
-    if cached is None or cached[0] != storage:
-        pieces = {
-            (canonical(s.name), tuple(s.offsets)): s.data.detach()
-            for s in local_shards(chunks)
-            if s.is_main_replica
-        }
-        cache["local"] = cached = (storage, pieces)
-    return cached[1]
-
-
-def plan_buffers(chunks, arch: ModelArch, style: str) -> dict:
-    """Reusable gather buffers of this model (receive buffer, bucket arena)."""
-    return _PLANS.setdefault(_root(chunks[0]), {}).setdefault(("buffers", arch, style), {})
-
-
-def gather_plan(chunks, arch: ModelArch, style: str = PER_EXPERT, by_layer: bool = False) -> "GatherPlan":
-    cache = _PLANS.setdefault(_root(chunks[0]), {})
-    key = ("gather", arch, style, by_layer)
-    if key not in cache:
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        plan = GatherPlan.build(export_plan(chunks, arch, style), by_layer, rank, world)
-        if by_layer and world > 1:  # only the bucketed stream can use a shared arena
-            plan.same_host = host_arena.all_ranks_on_this_host()
-        cache[key] = plan
-    return cache[key]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -558,14 +574,17 @@ def save_hf(
     style: str = PER_EXPERT,
     dtype: Optional[torch.dtype] = None,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    plans: Optional[ExportPlans] = None,
 ) -> None:
     """Write the model as an HF checkpoint directory (collective; rank 0 writes).
 
     Tensors are written in ``dtype``, else the dtype named in ``hf_config``, else the
     model's. The directory appears atomically (written under a temporary name, renamed).
+    ``plans``: as for :func:`iter_hf_tensors`.
     """
     dtype = dtype or config_dtype(hf_config)
-    plan = export_plan(chunks, arch, style)
+    plans = plans if plans is not None else ExportPlans()
+    plan = plans.export_plan(chunks, arch, style)
     specs = plan.hf_specs(dtype)
     rank = dist.get_rank() if dist.is_initialized() else 0
     problem = [None]
@@ -576,7 +595,7 @@ def save_hf(
     if problem[0]:
         raise FileExistsError(problem[0])
     config = None if hf_config is None else config_with_dtype(hf_config, specs[0][2])
-    stream = iter_hf_tensors(chunks, arch, dtype, style)
+    stream = iter_hf_tensors(chunks, arch, dtype, style, plans)
     if rank == 0:
         write_checkpoint(out_dir, specs, stream, config, max_file_bytes)
     else:

@@ -7,7 +7,7 @@ optimizer state in place, so a step pre-hook on every inner torch optimizer of t
 state waits for that copy. In RL a whole rollout (and the old-logprob passes, which only
 read the weights) sits between a save and the next update, so the copy is usually done
 before anyone waits. Code that writes saved tensors some other way must call
-:meth:`UpdateGate.wait` (``checkpoint.wait_snapshot()``) first.
+:meth:`UpdateGate.wait` (``Checkpointer.wait_snapshot()``) first.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ import torch
 
 
 class UpdateGate:
-    """The process's one gate: hooks each optimizer once; an optimizer waits for the newest
+    """A checkpointer's gate: hooks each optimizer once; an optimizer waits for the newest
     snapshot of a save that included it (queued saves copy in order, so earlier ones are done)."""
 
     def __init__(self) -> None:
         self._holds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._hooks: list = []  # handles of the step pre-hooks, removed by release()
         self._snapshots: list[threading.Event] = []
         self.waited_s = 0.0
         """Total time updates waited for a snapshot (for the trainer's metrics)."""
@@ -34,12 +35,20 @@ class UpdateGate:
         """Until ``copied`` is set, a ``step()`` of any of ``optimizers`` waits for it."""
         for optimizer in optimizers:
             if optimizer not in self._holds:
-                optimizer.register_step_pre_hook(self._before_step)
+                self._hooks.append(optimizer.register_step_pre_hook(self._before_step))
             self._holds[optimizer] = copied
         self._snapshots = [e for e in self._snapshots if not e.is_set()] + [copied]
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         self._wait_for([self._holds.get(optimizer)])
+
+    def release(self) -> None:
+        """Unhook the optimizers (after :meth:`wait`: a hold released early lets an update
+        race its copy)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        self._holds = weakref.WeakKeyDictionary()
 
     def wait(self) -> float:
         """Block until every snapshot in flight is copied; returns the seconds waited."""

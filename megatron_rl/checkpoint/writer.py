@@ -2,8 +2,8 @@
 
 The training loop is blocked only while this rank's share of the chunks is copied into
 host buffers (reused across saves; pinned on GPU), or, with a deferred snapshot, not at all
-until its next optimizer update (``update_gate``). The rest runs on one long-lived,
-lower-priority background thread: raw bytes into ``data_<rank>.bin`` with a crc32 per 1 MiB
+until its next optimizer update (``update_gate``). The rest runs on the checkpointer's
+long-lived, lower-priority background thread (:class:`BackgroundWriter`): raw bytes into ``data_<rank>.bin`` with a crc32 per 1 MiB
 block, fsync, then a small ``rank_<r>.json`` listing what was written. Rank 0's thread waits
 for every rank's list, writes ``metadata.json`` and the ``COMMIT`` marker, renames
 ``.tmp_step_<N>`` to ``step_<N>``, updates ``latest`` and prunes. The commit needs no
@@ -224,9 +224,10 @@ def _lower_priority() -> None:
         pass
 
 
-class _Writer:
-    """The process's one long-lived background thread. Handing it a save does not wait for a
-    new thread to be scheduled (under CPU contention that alone took 100+ ms of the blocking time)."""
+class BackgroundWriter:
+    """One long-lived background thread that runs saves in the order they were handed over.
+    Handing it a save does not wait for a new thread to be scheduled (under CPU contention
+    that alone took 100+ ms of the blocking time). A checkpointer owns one and stops it on close."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -237,7 +238,10 @@ class _Writer:
     def _loop(self) -> None:
         _lower_priority()
         while True:
-            self._jobs.get()()
+            job = self._jobs.get()
+            if job is None:
+                return
+            job()
 
     def usable(self) -> bool:
         return self._pid == os.getpid() and self._thread.is_alive()  # a forked child has no thread
@@ -245,28 +249,26 @@ class _Writer:
     def submit(self, job: Callable[[], None]) -> None:
         self._jobs.put(job)
 
-
-_writer: Optional[_Writer] = None
-
-
-def _in_background(job: Callable[[], None]) -> None:
-    global _writer
-    if _writer is None or not _writer.usable():
-        _writer = _Writer()
-    _writer.submit(job)
+    def stop(self, wait: bool = True) -> None:
+        """End the thread after the jobs already handed over; ``wait``: until it has ended."""
+        self._jobs.put(None)
+        if wait and self.usable() and threading.current_thread() is not self._thread:
+            self._thread.join()
 
 
 class SaveHandle:
     """A save in flight. ``wait()`` returns once the step is committed (on every rank)."""
 
-    def __init__(self, work: Callable[[], None], root: Path, step: int, rank: int, timeout_s: float, background: bool):
+    def __init__(self, work: Callable[[], None], root: Path, step: int, rank: int, timeout_s: float,
+                 writer: Optional[BackgroundWriter]):
+        """Runs ``work`` on ``writer``'s thread, or here and now (a sync save) when it is None."""
         self.root, self.step, self.rank = Path(root), step, rank
         self._timeout_s = timeout_s
         self._error: Optional[BaseException] = None
         self._finished = threading.Event()
         self._waited = False
-        if background:
-            _in_background(lambda: self._run(work))
+        if writer is not None:
+            writer.submit(lambda: self._run(work))
         else:
             self._run(work)
             self.wait()

@@ -92,7 +92,8 @@ def _train(cfg: Config, stop: StopSignals) -> dict:
     run_dir = Path(cfg.trainer.run_dir)
     ckpt_root = run_dir / "checkpoints"
     slurm = SlurmEnv.from_environ()
-    start_step, extra = _resume(ckpt_root, chunks, optimizer)
+    ckpt = checkpoint.Checkpointer()
+    start_step, extra = _resume(ckpt, ckpt_root, chunks, optimizer)
     if ctx.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump_yaml(cfg))
@@ -120,9 +121,9 @@ def _train(cfg: Config, stop: StopSignals) -> dict:
         interval = cfg.checkpoint.save_interval
         if stop_signal is not None or step == cfg.trainer.max_steps or (interval and step % interval == 0):
             extra = {"step": step, "first_loss": extra.get("first_loss", history[0]["lm_loss"]), "last_loss": loss}
-            checkpoint.save(ckpt_root, step, model=chunks, optimizer=optimizer, extra=extra,
-                            async_save=cfg.checkpoint.async_save, keep_last=cfg.checkpoint.keep_last)
-    checkpoint.wait_pending()  # committed on every rank before anyone reports
+            ckpt.save(ckpt_root, step, model=chunks, optimizer=optimizer, extra=extra,
+                      async_save=cfg.checkpoint.async_save, keep_last=cfg.checkpoint.keep_last)
+    ckpt.close()  # committed on every rank before anyone reports
     done = step >= cfg.trainer.max_steps
     code = exit_codes.DONE if done else exit_codes.STOPPED
     if ctx.rank == 0:
@@ -161,14 +162,14 @@ def _optimizer_step(chunks, optimizer, micro: list, cfg: Config):
     return losses, grad_norm
 
 
-def _resume(root: Path, chunks, optimizer) -> tuple[int, dict]:
+def _resume(ckpt: checkpoint.Checkpointer, root: Path, chunks, optimizer) -> tuple[int, dict]:
     """(step, extra) of the newest committed checkpoint, loaded into chunks + optimizer;
     (0, {}) when there is none. Rank 0 looks, so every rank resumes from the same step."""
     found = [checkpoint.latest_step(root) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(found, src=0)
     if found[0] is None:
         return 0, {}
-    extra = checkpoint.load(root, model=chunks, optimizer=optimizer, step=found[0])
+    extra = ckpt.load(root, model=chunks, optimizer=optimizer, step=found[0])
     return found[0], extra
 
 

@@ -8,7 +8,8 @@ on CPU the fast per-layer path of :mod:`megatron_rl.rollout.inplace_load`, else 
 reload). Buckets end only between decoder layers: packed kernel weights are rebuilt
 from all of a module's weights at once (fused qkv, all experts of a layer), and vLLM's
 reload processes a layer only once all of it arrived. Extra memory is about one bucket
-plus one layer.
+plus one layer. A :class:`WeightSync` keeps the export plan and those buffers (its own
+``ExportPlans``) for all syncs of one actor into one engine.
 
 The parity guard then compares vLLM's logprobs with Megatron's on a few sequences, since
 a silently wrong weight (a skipped tensor, the CPU MoE packing defect) only shows there.
@@ -78,39 +79,45 @@ def buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
         yield bucket + layer
 
 
-def sync_weights(
-    chunks: Sequence[torch.nn.Module],
-    arch: ModelArch,
-    engine: RolloutEngine,
-    bucket_bytes: int = 512 << 20,
-    skip: Sequence[str] = (),
-    keep_buffers: Optional[bool] = None,
-) -> SyncStats:
-    """Push the actor's current weights into ``engine`` (collective over the world group).
+class WeightSync:
+    """Pushes the actor's current weights into the colocated ``engine`` (collective over the
+    world group), keeping the export plan and the gather buffers from one sync to the next.
 
-    ``keep_buffers``: keep the gather's bucket and receive buffers for the next sync
-    (None: on CPU, where mapping fresh pages costs as much as a copy; freed on GPU, where
-    training wants the memory back). ``skip`` names HF tensors to leave out: only for
-    tests of the parity guard.
+    ``bucket_bytes``: the largest bucket (a decoder layer larger than that goes alone).
+    ``keep_buffers``: keep the gather's bucket and receive buffers for the next sync (None:
+    on CPU, where mapping fresh pages costs as much as a copy; freed on GPU, where training
+    wants the memory back).
     """
-    from megatron_rl.bridge import iter_hf_buckets
 
-    dtype = dtypes.to_torch(engine.config.dtype)
-    if keep_buffers is None:
-        keep_buffers = not torch.cuda.is_available()
-    start = time.perf_counter()
-    moved = count = n_buckets = largest = 0
-    for bucket in iter_hf_buckets(chunks, arch, bucket_bytes, dtype=dtype, keep_buffers=keep_buffers):
-        bucket = [(n, t) for n, t in bucket if n not in skip]
-        size = sum(t.numel() * t.element_size() for _, t in bucket)
-        engine.load_weights(bucket)  # the views are reused for the next bucket: load them now
-        moved += size
-        count += len(bucket)
-        n_buckets += 1
-        largest = max(largest, size)
-        del bucket
-    engine.finish_weight_update()
-    return SyncStats(time.perf_counter() - start, moved, count, n_buckets, largest)
+    def __init__(self, chunks: Sequence[torch.nn.Module], arch: ModelArch, engine: RolloutEngine,
+                 bucket_bytes: int = 512 << 20, keep_buffers: Optional[bool] = None):
+        from megatron_rl.bridge import ExportPlans
+
+        self.chunks, self.arch, self.engine, self.bucket_bytes = chunks, arch, engine, bucket_bytes
+        self.keep_buffers = not torch.cuda.is_available() if keep_buffers is None else keep_buffers
+        self.plans = ExportPlans()
+        """The export plan, gather plans and buffers of ``chunks`` (built at the first sync)."""
+
+    def sync(self, skip: Sequence[str] = ()) -> SyncStats:
+        """One sync, bucket by bucket. ``skip`` names HF tensors to leave out: only for tests
+        of the parity guard."""
+        from megatron_rl.bridge import iter_hf_buckets
+
+        dtype = dtypes.to_torch(self.engine.config.dtype)
+        start = time.perf_counter()
+        moved = count = n_buckets = largest = 0
+        for bucket in iter_hf_buckets(self.chunks, self.arch, self.bucket_bytes, dtype=dtype,
+                                      keep_buffers=self.keep_buffers, plans=self.plans):
+            bucket = [(n, t) for n, t in bucket if n not in skip]
+            size = sum(t.numel() * t.element_size() for _, t in bucket)
+            self.engine.load_weights(bucket)  # the views are reused for the next bucket: load them now
+            moved += size
+            count += len(bucket)
+            n_buckets += 1
+            largest = max(largest, size)
+            del bucket
+        self.engine.finish_weight_update()
+        return SyncStats(time.perf_counter() - start, moved, count, n_buckets, largest)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from megatron_rl import checkpoint
+from megatron_rl.checkpoint import Checkpointer
 from megatron_rl.config import ConfigError
 from megatron_rl.config.schema import CheckpointConfig
 from megatron_rl.trainer.setup import Trainable
@@ -25,7 +26,7 @@ CRITIC_DIR = "critic"
 class RunCheckpoint:
     """The run's checkpoints, written and read through one checkpointer."""
 
-    def __init__(self, checkpointer, root: Path, config: CheckpointConfig, base_dir: Path):
+    def __init__(self, checkpointer: Checkpointer, root: Path, config: CheckpointConfig, base_dir: Path):
         self.checkpointer = checkpointer
         self.root = Path(root)
         self.config = config
@@ -66,6 +67,6 @@ class RunCheckpoint:
                                        step=step)
         return self.checkpointer.load(self.root, model=actor.chunks, optimizer=actor.optimizer, step=step)
 
-    def wait(self) -> None:
-        """Block until every save in flight is committed (before the process exits)."""
-        self.checkpointer.wait_pending()
+    def close(self) -> None:
+        """Commit every save in flight (before the process exits) and stop the writer."""
+        self.checkpointer.close()

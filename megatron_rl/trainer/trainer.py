@@ -74,7 +74,7 @@ class RLTrainer:
         self.arch = arch_from_hf(self.base_dir)
         self._build_models()
         self._build_rollout()
-        self.checkpointer = checkpoint
+        self.checkpointer = checkpoint.Checkpointer()
         self.run_checkpoint = RunCheckpoint(self.checkpointer, self.run_dir / "checkpoints", cfg.checkpoint,
                                             self.base_dir)
         self.entropy_stats: Optional[EntropyStats] = None
@@ -129,7 +129,7 @@ class RLTrainer:
         from megatron_rl.data import PromptDataset, PromptFields, PromptLoader
         from megatron_rl.rewards import build_verifier
         from megatron_rl.rollout import EngineConfig, RolloutEngine, Sampling
-        from megatron_rl.rollout.sync import sync_weights
+        from megatron_rl.rollout.sync import WeightSync
 
         cfg, recipe = self.cfg, self.recipe
         tokenizer = AutoTokenizer.from_pretrained(self.base_dir)
@@ -153,9 +153,8 @@ class RLTrainer:
                                  temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                  stop_token_ids=(tokenizer.eos_token_id,), window=recipe.generation_window)
         self.source = self._source(loader, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
-        bucket_bytes = int(cfg.rollout.bucket_mb * (1 << 20))
-        self.sync_into_engine = lambda: sync_weights(self.actor.chunks, self.arch, self.engine,
-                                                     bucket_bytes=bucket_bytes)
+        self.weight_sync = WeightSync(self.actor.chunks, self.arch, self.engine,
+                                      bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20)))
 
     def _source(self, loader, decode) -> RolloutSource:
         """Lockstep groups, or T-PPO's window pool; both on the colocated engine."""
@@ -176,7 +175,7 @@ class RLTrainer:
             note = self.source.load_state_dict(extra)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        self.sync_into_engine()
+        self.weight_sync.sync()
         if self.rank == 0:
             print(f"resumed from {self.run_checkpoint.root} step {extra['step']}{note}", flush=True)
         stats = extra.get("hapo_entropy_stats")
@@ -339,7 +338,7 @@ class RLTrainer:
         guard checks that vLLM's logprobs of a few sequences equal Megatron's."""
         from megatron_rl.rollout.sync import check_parity
 
-        metrics["timing/weight_sync_s"] = self.sync_into_engine().seconds if metrics.get("actor/updated") else 0.0
+        metrics["timing/weight_sync_s"] = self.weight_sync.sync().seconds if metrics.get("actor/updated") else 0.0
         every = self.cfg.rollout.parity_every
         if every and step % every == 0 and len(rows):
             first_of_group = [row for row, g in enumerate(rows.group_index) if g not in rows.group_index[:row]]
@@ -409,7 +408,7 @@ class RLTrainer:
 
     def close(self, step: int) -> dict:
         """Wait for the saves in flight, write the run's status; the summary of this run."""
-        self.run_checkpoint.wait()  # an async save still writing must commit before we exit
+        self.run_checkpoint.close()  # an async save still writing must commit before we exit
         if self.monitor is not None:
             self.monitor.stop()
         code = exit_codes.DONE if step >= self.cfg.trainer.max_steps else exit_codes.STOPPED

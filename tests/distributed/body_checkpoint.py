@@ -155,14 +155,13 @@ SNAPSHOT = {"moe": "before_update", "dense": "at_save"}
 HOLD_AFTER_UPDATE_S = 0.2
 
 
-def _hold_writer_until_update(optimizer):
-    """Occupy the background writer until ``optimizer``'s next step() is called, then 0.2 s more."""
-    from megatron_rl.checkpoint import writer
+def _hold_writer_until_update(ckpt, optimizer):
+    """Occupy ``ckpt``'s background writer until ``optimizer``'s next step() is called, then 0.2 s more."""
     from megatron_rl.checkpoint.optimizer_state import sub_optimizers
 
     called = threading.Event()
     hooks = [sub.optimizer.register_step_pre_hook(lambda *_: called.set()) for sub in sub_optimizers(optimizer)]
-    writer._in_background(lambda: (called.wait(120), time.sleep(HOLD_AFTER_UPDATE_S)))
+    ckpt._background().submit(lambda: (called.wait(120), time.sleep(HOLD_AFTER_UPDATE_S)))
     return hooks
 
 
@@ -174,12 +173,13 @@ def saved(kind, layout_name, layout, steps=2, more=2):
         run = Run(kind, layout)
         run.train(range(1, steps + 1))
         params, optim = run.full_params(), run.full_optimizer_state()
-        hooks = _hold_writer_until_update(run.optimizer) if SNAPSHOT[kind] == "before_update" else []
-        waited_before = checkpoint.snapshot_wait_seconds()
+        ckpt = checkpoint.Checkpointer()
+        hooks = _hold_writer_until_update(ckpt, run.optimizer) if SNAPSHOT[kind] == "before_update" else []
+        waited_before = ckpt.snapshot_wait_seconds()
         start = time.time()
-        handle = checkpoint.save(root, steps, model=run.chunks, optimizer=run.optimizer,
-                                 extra={"data_position": steps, "note": "async"}, async_save=True,
-                                 snapshot=SNAPSHOT[kind])
+        handle = ckpt.save(root, steps, model=run.chunks, optimizer=run.optimizer,
+                           extra={"data_position": steps, "note": "async"}, async_save=True,
+                           snapshot=SNAPSHOT[kind])
         blocking = time.time() - start
         continued = run.train(range(steps + 1, steps + more + 1))  # overlaps the background write
         handle.wait()
@@ -188,7 +188,8 @@ def saved(kind, layout_name, layout, steps=2, more=2):
         SAVED[key] = dict(root=root, step=steps, params=params, optim=optim, continued=continued,
                           final=run.full_params(), blocking_s=blocking, steps=steps, more=more,
                           fp32_param_aliased=_fp32_params_stored_once(root, steps), snapshot=SNAPSHOT[kind],
-                          update_waited_s=checkpoint.snapshot_wait_seconds() - waited_before)
+                          update_waited_s=ckpt.snapshot_wait_seconds() - waited_before)
+        ckpt.close()
         if dist.get_rank() == 0:  # for loads by a launch of another world size (test data, not the store)
             torch.save({k: v for k, v in SAVED[key].items() if k != "root"}, _reference_file(kind, layout_name))
         destroy()
@@ -221,7 +222,7 @@ def reshard(kind, save_name, save_layout, load_layout):
     ``save_layout`` None: the checkpoint was saved by a launch of another world size."""
     ref = saved(kind, save_name, save_layout) if save_layout is not None else saved_elsewhere(kind, save_name)
     run = Run(kind, load_layout, seed=99)  # a different init: everything must come from the file
-    extra = checkpoint.load(ref["root"], model=run.chunks, optimizer=run.optimizer)
+    extra = checkpoint.Checkpointer().load(ref["root"], model=run.chunks, optimizer=run.optimizer)
     params, optim = run.full_params(), run.full_optimizer_state()
     result = {
         "extra": extra,
@@ -246,16 +247,17 @@ def reshard(kind, save_name, save_layout, load_layout):
 def exact_resume(kind, layout, n=2, m=2):
     """N steps, save, M steps  ==  fresh model, load, M steps (data drawn from python's RNG)."""
     root = ROOT / f"resume-{kind}"
+    ckpt = checkpoint.Checkpointer()
     run = Run(kind, layout, data="python_rng")
     random.seed(5)
     run.train(range(1, n + 1))
-    checkpoint.save(root, n, model=run.chunks, optimizer=run.optimizer, extra={"step": n})
+    ckpt.save(root, n, model=run.chunks, optimizer=run.optimizer, extra={"step": n})
     straight = run.train(range(n + 1, n + m + 1))
     final = run.full_params()
     destroy()
     random.seed(123)  # scrambled: the checkpoint's RNG state must put it back
     resumed_run = Run(kind, layout, seed=99, data="python_rng")
-    extra = checkpoint.load(root, model=resumed_run.chunks, optimizer=resumed_run.optimizer)
+    extra = ckpt.load(root, model=resumed_run.chunks, optimizer=resumed_run.optimizer)
     resumed = resumed_run.train(range(n + 1, n + m + 1))
     out = {"straight": straight, "resumed": resumed, "final_diff": _max_diff(resumed_run.full_params(), final), "extra": extra}
     destroy()
@@ -267,9 +269,10 @@ def retention_and_latest():
     root = ROOT / "retention"
     run = Run("dense", {})
     seen = []
-    for step in (1, 2, 3):
-        checkpoint.save(root, step, model=run.chunks, keep_last=2, async_save=step % 2 == 1).wait()
-        seen.append(checkpoint.committed_steps(root))
+    with checkpoint.Checkpointer() as ckpt:
+        for step in (1, 2, 3):
+            ckpt.save(root, step, model=run.chunks, keep_last=2, async_save=step % 2 == 1).wait()
+            seen.append(checkpoint.committed_steps(root))
     out = {"seen": seen, "latest": checkpoint.latest_step(root), "latest_file": (root / "latest").read_text().strip()}
     destroy()
     return out

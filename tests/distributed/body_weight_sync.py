@@ -17,15 +17,14 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl import platform
-from megatron_rl.bridge import PER_EXPERT, iter_hf_buckets, load_hf
-from megatron_rl.bridge.export import gather_plan, plan_buffers
+from megatron_rl.bridge import PER_EXPERT, ExportPlans, iter_hf_buckets, load_hf
 from megatron_rl.bridge.host_arena import TRANSPORT_ENV
 from megatron_rl.models import build_model
 from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.parallel import ParallelConfig, destroy, initialize
 from megatron_rl.parallel.shards import local_shards
 from megatron_rl.rollout import EngineConfig, RolloutEngine
-from megatron_rl.rollout.sync import ParityError, check_parity, sync_weights
+from megatron_rl.rollout.sync import ParityError, WeightSync, check_parity
 from megatron_rl.testing.hf_models import save_tiny_model
 from megatron_rl.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
 from megatron_rl.testing.torchrun import run_cases
@@ -77,21 +76,22 @@ def sync_case(layout, skip_one=False):
     _, arch, engine = setup()
     try:
         chunks = perturbed_actor(layout, "a")
-        stats = sync_weights(chunks, arch, engine, bucket_bytes=BUCKET)
+        weight_sync = WeightSync(chunks, arch, engine, bucket_bytes=BUCKET)
+        stats = weight_sync.sync()
         report = check_parity(chunks, engine, sequences(), arch.vocab_size, SEQ, threshold=1e-4)
         out = {"mean_abs_diff": report.mean_abs_diff, "max_abs_diff": report.max_abs_diff,
                "buckets": stats.buckets, "tensors": stats.tensors, "bytes": stats.bytes,
                "sync_s": round(stats.seconds, 3)}
         if not skip_one:  # the next step's weights, through the buffers and views kept from the first sync
             perturb(chunks, "b")
-            sync_weights(chunks, arch, engine, bucket_bytes=BUCKET)
+            weight_sync.sync()
             again = check_parity(chunks, engine, sequences(), arch.vocab_size, SEQ, threshold=1e-4)
             out["max_abs_diff"] = max(report.max_abs_diff, again.max_abs_diff)
         else:
             perturb(chunks, "b")  # a new step's weights; one tensor is "forgotten"
             skipped = ("model.layers.1.mlp.experts.2.down_proj.weight" if arch.is_moe
                        else "model.layers.1.mlp.down_proj.weight")
-            sync_weights(chunks, arch, engine, bucket_bytes=BUCKET, skip=[skipped])
+            weight_sync.sync(skip=[skipped])
             try:
                 check_parity(chunks, engine, sequences(), arch.vocab_size, SEQ, threshold=1e-4)
             except ParityError as err:
@@ -108,18 +108,18 @@ def transports_case(layout):
     _, arch, _ = setup()
     try:
         chunks = perturbed_actor(layout, "c")
-        gathered = {}
+        gathered, plans = {}, ExportPlans()
         for transport in ("auto", "broadcast"):
             os.environ[TRANSPORT_ENV] = transport
             gathered[transport] = [[(n, t.clone()) for n, t in bucket]
-                                   for bucket in iter_hf_buckets(chunks, arch, BUCKET)]
+                                   for bucket in iter_hf_buckets(chunks, arch, BUCKET, plans=plans)]
         os.environ.pop(TRANSPORT_ENV)
         shared, broadcast = gathered["auto"], gathered["broadcast"]
         assert [[n for n, _ in b] for b in shared] == [[n for n, _ in b] for b in broadcast]
         unequal = [n for bs, bb in zip(shared, broadcast) for (n, a), (_, b) in zip(bs, bb) if not torch.equal(a, b)]
         assert not unequal, unequal[:5]
-        return {"buckets": len(shared), "same_host": gather_plan(chunks, arch, by_layer=True).same_host,
-                "shared_arena": "shared_arena" in plan_buffers(chunks, arch, PER_EXPERT)}
+        return {"buckets": len(shared), "same_host": plans.gather_plan(chunks, arch, by_layer=True).same_host,
+                "shared_arena": "shared_arena" in plans.buffers(chunks, arch, PER_EXPERT)}
     finally:
         destroy()
 
