@@ -3,6 +3,9 @@
 This package is the only place that knows which one it is. Everything else asks for
 ``current().device`` and wraps Megatron-Core calls in :func:`megatron_scope`, which on
 CPU activates the compatibility layer (:mod:`.cpu_compat`) and on GPU does nothing.
+Every patch of a dependency lives here: Megatron-Core's in :mod:`.cpu_compat` (and fixes
+of its release in :mod:`.megatron_fixes`), vLLM's CPU backend's in :mod:`.vllm_compat`
+(installed by the rollout engine on CPU); both lists use the :mod:`.patch` form.
 """
 
 from __future__ import annotations

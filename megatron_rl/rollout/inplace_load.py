@@ -28,7 +28,6 @@ none of whose weights arrive keeps its previous weights, as with vLLM's reload.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import re
@@ -36,7 +35,7 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
-from megatron_rl.rollout.vllm_env import PLAIN_LINEAR_ATTR
+from megatron_rl.platform.vllm_compat import PLAIN_LINEAR_ATTR, tied_params_memo
 
 _LAYER = re.compile(r"^(.*?layers\.\d+)\.")
 MODE_ENV = "MEGATRON_RL_WEIGHT_LOAD"
@@ -122,8 +121,6 @@ class InplaceLoader:
         return problems
 
     def _moe(self, name: str, module: torch.nn.Module, meta: dict):
-        from megatron_rl.rollout.vllm_env import _cpu_experts_of
-
         experts = _cpu_experts_of(module)
         if experts is None or getattr(experts, "_use_zentorch", False):
             return f"{name}: MoE experts are not vLLM's CPU grouped-GEMM experts"
@@ -141,31 +138,9 @@ class InplaceLoader:
     @torch.no_grad()
     def load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load the tensors (whole decoder layers); return how many were given."""
-        with self._tied_params_once():
+        # load_weights runs once per layer; which parameters are tied never changes.
+        with tied_params_memo(self._tied):
             return self._load(named_tensors)
-
-    @contextlib.contextmanager
-    def _tied_params_once(self):
-        """vLLM's AutoWeightsLoader walks every module of the model to find tied
-        embeddings each time ``load_weights`` is called (once per layer here); which
-        parameters are tied never changes, so the walk is done once per module."""
-        from vllm.model_executor.models import utils
-
-        original = getattr(utils, "_get_tied_embedding_params", None)
-        if original is None:
-            yield
-            return
-
-        def once(module):
-            if id(module) not in self._tied:
-                self._tied[id(module)] = original(module)
-            return self._tied[id(module)]
-
-        utils._get_tied_embedding_params = once
-        try:
-            yield
-        finally:
-            utils._get_tied_embedding_params = original
 
     def _load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         count = 0
@@ -222,6 +197,28 @@ class InplaceLoader:
         for p, target in live.items():
             torch.ops._C.prepack_moe_weight(staged[p], target.data, s.isa)
         _register(s.module, live)
+
+
+def _cpu_experts_of(module: torch.nn.Module):
+    """vLLM's CPU experts implementation that packs ``module``'s weights, if any."""
+    if not (hasattr(module, "w13_weight") and hasattr(module, "w2_weight")):
+        return None
+    from vllm.model_executor.layers.fused_moe.experts import cpu_moe
+
+    seen = set()
+    stack = [module]
+    while stack:  # the experts object hangs off the layer's quant method / kernel
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if type(obj).__module__ == cpu_moe.__name__ and hasattr(obj, "isa") and hasattr(obj, "process_weights_after_loading"):
+            return obj
+        for attr in ("quant_method", "fused_experts", "experts", "moe_kernel", "kernel", "_experts", "impl", "moe_mk", "runner"):
+            child = getattr(obj, attr, None)
+            if child is not None and not isinstance(child, (torch.Tensor, int, float, str)):
+                stack.append(child)
+    return None
 
 
 def _drop_gemm_handle(module: torch.nn.Module) -> None:
@@ -290,17 +287,5 @@ def load_on_worker(worker, named_tensors: Sequence[tuple[str, torch.Tensor]]) ->
     if loader is not None and not loader.unsupported():
         loader.load(named_tensors)
         return "inplace"
-    worker.reload_weights(weights_iterator=list(named_tensors))
-    worker.model_runner._megatron_rl_reloaded = True
+    worker.reload_weights(weights_iterator=list(named_tensors))  # CPU MoE: see vllm_compat.MOE_RELOAD_REPACK
     return "reload"
-
-
-def finish_on_worker(worker) -> int:
-    """After the last bucket: re-pack CPU MoE weights if vLLM's reload left them unpacked."""
-    from megatron_rl.rollout.vllm_env import repack_cpu_moe
-
-    runner = worker.model_runner
-    if not getattr(runner, "_megatron_rl_reloaded", False):
-        return 0
-    runner._megatron_rl_reloaded = False
-    return repack_cpu_moe(runner.model)
