@@ -258,8 +258,9 @@ class RLTrainer:
         if fresh.sum() > 0:
             diff = (batch.old_logprobs - batch.rollout_logprobs).abs()
             metrics["rollout/logprob_abs_diff"] = float((diff * fresh).sum() / fresh.sum())
-            # k3 estimate of KL(vLLM ‖ Megatron) from vLLM's samples.
-            k3 = kl_penalty(batch.rollout_logprobs, batch.old_logprobs, "k3")
+            # k3 estimate of KL(vLLM ‖ Megatron) from vLLM's samples (float64: for |Δ| ~ 1e-7,
+            # exp(Δ) − Δ − 1 ~ Δ²/2 cancels to 0 in float32).
+            k3 = kl_penalty(batch.rollout_logprobs.double(), batch.old_logprobs.double(), "k3")
             metrics["rollout/mismatch_k3_kl"] = float((k3 * fresh).sum() / fresh.sum())
 
     def rollout_correction(self, batch: StepBatch, metrics: dict) -> None:
