@@ -151,8 +151,10 @@ class RolloutConfig:
     bucket_mb: float = 512.0
     """Weight-sync bucket size."""
     parity_every: int = 0
-    """Run the post-sync parity guard every this many steps (0 = never); it raises above parity_threshold."""
-    parity_threshold: float = 1e-3
+    """Run the post-sync parity guard every this many steps (0 = never): vLLM's weights are
+    read back and its logprobs compared with Megatron's (limits per dtype, docs/design.md)."""
+    parity_threshold: Optional[float] = None
+    """An extra limit on the largest |logprob difference| (None: the dtype's default limits only)."""
     kv_cache_gib: float = 1.0
     """CPU only: vLLM's KV cache size."""
     cpu_linear: str = "packed"
@@ -169,6 +171,8 @@ class RolloutConfig:
             raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]")
         if self.temperature <= 0:
             raise ConfigError(f"rollout.temperature={self.temperature} must be > 0")
+        if self.parity_threshold is not None and not self.parity_threshold > 0:
+            raise ConfigError(f"rollout.parity_threshold={self.parity_threshold} must be > 0 (or null: the dtype's limits)")
         _choice("rollout", "cpu_linear", self.cpu_linear, ("packed", "plain"))
 
 

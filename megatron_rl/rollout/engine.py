@@ -211,6 +211,18 @@ class RolloutEngine:
 
         return self.llm.collective_rpc(inplace_load.load_on_worker, args=(list(named_tensors),))[0]
 
+    def check_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]):
+        """Read back what this engine serves for a bucket it has loaded and compare it with
+        the bucket, exactly (:mod:`megatron_rl.rollout.weight_check`); the workers' results
+        merged into one ``WeightCheckResult``."""
+        from megatron_rl.rollout import weight_check
+
+        results = self.llm.collective_rpc(weight_check.check_on_worker, args=(list(named_tensors),))
+        merged = weight_check.WeightCheckResult()
+        for result in results:
+            merged = merged.merged(result)
+        return merged
+
     def finish_weight_update(self) -> None:
         """Drop cached prefixes (computed with the old weights) after the last bucket."""
         self.llm.reset_prefix_cache()

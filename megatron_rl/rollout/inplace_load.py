@@ -7,7 +7,7 @@ signature per tensor and copies every weight twice. A weight sync changes values
 model's own ``load_weights`` (its stacked-params / expert mapping and TP sharding) and
 only the kernel-format packing of that layer is redone:
 
-- unquantized linear layers on CPU keep no plain weight, only a GEMM handle packed from
+- unquantized linear layers on CPU mostly keep no plain weight, only a GEMM handle packed from
   it (oneDNN, sgl or zentorch): the weight is loaded into a staging buffer reused from
   layer to layer and the layer's own ``process_weights_after_loading`` packs it again
   (the dominant cost of a sync; an engine built with ``cpu_linear="plain"`` keeps plain
@@ -105,8 +105,11 @@ class InplaceLoader:
                 weight = module._parameters.get("weight")
                 if weight is not None and weight.numel() == 0 and "weight" in meta and meta["weight"].dim() == 2:
                     self._add(_Staged(name, module, "linear", {"weight": meta["weight"]}))
-                elif weight is not None and weight.numel() > 0 and (plain or not hasattr(module, "cpu_linear")):
-                    continue  # plain weight used as is: loaded in place
+                elif weight is not None and weight.numel() > 0:
+                    # A linear layer's packed GEMM drops its weight; one that keeps it (plain
+                    # marker, or vLLM's torch fallback where oneDNN lacks the dtype: bf16
+                    # without AVX512) computes from it: loaded in place.
+                    continue
                 else:
                     problems.append(f"{name}: linear layer in an unexpected state")
                 continue
@@ -184,7 +187,7 @@ class InplaceLoader:
             param.__dict__ = meta.__dict__.copy()
             param.requires_grad_(False)
             restore_layer_refs(param, s.module)
-            param.weight_loader = _unwrapped(param.weight_loader)
+            param.weight_loader = unwrapped_loader(param.weight_loader)
             s.module.register_parameter(p, param)
         return live
 
@@ -226,7 +229,7 @@ def _drop_gemm_handle(module: torch.nn.Module) -> None:
     module.__dict__.pop("cpu_linear", None)
 
 
-def _unwrapped(loader):
+def unwrapped_loader(loader):
     """The model's own weight loader: vLLM's reload wraps the stored one in place."""
     while getattr(loader, "__name__", "") == "online_process_loader":
         loader = loader.__wrapped__

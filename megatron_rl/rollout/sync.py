@@ -11,8 +11,10 @@ reload processes a layer only once all of it arrived. Extra memory is about one 
 plus one layer. A :class:`WeightSync` keeps the export plan and those buffers (its own
 ``ExportPlans``) for all syncs of one actor into one engine.
 
-The parity guard then compares vLLM's logprobs with Megatron's on a few sequences, since
-a silently wrong weight (a skipped tensor, the CPU MoE packing defect) only shows there.
+The parity guard then checks that vLLM serves what was sent: its loaded weights read back
+(:mod:`.weight_check`) and its logprobs of a few sequences against Megatron's, judged per
+dtype (:mod:`.parity`), since a silently wrong weight (a skipped tensor, the CPU MoE
+packing defect) shows nowhere else.
 """
 
 from __future__ import annotations
@@ -20,20 +22,20 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 
 from megatron_rl.models.hf_config import ModelArch
+from megatron_rl.rollout import parity
 from megatron_rl.rollout.engine import RolloutEngine
+from megatron_rl.rollout.parity import ParityError, ParityLimits, ParityReport, parity_limits, parity_report
 from megatron_rl.utils import dtypes
 
+if TYPE_CHECKING:
+    from megatron_rl.rollout.weight_check import WeightCheckResult
+
 _LAYER = re.compile(r"^(model\.layers\.\d+)\.")
-
-
-class ParityError(RuntimeError):
-    """vLLM's logprobs differ from Megatron's beyond the threshold after a sync."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +45,8 @@ class SyncStats:
     tensors: int
     buckets: int
     largest_bucket_bytes: int
+    weight_check: Optional["WeightCheckResult"] = None
+    """What reading the weights back found (only when the sync was asked to check)."""
 
     @property
     def gb_per_s(self) -> float:
@@ -98,33 +102,54 @@ class WeightSync:
         self.plans = ExportPlans()
         """The export plan, gather plans and buffers of ``chunks`` (built at the first sync)."""
 
-    def sync(self, skip: Sequence[str] = ()) -> SyncStats:
-        """One sync, bucket by bucket. ``skip`` names HF tensors to leave out: only for tests
-        of the parity guard."""
+    def sync(self, check_weights: bool = False, skip: Sequence[str] = ()) -> SyncStats:
+        """One sync, bucket by bucket. ``check_weights``: read every bucket back from vLLM
+        after loading it (:mod:`.weight_check`; its time is not counted in ``seconds``) and
+        raise :class:`ParityError`, on every rank, when a served weight differs. ``skip``
+        names HF tensors to leave out: only for tests of the parity guard."""
         from megatron_rl.bridge import iter_hf_buckets
+        from megatron_rl.rollout.weight_check import WeightCheckResult
 
         dtype = dtypes.to_torch(self.engine.config.dtype)
         start = time.perf_counter()
         moved = count = n_buckets = largest = 0
+        checked, check_seconds = WeightCheckResult(), 0.0
         for bucket in iter_hf_buckets(self.chunks, self.arch, self.bucket_bytes, dtype=dtype,
                                       keep_buffers=self.keep_buffers, plans=self.plans):
-            bucket = [(n, t) for n, t in bucket if n not in skip]
-            size = sum(t.numel() * t.element_size() for _, t in bucket)
-            self.engine.load_weights(bucket)  # the views are reused for the next bucket: load them now
+            sent = [(n, t) for n, t in bucket if n not in skip]
+            size = sum(t.numel() * t.element_size() for _, t in sent)
+            self.engine.load_weights(sent)  # the views are reused for the next bucket: load them now
+            if check_weights:  # against the whole export: a tensor lost on the way is a mismatch
+                check_start = time.perf_counter()
+                checked = checked.merged(self.engine.check_weights(bucket))
+                check_seconds += time.perf_counter() - check_start
             moved += size
-            count += len(bucket)
+            count += len(sent)
             n_buckets += 1
             largest = max(largest, size)
-            del bucket
+            del bucket, sent
         self.engine.finish_weight_update()
-        return SyncStats(time.perf_counter() - start, moved, count, n_buckets, largest)
+        seconds = time.perf_counter() - start - check_seconds
+        if check_weights:
+            require_weights_match(checked)
+        return SyncStats(seconds, moved, count, n_buckets, largest, checked if check_weights else None)
 
 
-@dataclasses.dataclass(frozen=True)
-class ParityReport:
-    mean_abs_diff: float
-    max_abs_diff: float
-    tokens: int
+def require_weights_match(result: "WeightCheckResult") -> None:
+    """Raise :class:`ParityError` on every rank when any rank's engine serves a weight that
+    differs from the exported one (collective). Weights the check cannot read (another
+    backend than vLLM's CPU one) are not an error: ``result.unsupported`` names them."""
+    import torch.distributed as dist
+
+    bad = torch.tensor([float(bool(result.mismatches))])
+    if dist.is_initialized():
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    if not bad.item():
+        return
+    if result.mismatches:
+        raise ParityError(f"vLLM serves weights that differ from the synced ones: {result.describe()}: "
+                          "a weight is missing or wrongly mapped")
+    raise ParityError("vLLM serves weights that differ from the synced ones on another rank (see its log)")
 
 
 def check_parity(
@@ -133,13 +158,15 @@ def check_parity(
     sequences: Sequence[Sequence[int]],
     vocab_size: int,
     seq_length: int,
-    threshold: Optional[float] = 1e-3,
+    limits: Optional[ParityLimits] = None,
     micro_batch_size: int = 1,
+    judge: bool = True,
 ) -> ParityReport:
     """Compare vLLM's and Megatron's logprobs of ``sequences`` (the same list on every rank).
 
-    Collective over the world group. Raises :class:`ParityError` when the largest
-    difference exceeds ``threshold`` (None: only report).
+    Collective over the world group. Raises :class:`ParityError` when a statistic exceeds
+    ``limits`` (None: the engine dtype's, :data:`megatron_rl.rollout.parity.PARITY_LIMITS`);
+    ``judge=False`` only reports.
     """
     from megatron_rl.schedules import TrainBatch, compute_logprobs, gather_data_parallel, local_batch, model_groups
     from megatron_rl.schedules.batch import pack_sequences
@@ -150,25 +177,10 @@ def check_parity(
     tokens, mask = pack_sequences([r[:1] for r in padded], [r[1:] for r in padded], seq_length)
     batch = TrainBatch(tokens=tokens, loss_mask=mask)
     logp, _ = compute_logprobs(list(chunks), local_batch(list(chunks), batch), micro_batch_size, vocab_size)
-    megatron = gather_data_parallel(list(chunks), logp)[: len(rows)].cpu()
+    megatron = gather_data_parallel(list(chunks), logp)[: len(rows)].cpu().to(torch.float64)
     vllm = engine.prompt_logprobs(rows)
-    diffs = []
-    for n, row in enumerate(rows):
-        ours = megatron[n, : len(row) - 1]
-        diffs.append((ours - torch.tensor(vllm[n], dtype=ours.dtype)).abs())
-    diff = torch.cat(diffs)
-    stats = torch.tensor([float(diff.sum()), float(diff.numel()), float(diff.max())], dtype=torch.float64)
-    if dist.is_initialized():
-        total = stats[:2].clone()
-        dist.all_reduce(total)
-        worst = stats[2:].clone()
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        stats = torch.cat([total, worst])
-    report = ParityReport(float(stats[0] / stats[1]), float(stats[2]), int(stats[1]))
-    if threshold is not None and report.max_abs_diff > threshold:
-        raise ParityError(
-            f"vLLM and Megatron logprobs differ by up to {report.max_abs_diff:.3g} (mean "
-            f"{report.mean_abs_diff:.3g}) over {report.tokens} tokens after the weight sync; "
-            f"threshold {threshold:g}: a weight is missing or wrongly mapped"
-        )
-    return report
+    diffs = [(megatron[n, : len(row) - 1] - torch.tensor(vllm[n], dtype=torch.float64)).abs()
+             for n, row in enumerate(rows)]
+    report = parity_report(torch.cat(diffs))
+    dtype = engine.config.dtype
+    return parity.judge(report, limits or parity_limits(dtype), dtype) if judge else report

@@ -336,17 +336,29 @@ class RLTrainer:
 
     def sync_weights(self, step: int, rows: TrainRows, metrics: dict) -> None:
         """vLLM gets the updated weights in place; every rollout.parity_every steps the parity
-        guard checks that vLLM's logprobs of a few sequences equal Megatron's."""
+        guard reads them back from vLLM and checks its logprobs of a few sequences against
+        Megatron's (limits per dtype: rollout/parity.py)."""
+        from megatron_rl.rollout.parity import parity_limits
         from megatron_rl.rollout.sync import check_parity
 
-        metrics["timing/weight_sync_s"] = self.weight_sync.sync().seconds if metrics.get("actor/updated") else 0.0
         every = self.cfg.rollout.parity_every
-        if every and step % every == 0 and len(rows):
+        guard = bool(every and step % every == 0 and len(rows))
+        if metrics.get("actor/updated"):
+            stats = self.weight_sync.sync(check_weights=guard)
+            metrics["timing/weight_sync_s"] = stats.seconds
+            if stats.weight_check is not None:
+                metrics["rollout/weight_check_elements"] = stats.weight_check.compared_elements
+        else:
+            metrics["timing/weight_sync_s"] = 0.0
+        if guard:
             first_of_group = [row for row, g in enumerate(rows.group_index) if g not in rows.group_index[:row]]
             sequences = [rows.samples[row].prompt_ids + rows.samples[row].token_ids for row in first_of_group[:4]]
+            limits = parity_limits(self.engine.config.dtype, self.cfg.rollout.parity_threshold)
             report = check_parity(self.actor.chunks, self.engine, sequences, self.arch.vocab_size,
-                                  self.cfg.trainer.seq_length, threshold=self.cfg.rollout.parity_threshold)
+                                  self.cfg.trainer.seq_length, limits=limits)
             metrics["rollout/parity_max_abs_diff"] = report.max_abs_diff
+            metrics["rollout/parity_mean_abs_diff"] = report.mean_abs_diff
+            metrics["rollout/parity_median_abs_diff"] = report.median_abs_diff
 
     def step_metrics(self, metrics: dict, started: float, snapshot_waited: float, tokens: float) -> None:
         """Step time and throughput, and the stall of the checkpoint saved after the previous

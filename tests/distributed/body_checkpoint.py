@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from megatron_rl import checkpoint, platform
 from megatron_rl.models import build_model
+from megatron_rl.models.builder import BuildOptions
 from megatron_rl.parallel import ParallelConfig, destroy, initialize
 from megatron_rl.parallel.full_tensors import gather_full, params_as
 from megatron_rl.testing.tiny import TINY_ARCHS
@@ -34,7 +35,7 @@ TP2_EP2 = dict(tensor_model_parallel_size=2, expert_model_parallel_size=2)
 class Run:
     """One model + Megatron DDP + distributed optimizer in one layout, trained on fixed data."""
 
-    def __init__(self, kind, layout, seed=7, data="step"):
+    def __init__(self, kind, layout, seed=7, data="step", dtype="fp32"):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -42,14 +43,14 @@ class Run:
         self.arch, self.parallel, self.data = TINY_ARCHS[kind], ParallelConfig(**layout), data
         self.mbs = 1 if self.parallel.virtual_pipeline_model_parallel_size else MBS  # interleaving needs M >= PP
         self.ctx = initialize(self.parallel, seed=seed, model=self.arch.shape())
-        chunks = build_model("actor", self.arch, self.parallel)
+        chunks = build_model("actor", self.arch, self.parallel, BuildOptions(dtype=dtype))
         config = chunks[0].config
         with platform.megatron_scope():
             ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=False)
             self.chunks = [DistributedDataParallel(config, ddp, c) for c in chunks]
             self.optimizer = get_megatron_optimizer(
                 OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True, clip_grad=1.0,
-                                weight_decay=0.01, bf16=False),
+                                weight_decay=0.01, bf16=dtype == "bf16"),
                 self.chunks,
             )
         config.finalize_model_grads_func = finalize_model_grads
@@ -165,12 +166,14 @@ def _hold_writer_until_update(ckpt, optimizer):
     return hooks
 
 
-def saved(kind, layout_name, layout, steps=2, more=2):
-    """Train ``steps``, save (async, then keep training while it writes), train ``more``."""
-    key = (kind, layout_name)
+def saved(kind, layout_name, layout, steps=2, more=2, dtype="fp32"):
+    """Train ``steps``, save (async, then keep training while it writes), train ``more``.
+    In bf16 the distributed optimizer's fp32 main params are separate from the bf16 weights
+    and are saved (and resharded) as their own tensors."""
+    key = (kind, layout_name, dtype)
     if key not in SAVED:
-        root = ROOT / f"{kind}-{layout_name}"
-        run = Run(kind, layout)
+        root = ROOT / f"{kind}-{layout_name}" if dtype == "fp32" else ROOT / f"{kind}-{dtype}-{layout_name}"
+        run = Run(kind, layout, dtype=dtype)
         run.train(range(1, steps + 1))
         params, optim = run.full_params(), run.full_optimizer_state()
         ckpt = checkpoint.Checkpointer()
@@ -187,11 +190,11 @@ def saved(kind, layout_name, layout, steps=2, more=2):
             hook.remove()
         SAVED[key] = dict(root=root, step=steps, params=params, optim=optim, continued=continued,
                           final=run.full_params(), blocking_s=blocking, steps=steps, more=more,
-                          fp32_param_aliased=_fp32_params_stored_once(root, steps), snapshot=SNAPSHOT[kind],
+                          fp32_params_storage=_fp32_params_storage(root, steps), snapshot=SNAPSHOT[kind],
                           update_waited_s=ckpt.snapshot_wait_seconds() - waited_before)
         ckpt.close()
         if dist.get_rank() == 0:  # for loads by a launch of another world size (test data, not the store)
-            torch.save({k: v for k, v in SAVED[key].items() if k != "root"}, _reference_file(kind, layout_name))
+            torch.save({k: v for k, v in SAVED[key].items() if k != "root"}, root.with_name(root.name + ".reference.pt"))
         destroy()
     return SAVED[key]
 
@@ -206,22 +209,28 @@ def saved_elsewhere(kind, layout_name):
     return dict(ref, root=ROOT / f"{kind}-{layout_name}")
 
 
-def _fp32_params_stored_once(root, step):
-    """fp32 model: the main params are the parameters' own memory, so the metadata of every
-    optimizer.fp32_param.<name> must point at <name>'s bytes instead of a second copy."""
+def _fp32_params_storage(root, step):
+    """``aliased`` when the metadata of every optimizer.fp32_param.<name> points at <name>'s
+    bytes (fp32 model: the main params are the parameters' own memory, stored once);
+    ``separate`` when every one has its own fp32 bytes (bf16 model); else ``mixed``."""
     from megatron_rl.checkpoint import format as fmt
 
     tensors = fmt.read_metadata(root, step).tensors
     spans = lambda entry: {(c.file, c.byte_offset, c.nbytes) for c in entry.chunks}
     fp32 = [n for n in tensors if n.startswith("optimizer.fp32_param.")]
-    return bool(fp32) and all(spans(tensors[n]) == spans(tensors[n.removeprefix("optimizer.fp32_param.")]) for n in fp32)
+    same = [spans(tensors[n]) == spans(tensors[n.removeprefix("optimizer.fp32_param.")]) for n in fp32]
+    if fp32 and all(same):
+        return "aliased"
+    if fp32 and not any(same) and all(tensors[n].dtype == "float32" for n in fp32):
+        return "separate"
+    return "mixed"
 
 
-def reshard(kind, save_name, save_layout, load_layout):
+def reshard(kind, save_name, save_layout, load_layout, dtype="fp32"):
     """Load into ``load_layout``: exact parameters and optimizer state, then same training.
     ``save_layout`` None: the checkpoint was saved by a launch of another world size."""
-    ref = saved(kind, save_name, save_layout) if save_layout is not None else saved_elsewhere(kind, save_name)
-    run = Run(kind, load_layout, seed=99)  # a different init: everything must come from the file
+    ref = saved(kind, save_name, save_layout, dtype=dtype) if save_layout is not None else saved_elsewhere(kind, save_name)
+    run = Run(kind, load_layout, seed=99, dtype=dtype)  # a different init: everything must come from the file
     extra = checkpoint.Checkpointer().load(ref["root"], model=run.chunks, optimizer=run.optimizer)
     params, optim = run.full_params(), run.full_optimizer_state()
     result = {
@@ -232,7 +241,8 @@ def reshard(kind, save_name, save_layout, load_layout):
         "num_optim": len(optim),
         "optim_steps": run.step_count(),
         "saved_step": ref["step"],
-        "fp32_param_aliased": ref["fp32_param_aliased"],
+        "fp32_params_storage": ref["fp32_params_storage"],
+        "dtype": dtype,
     }
     continued = run.train(range(ref["steps"] + 1, ref["steps"] + ref["more"] + 1))
     result["losses"], result["ref_losses"] = continued, ref["continued"]
@@ -244,11 +254,11 @@ def reshard(kind, save_name, save_layout, load_layout):
     return result
 
 
-def exact_resume(kind, layout, n=2, m=2):
+def exact_resume(kind, layout, n=2, m=2, dtype="fp32"):
     """N steps, save, M steps  ==  fresh model, load, M steps (data drawn from python's RNG)."""
-    root = ROOT / f"resume-{kind}"
+    root = ROOT / f"resume-{kind}-{dtype}"
     ckpt = checkpoint.Checkpointer()
-    run = Run(kind, layout, data="python_rng")
+    run = Run(kind, layout, data="python_rng", dtype=dtype)
     random.seed(5)
     run.train(range(1, n + 1))
     ckpt.save(root, n, model=run.chunks, optimizer=run.optimizer, extra={"step": n})
@@ -256,7 +266,7 @@ def exact_resume(kind, layout, n=2, m=2):
     final = run.full_params()
     destroy()
     random.seed(123)  # scrambled: the checkpoint's RNG state must put it back
-    resumed_run = Run(kind, layout, seed=99, data="python_rng")
+    resumed_run = Run(kind, layout, seed=99, data="python_rng", dtype=dtype)
     extra = ckpt.load(root, model=resumed_run.chunks, optimizer=resumed_run.optimizer)
     resumed = resumed_run.train(range(n + 1, n + m + 1))
     out = {"straight": straight, "resumed": resumed, "final_diff": _max_diff(resumed_run.full_params(), final), "extra": extra}
@@ -308,7 +318,10 @@ def cases(world_size):
             reshard, "dense", "pp2vpp2", dict(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2),
             dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2),
         ),
+        "moe-bf16-tp2ep2-to-ep4": partial(reshard, "moe", "tp2ep2", TP2_EP2, dict(expert_model_parallel_size=4),
+                                          dtype="bf16"),
         "exact-resume-moe-tp2ep2": partial(exact_resume, "moe", TP2_EP2),
+        "exact-resume-moe-bf16-tp2ep2": partial(exact_resume, "moe", TP2_EP2, dtype="bf16"),
         "retention": retention_and_latest,
     }
 

@@ -1,11 +1,13 @@
 """torchrun body: weight sync from Megatron layouts into colocated vLLM engines.
 
-Arguments: WORKDIR VLLM_TP KIND. One vLLM engine per process (its groups are global);
-Megatron layouts are built and destroyed case by case on the same ranks. Each case loads
-the HF model into the layout, perturbs the weights the same way in every layout (noise
-keyed by canonical tensor name), syncs them into vLLM through small buckets, and checks
-vLLM's fp32 logprobs against Megatron's. A sync that skips one tensor must be caught by
-the parity guard.
+Arguments: WORKDIR VLLM_TP KIND [DTYPE]. One vLLM engine per process (its groups are
+global); Megatron layouts are built and destroyed case by case on the same ranks. Each
+case loads the HF model into the layout (in DTYPE, float32 by default), perturbs the
+weights the same way in every layout (noise keyed by canonical tensor name), syncs them
+into vLLM through small buckets with the weight check on, and reports vLLM's logprobs
+against Megatron's. A sync that skips one tensor must be caught by the weight check; an
+export that scrambles one tensor (vLLM then serves exactly what it was sent) by the
+logprob limits of the dtype.
 """
 
 import os
@@ -20,16 +22,20 @@ from megatron_rl import platform
 from megatron_rl.bridge import PER_EXPERT, ExportPlans, iter_hf_buckets, load_hf
 from megatron_rl.bridge.host_arena import TRANSPORT_ENV
 from megatron_rl.models import build_model
+from megatron_rl.models.builder import BuildOptions
 from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.parallel import ParallelConfig, destroy, initialize
 from megatron_rl.parallel.shards import local_shards
 from megatron_rl.rollout import EngineConfig, RolloutEngine
-from megatron_rl.rollout.sync import ParityError, WeightSync, check_parity
+from megatron_rl.rollout.parity import ParityError
+from megatron_rl.rollout.sync import WeightSync, check_parity
 from megatron_rl.testing.hf_models import save_tiny_model
 from megatron_rl.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
 from megatron_rl.testing.torchrun import run_cases
+from megatron_rl.utils import dtypes
 
 WORK, VLLM_TP, KIND = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+DTYPE = sys.argv[4] if len(sys.argv) > 4 else "float32"
 SEQ = 24
 BUCKET = 64 << 10  # small: many buckets, each ending between layers
 STATE = {}
@@ -44,7 +50,7 @@ def setup():
         STATE["dir"] = path
         STATE["arch"] = arch_from_hf(path)
         STATE["engine"] = RolloutEngine(
-            path, EngineConfig(tensor_parallel_size=VLLM_TP, max_model_len=64, load_tokenizer=False,
+            path, EngineConfig(tensor_parallel_size=VLLM_TP, max_model_len=64, load_tokenizer=False, dtype=DTYPE,
                                cache_dir=str(WORK / "cache")))
     return STATE["dir"], STATE["arch"], STATE["engine"]
 
@@ -66,39 +72,77 @@ def perturbed_actor(layout, salt):
     """The HF model loaded into a fresh Megatron ``layout``, its weights perturbed by ``salt``."""
     path, arch, _ = setup()
     initialize(ParallelConfig(**layout), seed=1, model=arch.shape())
-    chunks = build_model("actor", arch, ParallelConfig(**layout))
+    chunks = build_model("actor", arch, ParallelConfig(**layout), BuildOptions(dtype=dtypes.short_name(DTYPE)))
     load_hf(chunks, path, arch)
     perturb(chunks, salt)
     return chunks
 
 
-def sync_case(layout, skip_one=False):
+def report_of(chunks, engine, arch):
+    """The logprob comparison's statistics, not judged (the test judges them)."""
+    report = check_parity(chunks, engine, sequences(), arch.vocab_size, SEQ, judge=False)
+    return {"mean_abs_diff": report.mean_abs_diff, "max_abs_diff": report.max_abs_diff,
+            "median_abs_diff": report.median_abs_diff}
+
+
+def sync_case(layout):
     _, arch, engine = setup()
     try:
         chunks = perturbed_actor(layout, "a")
         weight_sync = WeightSync(chunks, arch, engine, bucket_bytes=BUCKET)
-        stats = weight_sync.sync()
-        report = check_parity(chunks, engine, sequences(), arch.vocab_size, SEQ, threshold=1e-4)
-        out = {"mean_abs_diff": report.mean_abs_diff, "max_abs_diff": report.max_abs_diff,
-               "buckets": stats.buckets, "tensors": stats.tensors, "bytes": stats.bytes,
-               "sync_s": round(stats.seconds, 3)}
-        if not skip_one:  # the next step's weights, through the buffers and views kept from the first sync
-            perturb(chunks, "b")
-            weight_sync.sync()
-            again = check_parity(chunks, engine, sequences(), arch.vocab_size, SEQ, threshold=1e-4)
-            out["max_abs_diff"] = max(report.max_abs_diff, again.max_abs_diff)
-        else:
-            perturb(chunks, "b")  # a new step's weights; one tensor is "forgotten"
-            skipped = ("model.layers.1.mlp.experts.2.down_proj.weight" if arch.is_moe
-                       else "model.layers.1.mlp.down_proj.weight")
-            weight_sync.sync(skip=[skipped])
-            try:
-                check_parity(chunks, engine, sequences(), arch.vocab_size, SEQ, threshold=1e-4)
-            except ParityError as err:
-                out["guard"] = str(err)
-            else:
-                raise AssertionError(f"parity guard missed the skipped tensor {skipped}")
-        return out
+        stats = weight_sync.sync(check_weights=True)
+        out = {**report_of(chunks, engine, arch), "buckets": stats.buckets, "tensors": stats.tensors,
+               "bytes": stats.bytes, "sync_s": round(stats.seconds, 3),
+               "checked_elements": stats.weight_check.compared_elements,
+               "unreadable": list(stats.weight_check.unsupported)}
+        # The next step's weights, through the buffers and views kept from the first sync.
+        perturb(chunks, "b")
+        weight_sync.sync(check_weights=True)
+        again = report_of(chunks, engine, arch)
+        return {**out, **{k: max(out[k], again[k]) for k in again}}
+    finally:
+        destroy()
+
+
+def skipped_tensor_case(layout):
+    """A new step's weights with one tensor "forgotten": vLLM keeps serving the old one."""
+    _, arch, engine = setup()
+    try:
+        chunks = perturbed_actor(layout, "a")
+        weight_sync = WeightSync(chunks, arch, engine, bucket_bytes=BUCKET)
+        weight_sync.sync()
+        perturb(chunks, "b")
+        skipped = "model.layers.1.mlp.experts.2.down_proj.weight" if arch.is_moe else "model.layers.1.mlp.down_proj.weight"
+        try:
+            weight_sync.sync(check_weights=True, skip=[skipped])
+        except ParityError as err:
+            return {"guard": str(err), **report_of(chunks, engine, arch)}
+        raise AssertionError(f"the weight check missed the skipped tensor {skipped}")
+    finally:
+        destroy()
+
+
+def scrambled_export_case(layout):
+    """An export that maps one tensor wrongly (layer 1's o_proj rows rolled by one): vLLM
+    serves exactly what it was sent, so the weight check passes and the logprob limits of
+    the dtype must catch it."""
+    _, arch, engine = setup()
+    try:
+        chunks = perturbed_actor(layout, "a")
+        scrambled = "model.layers.1.self_attn.o_proj.weight"
+        checked = 0
+        for bucket in iter_hf_buckets(chunks, arch, BUCKET, dtype=dtypes.to_torch(DTYPE), plans=ExportPlans()):
+            bucket = [(n, t.roll(1, 0) if n == scrambled else t) for n, t in bucket]
+            engine.load_weights(bucket)
+            result = engine.check_weights(bucket)
+            assert not result.mismatches, result.describe()
+            checked += result.compared_elements
+        engine.finish_weight_update()
+        try:
+            check_parity(chunks, engine, sequences(), arch.vocab_size, SEQ)
+        except ParityError as err:
+            return {"guard": str(err), "checked_elements": checked, **report_of(chunks, engine, arch)}
+        raise AssertionError(f"the logprob limits missed the scrambled {scrambled}")
     finally:
         destroy()
 
@@ -134,10 +178,15 @@ LAYOUTS = {
 
 
 def cases():
-    names = ["tp2", "pp2", "ep2", "tp2_ep2_etp1"] if KIND == "moe" else ["tp2", "pp2", "tp2_pp2"]
+    if dist.get_world_size() == 2:
+        names = ["ep2"] if KIND == "moe" else ["tp2"]
+    else:
+        names = ["tp2", "pp2", "ep2", "tp2_ep2_etp1"] if KIND == "moe" else ["tp2", "pp2", "tp2_pp2"]
     out = {name: (lambda layout: lambda: sync_case(layout))(LAYOUTS[name]) for name in names}
-    out["skipped_tensor_caught"] = lambda: sync_case(LAYOUTS[names[-1]], skip_one=True)
-    out["transports_agree"] = lambda: transports_case(LAYOUTS[names[-1]])
+    out["skipped_tensor_caught"] = lambda: skipped_tensor_case(LAYOUTS[names[-1]])
+    out["scrambled_export_caught"] = lambda: scrambled_export_case(LAYOUTS[names[-1]])
+    if dist.get_world_size() == 4:
+        out["transports_agree"] = lambda: transports_case(LAYOUTS[names[-1]])
     return out
 
 

@@ -35,6 +35,7 @@ def test_resolved_config_round_trips(tmp_path):
         ("model.dtype=fp8", "model.dtype='fp8' is not allowed; choose one of ['bf16', 'fp16', 'fp32']"),
         ("parallel.sequence_parallel=maybe", "is not a valid bool"),
         ("trainer.max_steps", "must look like key=value"),
+        ("rollout.parity_threshold=0", "rollout.parity_threshold=0.0 must be > 0 (or null: the dtype's limits)"),
     ],
 )
 def test_bad_keys_and_values_name_the_key(override, message):
