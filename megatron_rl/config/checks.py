@@ -23,6 +23,8 @@ def validate(config: Config, world_size: int) -> Config:
     """Check that ``config`` can run on ``world_size`` ranks; return it unchanged."""
     shape = sources.model_shape(config)  # the model the job builds (file data without hf_path fails here)
     _check_layouts(config, world_size, shape)
+    if config.rollout.router_replay and not shape.num_moe_experts:
+        raise ConfigError("rollout.router_replay=true needs a MoE model; this model has no experts")
     if world_size % config.rollout.tensor_parallel_size:
         raise ConfigError(f"rollout.tensor_parallel_size={config.rollout.tensor_parallel_size} must divide "
                           f"the world size {world_size}")

@@ -154,6 +154,10 @@ class RolloutConfig:
     """Run the post-sync parity guard every this many steps (0 = never): vLLM's weights are
     read back and its logprobs compared with Megatron's (limits per dtype, docs/design.md)."""
     parity_threshold: Optional[float] = None
+    router_replay: bool = False
+    """MoE (R3): vLLM records the experts it routed every token to, and the actor's old-
+    logprob recomputation and training forward/backward replay them. MoE models always
+    record them for rollout/router_agreement; this switch applies them."""
     """An extra limit on the largest |logprob difference| (None: the dtype's default limits only)."""
     kv_cache_gib: float = 1.0
     """CPU only: vLLM's KV cache size."""

@@ -119,6 +119,19 @@ def _padded_uneven_gather(original):
     return _gather_along_first_dim
 
 
+def _recompute_in_device_scope(original):
+    """Run a recomputing backward inside the device scope: autograd runs backward functions
+    without the caller's torch function modes, so the scope entered around the schedule is
+    not active when CheckpointFunction.backward re-runs the layer's forward."""
+    backward = original.__func__ if isinstance(original, staticmethod) else original
+
+    def checkpoint_backward(ctx, *grads):
+        with cuda_to_cpu_scope():
+            return backward(ctx, *grads)
+
+    return staticmethod(checkpoint_backward)
+
+
 PATCHES: list[Patch] = [
     Patch(
         "rng_tracker",
@@ -148,6 +161,16 @@ PATCHES: list[Patch] = [
         "_gather_along_first_dim",
         "tensor_parallel.mappings._gather_along_first_dim with output_split_sizes (gloo)",
         _padded_uneven_gather,
+    ),
+    Patch(
+        "recompute_backward_scope",
+        "megatron.core.tensor_parallel.random",
+        "CheckpointFunction.backward",
+        "tensor_parallel.random.CheckpointFunction.backward (activation recompute: full, and "
+        "selective of the MoE layer), which re-runs the forward during the backward pass",
+        _recompute_in_device_scope,
+        why="the device scope is a torch function mode, and autograd does not carry modes into "
+        "backward functions: the recomputed forward meets device='cuda' (the causal mask) and fails",
     ),
 ]
 
@@ -284,8 +307,12 @@ def cuda_to_cpu_scope() -> Iterator[None]:
     global _scope_depth
     if _scope_depth > 0:
         _scope_depth += 1
+        # Nested: torch.cuda is already mapped; the mode too, unless autograd runs a
+        # backward function (modes are not carried into those: recompute_backward_scope).
+        mode_active = any(isinstance(m, _CudaToCpuMode) for m in torch.overrides._get_current_function_mode_stack())
         try:
-            yield
+            with contextlib.nullcontext() if mode_active else _CudaToCpuMode():
+                yield
         finally:
             _scope_depth -= 1
         return

@@ -52,6 +52,9 @@ class EngineConfig:
     adaptive_temperature: bool = True
     """Register HAPO's adaptive-temperature logits processor (a no-op for requests whose
     Sampling has no entropy_stats); False leaves vLLM's sampler exactly as shipped."""
+    record_routes: bool = False
+    """MoE: record the experts vLLM's routers chose for every token of every sample
+    (``Sample.routes``, :mod:`megatron_rl.rollout.routes`); needs eager mode."""
     cpu_linear: str = "packed"
     """CPU only: ``packed`` keeps vLLM's kernel-format linear weights (oneDNN: fastest
     decode, but each weight sync re-packs every weight, 5-28x the cost of copying it);
@@ -67,6 +70,8 @@ class EngineConfig:
             raise ValueError(f"rollout cpu_kv_cache_gib={self.cpu_kv_cache_gib}: vLLM's CPU backend takes whole GiB (>= 1)")
         if self.dtype not in dtypes.LONG_NAMES:
             raise ValueError(f"rollout dtype={self.dtype!r}; allowed: {', '.join(dtypes.LONG_NAMES)}")
+        if self.record_routes and not self.enforce_eager:
+            raise ValueError("rollout record_routes needs enforce_eager=True (a CUDA graph skips the route capture)")
         if self.cpu_linear not in vllm_compat.CPU_LINEAR_FORMATS:
             raise ValueError(f"rollout cpu_linear={self.cpu_linear!r}; allowed: {', '.join(vllm_compat.CPU_LINEAR_FORMATS)}")
 
@@ -82,6 +87,10 @@ class Sample:
     finish_reason: str
     """"stop" (EOS or a stop sequence), "length" (the response budget is used up) or
     "window" (the per-call window ended first: continue it with :meth:`continue_`)."""
+    routes: Optional[torch.Tensor] = None
+    """MoE with ``EngineConfig.record_routes``: [P + R - 1, layers, top_k] int16, the experts
+    each layer routed the token at each input position to (-1: not computed by vLLM, e.g.
+    a prefix-cache hit; dense layers)."""
 
     @property
     def finished(self) -> bool:
@@ -166,9 +175,11 @@ class RolloutEngine:
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling = Sampling()) -> list[list[Sample]]:
         """``sampling.n`` samples per prompt, in prompt order."""
         prompt_ids = [self._ids(p) for p in prompts]
-        outputs = self._run(prompt_ids, sampling, sampling.n, [sampling.max_tokens] * len(prompt_ids))
+        outputs, routes = self._run(prompt_ids, sampling, sampling.n, [sampling.max_tokens] * len(prompt_ids))
         return [
-            [self._sample(ids, [], [], completion, sampling, sampling.max_tokens) for completion in out.outputs]
+            [self._with_routes(self._sample(ids, [], [], completion, sampling, sampling.max_tokens),
+                               routes.get((out.request_id, completion.index)))
+             for completion in out.outputs]
             for ids, out in zip(prompt_ids, outputs)
         ]
 
@@ -179,12 +190,13 @@ class RolloutEngine:
         if not todo:
             return result
         budgets = [sampling.max_tokens - len(samples[i].token_ids) for i in todo]
-        outputs = self._run(
+        outputs, routes = self._run(
             [samples[i].prompt_ids + samples[i].token_ids for i in todo], sampling, 1, budgets
         )
         for i, budget, out in zip(todo, budgets, outputs):
             s = samples[i]
-            result[i] = self._sample(s.prompt_ids, s.token_ids, s.logprobs, out.outputs[0], sampling, budget)
+            extended = self._sample(s.prompt_ids, s.token_ids, s.logprobs, out.outputs[0], sampling, budget)
+            result[i] = self._with_routes(extended, routes.get((out.request_id, 0)), s.routes)
         return result
 
     def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
@@ -294,7 +306,33 @@ class RolloutEngine:
                     extra_args=self._extra_args(sampling),
                 )
             )
-        return self.llm.generate([self._tokens_prompt(ids) for ids in prompt_ids], params, use_tqdm=False)
+        from megatron_rl.rollout import routes
+
+        if not self.config.record_routes:
+            return self.llm.generate([self._tokens_prompt(ids) for ids in prompt_ids], params, use_tqdm=False), {}
+        hf = self.llm.llm_engine.model_config.hf_config
+        self.llm.collective_rpc(routes.start_on_worker, args=(hf.num_hidden_layers, hf.num_experts_per_tok))
+        try:
+            outputs = self.llm.generate([self._tokens_prompt(ids) for ids in prompt_ids], params, use_tqdm=False)
+        finally:
+            recorded = self.llm.collective_rpc(routes.take_on_worker)[0]
+        return outputs, recorded
+
+    @staticmethod
+    def _with_routes(sample: Sample, recorded: Optional[torch.Tensor], earlier: Optional[torch.Tensor] = None) -> Sample:
+        """``sample`` with the routes of its input positions: this call's recording, and
+        where it has none (a continuation's prefix-cache hits) the earlier window's."""
+        if recorded is None and earlier is None:
+            return sample
+        length = len(sample.prompt_ids) + len(sample.token_ids) - 1
+        template = recorded if recorded is not None else earlier
+        routes = torch.full((length, *template.shape[1:]), -1, dtype=torch.int16)
+        if recorded is not None:
+            routes[: min(length, recorded.shape[0])] = recorded[:length]
+        if earlier is not None:
+            n = min(earlier.shape[0], length)
+            routes[:n] = torch.where(routes[:n] >= 0, routes[:n], earlier[:n])
+        return dataclasses.replace(sample, routes=routes)
 
     @staticmethod
     def _sample(prompt_ids, prev_tokens, prev_logprobs, completion, sampling: Sampling, budget: int) -> Sample:

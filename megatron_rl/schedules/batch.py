@@ -55,6 +55,9 @@ class TrainBatch:
     """[N, S] float ≥ 0: rollout-correction weight of each token's policy loss; None = 1."""
     is_positive: Optional[Tensor] = None
     """[N] bool: the response was correct (VAPO positive-example NLL)."""
+    routes: Optional[Tensor] = None
+    """[N, S, layers, k] int16: MoE experts to replay for the token AT position t (input-
+    aligned, unlike the fields above); -1 rows: the router's own choice. None: no replay."""
 
     def __post_init__(self) -> None:
         if self.tokens.dim() != 2 or self.tokens.dtype != torch.long:
@@ -66,6 +69,9 @@ class TrainBatch:
             if value is not None and tuple(value.shape) != shape:
                 raise ValueError(f"{name} must have the shape of tokens {shape}, "
                                  f"got {tuple(value.shape)}")
+        if self.routes is not None and (self.routes.dim() != 4 or tuple(self.routes.shape[:2]) != shape):
+            raise ValueError(f"routes must be [N, S, layers, k] with [N, S] = {list(shape)}, "
+                             f"got {tuple(self.routes.shape)}")
         if self.is_positive is not None and tuple(self.is_positive.shape) != shape[:1]:
             raise ValueError(f"is_positive must be [N] = [{shape[0]}], "
                              f"got {tuple(self.is_positive.shape)}")

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl import platform
+from megatron_rl.models import route_replay
 from megatron_rl.schedules.batch import TrainBatch
 from megatron_rl.schedules.objectives import ActorLoss, CriticLoss, LossOutput
 from megatron_rl.schedules.vocab_parallel import vocab_parallel_logprobs
@@ -208,6 +209,7 @@ def _global_norms(local: dict[str, Tensor], groups) -> dict[str, Tensor]:
 def _forward_step(loss_func, data_iterator, model):
     mb = next(data_iterator).to(platform.current().device)
     positions = torch.arange(mb.seq_length, device=mb.tokens.device).expand_as(mb.tokens)
+    route_replay.set_targets(model, mb.routes)  # MoE router replay: this micro-batch's routes
     output = model(mb.tokens, positions, None)  # last stage: [b, s, V/tp] or [b, s, 1]
     return output, partial(loss_func, mb)
 

@@ -70,6 +70,27 @@ def test_all_rng_states_round_trip(layer):
         mrandom._get_all_rng_states()
 
 
+def test_recompute_backward_runs_in_the_device_scope(layer):
+    """Activation recompute re-runs a layer's forward inside autograd's backward, where the
+    scope's torch function mode is not active: a CUDA device argument there (Megatron's
+    default causal mask) fails unless the patch enters the scope again."""
+    from megatron.core import tensor_parallel
+
+    tensor_parallel.model_parallel_cuda_manual_seed(3, tp_rank=0, ep_rank=0, etp_rank=0, force_reset_rng=True)
+
+    def layer_forward(x):
+        return x * torch.arange(1.0, 4.0, device="cuda")
+
+    x = torch.ones(3, requires_grad=True)
+    with platform.megatron_scope():
+        tensor_parallel.checkpoint(layer_forward, False, x).sum().backward()
+    assert torch.equal(x.grad, torch.tensor([1.0, 2.0, 3.0]))
+    cpu_compat.install(exclude=("recompute_backward_scope",))
+    with pytest.raises((RuntimeError, AssertionError), match="CUDA"):
+        with platform.megatron_scope():
+            tensor_parallel.checkpoint(layer_forward, False, x).sum().backward()
+
+
 def test_type_strings_rule_inside_scope_only(layer):
     with platform.megatron_scope():
         assert torch.zeros(1).type() == "torch.cuda.FloatTensor"
