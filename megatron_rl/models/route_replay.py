@@ -101,15 +101,16 @@ class RouteReplay:
             raise ValueError("router replay needs a MoE model: no router in these chunks")
 
     def begin(self, replay: bool = True, record_used: bool = False) -> None:
-        """Before a forward(-backward) pass over micro-batches: clear queues; ``replay``
-        False only measures agreement."""
+        """Before a forward(-backward) pass over micro-batches: clear queues and counts;
+        ``replay`` False only measures agreement."""
         for layer in self.layers:
             layer.pending.clear()
             layer.target = None
             layer.replay, layer.record_used, layer.used = replay, record_used, []
+            layer.agreed = layer.compared = layer.fallback = layer.routed = 0
 
     def stats(self, reset: bool = True) -> dict[str, int]:
-        """Sums over this rank's routers since the last reset: ``agreed`` of ``compared``
+        """Sums over this rank's routers since :meth:`begin`: ``agreed`` of ``compared``
         (token, layer) pairs had the router's own top-k set equal to vLLM's; ``fallback`` of
         ``routed`` had no vLLM route."""
         out = {k: sum(getattr(layer, k) for layer in self.layers) for k in ("agreed", "compared", "fallback", "routed")}

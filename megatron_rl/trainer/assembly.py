@@ -65,6 +65,11 @@ class StepBatch:
     ref_logprobs: Optional[Tensor] = None
     advantages: Optional[Tensor] = None
     returns: Optional[Tensor] = None
+    routes: Optional[Tensor] = None
+    """MoE: [N, S, layers, k] int16, the experts vLLM routed each input token to (-1: none
+    recorded, padding); None for dense models."""
+    replay_routes: bool = False
+    """rollout.router_replay: the actor's forward passes use ``routes``."""
 
     @property
     def max_response_len(self) -> int:
@@ -80,16 +85,17 @@ class StepBatch:
         return gather_response(tensor, self.prompt_lens, self.response_lens)
 
     def plain(self, loss_mask: Optional[Tensor] = None) -> TrainBatch:
-        """The tokens and sampling temperatures only (forward passes without targets)."""
+        """The tokens, sampling temperatures and vLLM's routes (forward passes without
+        targets; a model without a route replay ignores the routes)."""
         return TrainBatch(tokens=self.tokens, loss_mask=self.loss_mask if loss_mask is None else loss_mask,
-                          temperature=self.temperature)
+                          temperature=self.temperature, routes=self.routes)
 
     def for_actor(self) -> TrainBatch:
         """Everything the policy loss reads."""
         return TrainBatch(tokens=self.tokens, loss_mask=self.loss_mask, advantages=self.advantages,
                           temperature=self.temperature, old_logprobs=self.old_logprobs,
                           ref_logprobs=self.ref_logprobs, h_hat=self.h_hat, returns=self.returns,
-                          is_weights=self.is_weights,
+                          is_weights=self.is_weights, routes=self.routes if self.replay_routes else None,
                           old_values=self.values, is_positive=torch.tensor([c > 0 for c in self.rows.correct]))
 
     def for_critic(self) -> TrainBatch:
@@ -97,7 +103,27 @@ class StepBatch:
         return dataclasses.replace(self.for_actor(), loss_mask=self.critic_mask)
 
 
-def assemble(rows: TrainRows, seq_length: int, pad_token_id: int, temperature: float) -> StepBatch:
+def pack_routes(samples, seq_length: int) -> Optional[Tensor]:
+    """[N, S, layers, k] int16 of the samples' routes at their input positions, -1 elsewhere;
+    None unless every sample has routes (a dense model's have none)."""
+    if not samples or any(s.routes is None for s in samples):
+        return None
+    routes = torch.full((len(samples), seq_length, *samples[0].routes.shape[1:]), -1, dtype=torch.int16)
+    for row, s in enumerate(samples):
+        length = min(s.routes.shape[0], seq_length)
+        routes[row, :length] = s.routes[:length]
+    return routes
+
+
+def routes_missing(samples) -> float:
+    """Share of (input token, layer) pairs of the samples without a vLLM route (prefix-cache
+    hits): there the replay falls back to Megatron's router."""
+    pairs = sum(s.routes[..., 0].numel() for s in samples)
+    return sum(int((s.routes < 0).any(-1).sum()) for s in samples) / max(pairs, 1)
+
+
+def assemble(rows: TrainRows, seq_length: int, pad_token_id: int, temperature: float,
+             replay_routes: bool = False) -> StepBatch:
     """The step's rows in the training layout (a row longer than seq_length is refused)."""
     prompts = [s.prompt_ids for s in rows.samples]
     responses = [s.token_ids for s in rows.samples]
@@ -110,4 +136,5 @@ def assemble(rows: TrainRows, seq_length: int, pad_token_id: int, temperature: f
         critic_mask=response_mask & ~torch.tensor(rows.truncated)[:, None],
         prompt_lens=prompt_lens, response_lens=response_lens,
         temperature=torch.full(tokens.shape, temperature),
+        routes=pack_routes(rows.samples, seq_length), replay_routes=replay_routes,
     )

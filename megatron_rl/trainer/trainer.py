@@ -36,12 +36,13 @@ from megatron_rl.launch.slurm_env import SlurmEnv
 from megatron_rl.launch.status import write_status
 from megatron_rl.models.builder import BuildOptions
 from megatron_rl.models.hf_config import arch_from_hf
+from megatron_rl.models.route_replay import RouteReplay
 from megatron_rl.parallel import initialize, initialize_alongside
 from megatron_rl.schedules import (ActorLoss, CriticLoss, TrainBatch, compute_logprobs, compute_values,
                                    gather_data_parallel, local_batch, train_step)
 from megatron_rl.trainer import setup
 from megatron_rl.trainer.advantages import estimate_advantages
-from megatron_rl.trainer.assembly import StepBatch, assemble
+from megatron_rl.trainer.assembly import StepBatch, assemble, routes_missing
 from megatron_rl.trainer.hapo import hapo_token_fields
 from megatron_rl.trainer.metrics import MetricsLog
 from megatron_rl.trainer.reference import ReferencePolicy
@@ -108,6 +109,9 @@ class RLTrainer:
                        if critic_layout is not None else None)
         self.reference = (ReferencePolicy(arch, cfg.parallel, options, self.base_dir)
                           if recipe.kl is not None else None)
+        # MoE: every actor router measures agreement with vLLM's routes, and replays them
+        # when rollout.router_replay is on (models/route_replay.py).
+        self.route_replay = RouteReplay(self.actor.chunks) if arch.is_moe else None
         self.actor_loss = ActorLoss(recipe, arch.vocab_size)
         self.critic_loss = CriticLoss.from_recipe(recipe) if self.critic is not None else None
 
@@ -148,6 +152,7 @@ class RLTrainer:
             seed=cfg.trainer.seed, cpu_kv_cache_gib=cfg.rollout.kv_cache_gib,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             cpu_linear=cfg.rollout.cpu_linear, cache_dir=str(self.run_dir / "cache"),
+            record_routes=self.arch.is_moe,
         ))
         self.sampling = Sampling(n=cfg.rollout.n_samples, max_tokens=cfg.rollout.max_new_tokens,
                                  temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
@@ -200,7 +205,7 @@ class RLTrainer:
         train_start, trained_tokens = time.perf_counter(), 0
         if len(rollout.rows):
             batch = assemble(rollout.rows, self.cfg.trainer.seq_length, self.pad_token_id,
-                             self.cfg.rollout.temperature)
+                             self.cfg.rollout.temperature, replay_routes=self.cfg.rollout.router_replay)
             self.sampled_temperatures(batch, metrics)
             self.critic_values(batch)
             self.old_logprobs(batch, metrics)
@@ -250,9 +255,12 @@ class RLTrainer:
         """log π_old of every token at its sampling temperature, recomputed by Megatron (the PPO
         ratio's denominator), and how far vLLM's logprobs of the same tokens are from it."""
         chunks = self.actor.chunks
+        if self.route_replay is not None:
+            self.route_replay.begin(replay=batch.replay_routes)
         local, _ = compute_logprobs(chunks, local_batch(chunks, batch.plain()), self.cfg.trainer.micro_batch_size,
                                     self.arch.vocab_size)
         batch.old_logprobs = gather_data_parallel(chunks, local)
+        self.router_metrics(batch, metrics)
         batch.rollout_logprobs = batch.scatter([s.logprobs for s in batch.rows.samples])
         fresh = batch.fresh_mask.float()  # tokens vLLM sampled with the current weights
         if fresh.sum() > 0:
@@ -262,6 +270,18 @@ class RLTrainer:
             # exp(Δ) − Δ − 1 ~ Δ²/2 cancels to 0 in float32).
             k3 = kl_penalty(batch.rollout_logprobs.double(), batch.old_logprobs.double(), "k3")
             metrics["rollout/mismatch_k3_kl"] = float((k3 * fresh).sum() / fresh.sum())
+
+    def router_metrics(self, batch: StepBatch, metrics: dict) -> None:
+        """MoE: how often Megatron's own top-k equals vLLM's routes (measured in the old-logprob
+        pass, with or without replay), and how many input tokens had no vLLM route."""
+        if self.route_replay is None or batch.routes is None:
+            return
+        stats = self.route_replay.stats()
+        counts = torch.tensor([stats["agreed"], stats["compared"]], dtype=torch.float64)
+        if dist.is_initialized():
+            dist.all_reduce(counts)
+        metrics["rollout/router_agreement"] = float(counts[0] / counts[1]) if counts[1] else 0.0
+        metrics["rollout/router_missing_routes"] = routes_missing(batch.rows.samples)
 
     def rollout_correction(self, batch: StepBatch, metrics: dict) -> None:
         """Per-token weights of the policy loss for the rest of the vLLM/Megatron mismatch
@@ -330,6 +350,8 @@ class RLTrainer:
                                                      local_batch(self.critic.chunks, critic_part),
                                                      self.critic_loss, mbs))
                 if train_actor:
+                    if self.route_replay is not None:
+                        self.route_replay.begin(replay=True)  # fresh recompute queues
                     actor_out.append(train_step(self.actor.chunks, self.actor.optimizer,
                                                 local_batch(self.actor.chunks, part), self.actor_loss, mbs))
         return actor_out, critic_out

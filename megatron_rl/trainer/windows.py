@@ -54,7 +54,10 @@ class WindowSample:
         return len(self.sample.token_ids)
 
     def to_state(self) -> dict:
-        return {**dataclasses.asdict(self.sample), "answer": self.answer, "prompt_key": self.prompt_key,
+        """JSON-able state. MoE routes are left out: the continuation after a resume prefills
+        the whole sequence again, and vLLM records the routes of every position anew."""
+        sample = {f.name: getattr(self.sample, f.name) for f in dataclasses.fields(self.sample) if f.name != "routes"}
+        return {**sample, "answer": self.answer, "prompt_key": self.prompt_key,
                 "trained": self.trained, "fresh": self.fresh, "windows": self.windows,
                 "correct": self.correct, "reward": self.reward}
 

@@ -20,6 +20,8 @@ from megatron_rl.testing.torchrun import _free_port
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
+FP32_ROUTER_AGREEMENT = 0.99
+"""Share of (token, layer) where Megatron's top-k equals vLLM's in fp32 (ties are rare)."""
 FP32_PARITY_MAX = 1e-5
 """Largest fp32 |logprob(vLLM) - logprob(Megatron)| after a sync (measured <= 2e-6)."""
 BF16_PARITY_MEDIAN = 0.015
@@ -98,6 +100,7 @@ def test_bf16_moe_ep2_world2_with_rollout_correction_then_resume_in_tp2(tmp_path
         assert r["rollout/parity_median_abs_diff"] < BF16_PARITY_MEDIAN, r
         assert 0 <= r["rollout/mismatch_k3_kl"] < BF16_MISMATCH_K3, r
         assert r["rollout/correction_weight_mean"] <= 2.0, r  # weights capped at C
+        assert 0.5 < r["rollout/router_agreement"] <= 1.0, r  # measured without replay too
     resumed, out = _train(tmp_path, 2, bases["qwen3_moe"], "grpo", *bf16, "parallel.tensor_model_parallel_size=2",
                           steps=4)
     assert "resumed from" in out, out[-2000:]
@@ -106,11 +109,16 @@ def test_bf16_moe_ep2_world2_with_rollout_correction_then_resume_in_tp2(tmp_path
     assert resumed[3]["rollout/mismatch_k3_kl"] < BF16_MISMATCH_K3, resumed[3]
 
 
-def test_dapo_moe_tp2_ep2_world4_with_monitor(tmp_path, bases):
+def test_dapo_moe_tp2_ep2_world4_with_router_replay_recompute_and_monitor(tmp_path, bases):
+    """MoE with router replay (vLLM's routes in the old-logprob pass and in the training
+    forward and its recompute, TP2 with sequence parallelism * EP2) and the monitor."""
     rows, _ = _train(tmp_path, 4, bases["qwen3_moe"], "dapo", "parallel.tensor_model_parallel_size=2",
                      "parallel.expert_model_parallel_size=2", "monitor.enabled=true",
-                     "monitor.detect_every_steps=1", "monitor.interval_s=0.2")
+                     "monitor.detect_every_steps=1", "monitor.interval_s=0.2", "rollout.router_replay=true",
+                     "model.recompute_activations=true")
     _check(rows)
+    for r in rows:  # fp32: Megatron's own routers pick vLLM's experts nearly everywhere
+        assert r["rollout/router_agreement"] > FP32_ROUTER_AGREEMENT and r["rollout/router_missing_routes"] == 0, r
     # The monitor sampled this machine and ran the detector each step: a healthy box, no alerts.
     assert all(r["monitor/declared_machines"] == 0 for r in rows)
     traces = list((tmp_path / "run-dapo" / "monitor" / "traces").glob("*.csv"))
