@@ -19,6 +19,7 @@ BENCHES: dict[str, str] = {
     "mfu": "megatron_rl.bench.plan",
     "weight-sync": "megatron_rl.bench.weight_sync",
     "checkpoint": "megatron_rl.bench.checkpoint",
+    "mismatch": "megatron_rl.bench.mismatch",
 }
 
 

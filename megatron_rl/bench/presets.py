@@ -46,6 +46,9 @@ PRESETS: dict[str, ModelArch] = {
     "cpu-moe-9m": _arch("qwen3_moe", 256, 4, 8, 4, 32, 768, 4096, **_experts(256)),
     "cpu-dense-9m": _arch("qwen3", 384, 4, 6, 2, 64, 1024, 4096),
     "cpu-moe-14m": _arch("qwen3_moe", 384, 4, 6, 2, 64, 1024, 4096, **_experts(256)),
+    # Qwen3-30B-A3B's routing shape (top-8 of many small experts), scaled to CPU: 64 experts.
+    "cpu-moe-64e": _arch("qwen3_moe", 256, 4, 8, 4, 32, 768, 4096, num_moe_experts=64, moe_router_topk=8,
+                         moe_ffn_hidden_size=64),
     "cpu-dense-82m": _arch("qwen3", 1024, 4, 16, 4, 64, 3072, 16384),
     "cpu-dense-85m": _arch("qwen3", 768, 4, 12, 6, 64, 3072, 32000),
     "gpu-dense-1b": _arch("qwen3", 2048, 16, 16, 8, 128, 8192, 32768, **_GPU),
