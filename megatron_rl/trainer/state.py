@@ -30,8 +30,10 @@ class RunCheckpoint:
         self.checkpointer = checkpointer
         self.root = Path(root)
         self.config = config
-        # An HF export of a step needs the architecture it was trained from.
+        # An HF export of a step needs the architecture it was trained from, and takes the
+        # tokenizer and generation config from the HF directory it started from.
         self.hf_config = json.loads((Path(base_dir) / "config.json").read_text())
+        self.hf_source_dir = str(Path(base_dir).resolve())
 
     def due(self, step: int, last_step: int) -> bool:
         """Every checkpoint.save_interval steps, and at the last step."""
@@ -47,7 +49,8 @@ class RunCheckpoint:
             with critic.active():
                 self.checkpointer.save(self.root / CRITIC_DIR, step, model=critic.chunks,
                                        optimizer=critic.optimizer, extra={"step": step}, **options)
-        extra = {"step": step, **extra, "hf_config": self.hf_config, "hf_expert_style": "per_expert"}
+        extra = {"step": step, **extra, "hf_config": self.hf_config, "hf_expert_style": "per_expert",
+                 "hf_source_dir": self.hf_source_dir}
         self.checkpointer.save(self.root, step, model=actor.chunks, optimizer=actor.optimizer, extra=extra,
                                **options)
 
