@@ -210,11 +210,16 @@ class CheckpointConfig:
     optimizer update waits only if it is not done)."""
     keep_last: int = 2
     """Committed steps kept on disk."""
+    on_corrupt: str = "fallback"
+    """What resuming does when the newest step fails its checksums: fallback (warn, rename
+    it to step_<N>.corrupt, resume from the newest intact step) | fail (stop with exit 2).
+    A damaged step is never deleted."""
 
     def __post_init__(self) -> None:
         if self.save_interval < 0 or self.keep_last < 1:
             raise ConfigError("checkpoint.save_interval must be >= 0 and checkpoint.keep_last >= 1")
         _choice("checkpoint", "snapshot", self.snapshot, ("at_save", "before_update"))
+        _choice("checkpoint", "on_corrupt", self.on_corrupt, ("fallback", "fail"))
 
 
 @dataclasses.dataclass(kw_only=True)

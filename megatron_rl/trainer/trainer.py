@@ -49,7 +49,7 @@ from megatron_rl.trainer.reference import ReferencePolicy
 from megatron_rl.trainer.rollouts import TrainRows
 from megatron_rl.trainer.sources import GroupSource, RolloutSource, WindowSource
 from megatron_rl.trainer.rows import train_row_multiple
-from megatron_rl.trainer.state import RunCheckpoint
+from megatron_rl.trainer.state import RunCheckpoint, choose_resume_step
 from megatron_rl.trainer.windows import WindowPool
 from megatron_rl.utils import dtypes
 
@@ -69,6 +69,8 @@ class RLTrainer:
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
+        # A damaged newest checkpoint is set aside (or stops the run) before anything is built.
+        self.resume_step = choose_resume_step(self.run_dir / "checkpoints", cfg.checkpoint.on_corrupt)
         torch.manual_seed(cfg.trainer.seed)
         # The actor's weights come from an HF directory (for task data: the task's tiny base).
         self.base_dir = setup.base_model_dir(cfg, self.rank)
@@ -172,8 +174,8 @@ class RLTrainer:
         return WindowSource(self.engine, loader, pool, recipe, self.verifier.score_batch, decode)
 
     def _resume(self) -> int:
-        """The newest committed step (any saved layout), its weights pushed into vLLM; 0 for a fresh run."""
-        extra = self.run_checkpoint.resume(self.actor, self.critic)
+        """The step chosen at start (newest intact; any saved layout), its weights pushed into vLLM; 0 for a fresh run."""
+        extra = self.run_checkpoint.resume(self.actor, self.critic, self.resume_step)
         if extra is None:
             return 0
         try:
