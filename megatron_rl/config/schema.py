@@ -114,10 +114,13 @@ class AlgorithmConfig:
     """Passes over each step's rollouts."""
     mini_batches_per_step: int = 1
     """Optimizer steps per PPO epoch (the rollout batch is split into this many)."""
+    max_empty_steps: int = 5
+    """Steps in a row that keep no trainable group (dynamic sampling dropped them all) before
+    the run stops with exit code 2: the actor no longer changes, so generating on is waste."""
 
     def __post_init__(self) -> None:
         # The recipe itself is checked by checks.validate (building it imports torch).
-        for name in ("ppo_epochs", "mini_batches_per_step"):
+        for name in ("ppo_epochs", "mini_batches_per_step", "max_empty_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"algorithm.{name}={getattr(self, name)} must be >= 1")
         if not isinstance(self.overrides, dict):
