@@ -169,6 +169,9 @@ class RolloutConfig:
     decode, each sync re-packs) or plain (torch's linear: a sync is a copy)."""
     gpu_memory_utilization: float = 0.4
     """GPU only: vLLM's share of GPU memory."""
+    log_level: str = "warning"
+    """vLLM's own logging (VLLM_LOGGING_LEVEL): debug | info | warning | error. At info its
+    engine and weight-load messages bury the progress line."""
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "prompts_per_step", "n_samples", "max_new_tokens"):
@@ -181,6 +184,7 @@ class RolloutConfig:
         if self.parity_threshold is not None and not self.parity_threshold > 0:
             raise ConfigError(f"rollout.parity_threshold={self.parity_threshold} must be > 0 (or null: the dtype's limits)")
         _choice("rollout", "cpu_linear", self.cpu_linear, ("packed", "plain"))
+        _choice("rollout", "log_level", self.log_level, ("debug", "info", "warning", "error"))
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -158,7 +158,7 @@ class RLTrainer:
             max_model_len=min(self.arch.max_position_embeddings, cfg.trainer.seq_length),
             seed=cfg.trainer.seed, cpu_kv_cache_gib=cfg.rollout.kv_cache_gib,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-            cpu_linear=cfg.rollout.cpu_linear, cache_dir=str(self.run_dir / "cache"),
+            cpu_linear=cfg.rollout.cpu_linear, log_level=cfg.rollout.log_level, cache_dir=str(self.run_dir / "cache"),
             record_routes=self.arch.is_moe,
         ))
         self.sampling = Sampling(n=cfg.rollout.n_samples, max_tokens=cfg.rollout.max_new_tokens,
