@@ -32,6 +32,14 @@ def _one_line_error(capsys, *argv) -> str:
     return captured.err
 
 
+def _each_input_refused(capsys, command, flag, parent, cases, out):
+    """Each ``parent/name`` given as ``flag`` fails naming itself and ``cases[name]``; no output appears."""
+    for name, expected in cases.items():
+        err = _one_line_error(capsys, command, flag, parent / name, "--out", out)
+        assert f"{flag} {parent / name}" in err and expected in err, (name, err)
+    assert not out.exists()
+
+
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     """A tiny qwen3 HF directory with a real tokenizer and a generation config."""
@@ -70,10 +78,7 @@ def test_hf_to_megatron_refuses_a_bad_hf_directory(tmp_path, capsys, hf_dir):
         "unknown": "model_type='not_a_model' is not supported; supported: ['llama', 'mixtral', 'qwen2'",
         "broken": "config.json is not readable JSON",
     }
-    for name, expected in cases.items():
-        err = _one_line_error(capsys, "hf-to-megatron", "--hf", tmp_path / name, "--out", out)
-        assert f"--hf {tmp_path / name}" in err and expected in err, (name, err)
-    assert not out.exists()
+    _each_input_refused(capsys, "hf-to-megatron", "--hf", tmp_path, cases, out)
 
 
 def test_hf_to_megatron_refuses_an_output_that_holds_something(tmp_path, capsys, hf_dir, converted):
@@ -97,9 +102,7 @@ def test_megatron_to_hf_refuses_what_is_not_a_checkpoint(tmp_path, capsys, conve
         "empty": "empty is not a checkpoint: no committed step in it",
         "died": "no committed step in it; unfinished saves: .tmp_step_0",
     }
-    for name, expected in cases.items():
-        err = _one_line_error(capsys, "megatron-to-hf", "--ckpt", tmp_path / name, "--out", out)
-        assert f"--ckpt {tmp_path / name}" in err and expected in err, (name, err)
+    _each_input_refused(capsys, "megatron-to-hf", "--ckpt", tmp_path, cases, out)
     err = _one_line_error(capsys, "megatron-to-hf", "--ckpt", converted, "--step", 3, "--out", out)
     assert "step 3 is not a committed checkpoint" in err and "committed steps: [0]" in err
     assert not out.exists()
