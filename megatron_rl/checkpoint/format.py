@@ -210,7 +210,8 @@ def resolve_step(root: Path, step: Optional[int] = None) -> int:
     if not steps:
         pending = sorted(p.name for p in root.iterdir() if p.name.startswith(".tmp_step_"))
         unfinished = f"; unfinished saves: {', '.join(pending)}" if pending else ""
-        raise CheckpointError(f"{root} is not a checkpoint: no committed step in it{unfinished} ({WHAT_IS_A_CHECKPOINT})")
+        raise CheckpointError(
+            f"{root} is not a checkpoint: no committed step in it{unfinished} ({WHAT_IS_A_CHECKPOINT})")
     if step is None:
         return steps[-1]
     if step not in steps:

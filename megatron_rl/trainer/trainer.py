@@ -44,13 +44,13 @@ from megatron_rl.schedules import (ActorLoss, CriticLoss, TrainBatch, compute_lo
 from megatron_rl.trainer import setup
 from megatron_rl.trainer.advantages import estimate_advantages
 from megatron_rl.trainer.assembly import StepBatch, assemble, routes_missing
+from megatron_rl.trainer.empty_steps import EmptyStepGuard
 from megatron_rl.trainer.hapo import hapo_token_fields
 from megatron_rl.trainer.metrics import MetricsLog
 from megatron_rl.trainer.reference import ReferencePolicy
 from megatron_rl.trainer.rollouts import TrainRows
 from megatron_rl.trainer.sources import GroupSource, RolloutSource, WindowSource
 from megatron_rl.trainer.rows import train_row_multiple
-from megatron_rl.trainer.empty_steps import EmptyStepGuard
 from megatron_rl.trainer.state import RunCheckpoint, choose_resume_step
 from megatron_rl.trainer.windows import WindowPool
 from megatron_rl.utils import dtypes
@@ -179,7 +179,8 @@ class RLTrainer:
         return WindowSource(self.engine, loader, pool, recipe, self.verifier.score_batch, decode)
 
     def _resume(self) -> int:
-        """The step chosen at start (newest intact; any saved layout), its weights pushed into vLLM; 0 for a fresh run."""
+        """Load the step chosen at start (the newest intact one, any saved layout) and push its
+        weights into vLLM; that step, or 0 for a fresh run."""
         extra = self.run_checkpoint.resume(self.actor, self.critic, self.resume_step)
         if extra is None:
             return 0

@@ -119,7 +119,8 @@ def test_a_second_corrupt_copy_of_a_step_gets_its_own_name(run):
 def test_on_corrupt_is_validated():
     assert load_config(None, []).checkpoint.on_corrupt == "fallback"
     assert load_config(None, ["checkpoint.on_corrupt=fail"]).checkpoint.on_corrupt == "fail"
-    with pytest.raises(ConfigError, match=r"checkpoint.on_corrupt='skip' is not allowed; choose one of \['fail', 'fallback'\]"):
+    allowed = r"checkpoint.on_corrupt='skip' is not allowed; choose one of \['fail', 'fallback'\]"
+    with pytest.raises(ConfigError, match=allowed):
         load_config(None, ["checkpoint.on_corrupt=skip"])
 
 
