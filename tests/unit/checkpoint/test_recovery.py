@@ -2,6 +2,11 @@
 disk; the newest intact step is chosen, a damaged one is renamed (never deleted) with one
 warning line naming it and the bad file, or the run stops (on_corrupt=fail)."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -138,3 +143,19 @@ def test_the_trainer_choice_fails_as_a_config_error(run, one_rank_group, capsys)
     assert choose_resume_step(run, "fallback") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("warning: checkpoint step 3 is corrupt")
+
+
+def test_train_with_on_corrupt_fail_stops_before_building_anything(tmp_path):
+    """`megatron-rl train` itself: exit 2, the error as the last stderr line, no base model built."""
+    _save_steps(tmp_path / "run" / "checkpoints", [1, 2])
+    _flip_byte(tmp_path / "run" / "checkpoints" / "step_2" / "data_0.bin", 9)
+    repo = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "megatron_rl", "train", f"trainer.run_dir={tmp_path / 'run'}",
+                           "checkpoint.on_corrupt=fail"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("megatron-rl: config error: checkpoint step 2 under") and "step_2/data_0.bin" in last
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["checkpoints", "config.yaml"]
+    assert fmt.committed_steps(tmp_path / "run" / "checkpoints") == [1, 2]
