@@ -31,7 +31,8 @@ def verify_step(root: Path, step: int) -> None:
 
 
 def set_aside(root: Path, step: int) -> Path:
-    """Rename ``step_<N>`` to ``step_<N>.corrupt`` (``.corrupt.2``, ... if taken); the new path."""
+    """Rename ``step_<N>`` to ``step_<N>.corrupt`` (``.corrupt.2``, ... if taken) and point
+    ``latest`` at the newest step left; the new path."""
     source = fmt.step_dir(root, step)
     target, n = source.with_name(source.name + CORRUPT_SUFFIX), 1
     while target.exists():
@@ -39,6 +40,9 @@ def set_aside(root: Path, step: int) -> Path:
         target = source.with_name(f"{source.name}{CORRUPT_SUFFIX}.{n}")
     source.rename(target)
     fmt.fsync_path(Path(root))
+    newest = fmt.latest_step(root)
+    if newest is not None and (Path(root) / fmt.LATEST).exists():  # for people: name a step that exists
+        fmt.write_durably(Path(root) / fmt.LATEST, f"{newest}\n".encode())
     return target
 
 

@@ -67,6 +67,7 @@ def test_a_flipped_byte_in_the_second_block_sets_the_step_aside(run):
     assert "checkpoint step 3 is corrupt" in warnings[0] and f"{data}" in warnings[0] and "tensor w" in warnings[0]
     assert f"moved aside to {run / 'step_3.corrupt'}" in warnings[0]
     assert (run / "step_3.corrupt" / "data_0.bin").read_bytes() == before  # kept byte for byte
+    assert (run / fmt.LATEST).read_text() == "2\n"
     assert dict(iter_model_tensors(run, step))["w"].equal(_weights(2))
 
 
