@@ -124,7 +124,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from megatron_rl.trainer import train
 
             summary = train(cfg)
-            if summary["steps"] == 0:
+            if summary.get("error"):
+                print(f"megatron-rl: error: {summary['error']}", file=sys.stderr)
+            elif summary["steps"] == 0:
                 print(f"run dir: {summary['run_dir']} already holds step {summary['last_step']} of "
                       f"trainer.max_steps={cfg.trainer.max_steps}: nothing to train (choose another "
                       "trainer.run_dir or a larger trainer.max_steps)")

@@ -5,6 +5,9 @@
 
 hf-to-megatron runs alone (one process converts for any layout) or under torchrun with
 the layout's world size (each rank then reads only its own slices of the HF files).
+Paths are checked before any model is built: a missing or wrong input, or an output that
+already holds something, is one line and exit status 2. megatron-to-hf copies the source
+model's tokenizer and generation config, or says in one line that the output has none.
 """
 
 from __future__ import annotations
@@ -61,7 +64,11 @@ def _progress(desc: str, enabled: bool = True):
 
 def _hf_to_megatron(args) -> int:
     from megatron_rl.bridge.convert import hf_to_megatron
+    from megatron_rl.bridge.inputs import check_hf_model_dir, check_new_checkpoint_root
     from megatron_rl.parallel import ParallelConfig
+
+    check_hf_model_dir(args.hf)
+    check_new_checkpoint_root(args.out)
 
     target = ParallelConfig(
         tensor_model_parallel_size=args.tp,
@@ -88,9 +95,13 @@ def _megatron_to_hf(args) -> int:
     from megatron_rl.bridge.convert import megatron_to_hf
 
     dtype = dtypes.to_torch(args.dtype) if args.dtype else None
-    out = megatron_to_hf(args.ckpt, args.out, step=args.step, dtype=dtype, style=args.expert_style,
-                         progress=_progress("megatron -> hf"))
-    print(f"wrote {out}")
+    export = megatron_to_hf(args.ckpt, args.out, step=args.step, dtype=dtype, style=args.expert_style,
+                            progress=_progress("megatron -> hf"))
+    copied = f" with {', '.join(export.copied)}" if export.copied else ""
+    print(f"wrote {export.path}{copied}")
+    if export.no_tokenizer:
+        print(f"megatron-rl convert: note: {export.path} has no tokenizer: {export.no_tokenizer}; "
+              "copy the tokenizer files of the original model into it", file=sys.stderr)
     return 0
 
 
@@ -101,10 +112,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from megatron_rl.models.hf_config import UnsupportedModelError
     from megatron_rl.parallel import LayoutError
 
+    from megatron_rl.bridge.inputs import ConvertInputError
+
+    errors = (ConvertInputError, BridgeError, CheckpointError, UnsupportedModelError, LayoutError, FileNotFoundError,
+              FileExistsError)
     try:
         return _hf_to_megatron(args) if args.command == "hf-to-megatron" else _megatron_to_hf(args)
-    except (BridgeError, CheckpointError, UnsupportedModelError, LayoutError, FileNotFoundError, FileExistsError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except errors as e:
+        print(f"megatron-rl convert: error: {e}", file=sys.stderr)
         return BAD_INPUT
 
 

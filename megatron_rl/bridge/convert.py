@@ -7,12 +7,17 @@
   torchrun with a matching world size the target layout itself is built.
 - Megatron -> HF: one process, no Megatron model: read each group of canonical tensors
   from the checkpoint, map them to HF tensors and stream them into safetensors files.
-  The HF config travels in the checkpoint's ``extra["hf_config"]``.
+  The HF config travels in the checkpoint's ``extra["hf_config"]``; the HF directory the
+  weights came from in ``extra["hf_source_dir"]``, whose tokenizer and generation config
+  the export copies (the checkpoint holds weights only).
+
+Both check their paths first (:mod:`.inputs`): a bad input fails in one line before any
+model is built, and an output is never written over an existing one.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 from pathlib import Path
 from typing import Callable, Iterable, Optional
@@ -21,7 +26,8 @@ import torch
 
 from megatron_rl.bridge.export import DEFAULT_MAX_FILE_BYTES, assemble_hf, config_dtype, config_with_dtype, hf_groups
 from megatron_rl.bridge.families import PER_EXPERT, canonical
-from megatron_rl.bridge.hf_files import write_checkpoint
+from megatron_rl.bridge.hf_files import side_files, write_checkpoint
+from megatron_rl.bridge.inputs import check_checkpoint, check_hf_model_dir, check_new_checkpoint_root, check_new_hf_dir
 from megatron_rl.bridge.load import load_hf, tensor_map
 from megatron_rl.bridge.mapping import BridgeError
 from megatron_rl.models.hf_config import ModelArch, arch_from_hf
@@ -29,10 +35,6 @@ from megatron_rl.parallel import ParallelConfig
 from megatron_rl.utils import dtypes
 
 Progress = Optional[Callable[[Iterable], Iterable]]
-
-
-def hf_config_dict(hf_dir: str | os.PathLike) -> dict:
-    return json.loads((Path(hf_dir) / "config.json").read_text())
 
 
 def arch_from_dict(hf_config: dict) -> ModelArch:
@@ -57,7 +59,8 @@ def hf_to_megatron(
     from megatron_rl.models.builder import BuildOptions, build_model
     from megatron_rl.parallel import destroy, initialize
 
-    hf_config = hf_config_dict(hf_dir)
+    hf_config = check_hf_model_dir(hf_dir)
+    check_new_checkpoint_root(out_root)
     arch = arch_from_hf(hf_dir)
     platform.init_distributed()
     world = dist.get_world_size()
@@ -75,12 +78,24 @@ def hf_to_megatron(
     extra = {
         "hf_config": hf_config,
         "hf_expert_style": style,
+        "hf_source_dir": str(Path(hf_dir).resolve()),
         "converted_for_layout": target.megatron_sizes(),
     }
     with checkpoint.Checkpointer() as ckpt:
         ckpt.save(out_root, step, model=chunks, extra=extra).wait()
     destroy()
     return extra
+
+
+@dataclasses.dataclass
+class HFExport:
+    """What :func:`megatron_to_hf` wrote."""
+
+    path: Path
+    copied: list[str]
+    """Tokenizer and generation-config files copied from the source HF directory."""
+    no_tokenizer: Optional[str] = None
+    """Why the export has no tokenizer, when it has none."""
 
 
 def megatron_to_hf(
@@ -91,8 +106,9 @@ def megatron_to_hf(
     style: Optional[str] = None,
     progress: Progress = None,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-) -> Path:
-    """One process: write the model of a megatron_rl checkpoint as an HF directory.
+) -> HFExport:
+    """One process: write the model of a megatron_rl checkpoint as an HF directory, with
+    the tokenizer and generation config of the HF directory it came from when known.
 
     Tensors are written in ``dtype``, else the dtype the stored HF config names, else as
     stored; experts in ``style``, else the style of the HF checkpoint it came from.
@@ -101,9 +117,8 @@ def megatron_to_hf(
     from megatron_rl.checkpoint.reader import Reader
 
     root = Path(ckpt_root)
-    step = fmt.latest_step(root) if step is None else step
-    if step is None:
-        raise fmt.CheckpointError(f"no committed checkpoint under {root}")
+    step = check_checkpoint(root, step)
+    check_new_hf_dir(out_dir)
     metadata = fmt.read_metadata(root, step)
     hf_config = metadata.extra.get("hf_config")
     if not hf_config:
@@ -119,6 +134,7 @@ def megatron_to_hf(
     _check_stored(stored, metadata, tmap, arch)
     groups = hf_groups(tmap)
     dtype = dtype or config_dtype(hf_config)
+    copies, no_tokenizer = _source_side_files(metadata.extra.get("hf_source_dir"))
 
     def dtype_of(megatron_names) -> torch.dtype:
         return dtype or fmt.DTYPES[metadata.tensors[stored[megatron_names[0]]].dtype]
@@ -132,7 +148,22 @@ def megatron_to_hf(
                 for h in hf:
                     yield h, assemble_hf(h, tmap, full).to(dtype_of(names))
 
-        return write_checkpoint(out_dir, specs, stream(), config_with_dtype(hf_config, specs[0][2]), max_file_bytes)
+        out = write_checkpoint(out_dir, specs, stream(), config_with_dtype(hf_config, specs[0][2]), max_file_bytes,
+                               copy_files=copies)
+    return HFExport(out, [c.name for c in copies], no_tokenizer)
+
+
+def _source_side_files(source: Optional[str]) -> tuple[list[Path], Optional[str]]:
+    """The side files (tokenizer, generation config) of the recorded source HF directory,
+    and why the export will have no tokenizer when there is none to copy."""
+    if not source:
+        return [], "the checkpoint does not record the HF directory it came from"
+    if not Path(source).is_dir():
+        return [], f"the HF directory it came from, {source}, no longer exists"
+    files = side_files(source)
+    if not any(f.name.startswith("tokenizer") or f.name == "vocab.json" for f in files):
+        return files, f"the HF directory it came from, {source}, has no tokenizer files"
+    return files, None
 
 
 def _check_stored(stored: dict, metadata, tmap, arch: ModelArch) -> None:

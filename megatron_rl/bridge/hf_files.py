@@ -20,6 +20,18 @@ from typing import Iterable, Iterator, Optional, Sequence
 import torch
 
 INDEX_FILE = "model.safetensors.index.json"
+SIDE_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja", "chat_template.json",
+    "generation_config.json",
+)
+"""Files of an HF model directory besides its weights and config that a user of the model
+needs (tokenizer, chat template, generation defaults): an export carries them over."""
+
+
+def side_files(hf_dir: str | os.PathLike) -> list[Path]:
+    """The :data:`SIDE_FILES` present in ``hf_dir``."""
+    return [Path(hf_dir) / name for name in SIDE_FILES if (Path(hf_dir) / name).is_file()]
 
 #: torch dtype <-> safetensors dtype tag
 DTYPE_TAGS = {
@@ -164,11 +176,13 @@ def write_checkpoint(
     tensors: Iterable[tuple[str, torch.Tensor]],
     config: Optional[dict],
     max_file_bytes: int,
+    copy_files: Sequence[Path] = (),
 ) -> Path:
     """Stream ``tensors`` (in ``specs`` order) into a new HF directory, atomically.
 
-    Everything goes to a temporary sibling directory that is renamed to ``out_dir`` at the
-    end, so a crash never leaves a half-written checkpoint under the final name.
+    Everything, ``copy_files`` (e.g. the tokenizer) included, goes to a temporary sibling
+    directory that is renamed to ``out_dir`` at the end, so a crash never leaves a
+    half-written checkpoint under the final name.
     """
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
@@ -194,6 +208,8 @@ def write_checkpoint(
         (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2))
         if config is not None:
             (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        for file in copy_files:
+            shutil.copyfile(file, tmp / Path(file).name)
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)

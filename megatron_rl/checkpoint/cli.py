@@ -1,7 +1,8 @@
 """`megatron-rl ckpt inspect DIR`: what a checkpoint directory holds, without Megatron.
 
 DIR is a checkpoint root (all steps are listed, the newest is described) or one
-``step_<N>`` directory. Exit status 0, or 2 with one line saying what is wrong.
+``step_<N>`` directory. Exit status 0, or 2 with one line saying what is wrong: a missing
+or empty directory, or one with no committed step, is not a checkpoint.
 """
 
 from __future__ import annotations
@@ -27,25 +28,28 @@ def _size(nbytes: float) -> str:
 
 
 def _root_and_step(path: Path, step: Optional[int]) -> tuple[Path, Optional[int]]:
+    """A ``step_<N>`` directory names its root and step; anything else is a root."""
     match = re.match(r"^step_(\d+)$", path.name)
+    if match and path.is_dir() and not (path / fmt.COMMIT).exists() and not fmt.committed_steps(path):
+        raise fmt.CheckpointError(f"{path} has no COMMIT marker: its save never finished, so it is not a checkpoint")
     if match and (path / fmt.COMMIT).exists():
         return path.parent, int(match.group(1)) if step is None else step
     return path, step
 
 
 def inspect(path: Path, step: Optional[int] = None, tensors: bool = False, verify: bool = False) -> str:
+    """The description of ``step`` (default: the newest committed) under a checkpoint root.
+
+    Raises CheckpointError when ``path`` is not a checkpoint (missing, empty, nothing
+    committed): a listing of nothing would read as success to a script.
+    """
     root, step = _root_and_step(Path(path), step)
-    if not root.is_dir():
-        raise fmt.CheckpointError(f"{root} is not a directory")
+    step = fmt.resolve_step(root, step)
     steps = fmt.committed_steps(root)
     pending = sorted(p.name for p in root.iterdir() if p.name.startswith(".tmp_step_"))
-    lines = [f"checkpoint root: {root}", f"committed steps: {steps or 'none'}"]
+    lines = [f"checkpoint root: {root}", f"committed steps: {steps}"]
     if pending:
         lines.append(f"uncommitted (ignored): {', '.join(pending)}")
-    if step is None:
-        step = fmt.latest_step(root)
-        if step is None:
-            return "\n".join(lines)
     meta = fmt.read_metadata(root, step)
     files = Counter()
     for entry in meta.tensors.values():
@@ -71,8 +75,7 @@ def inspect(path: Path, step: Optional[int] = None, tensors: bool = False, verif
         from megatron_rl.checkpoint.reader import Reader
 
         with Reader(fmt.step_dir(root, step), meta) as reader:
-            for name in meta.tensors:
-                reader.full_tensor(name)
+            reader.verify()
         lines.append("  verify: every chunk read back and matched its checksums")
     return "\n".join(lines)
 
@@ -93,7 +96,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         print(inspect(args.dir, args.step, args.tensors, args.verify))
     except fmt.CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"megatron-rl ckpt: error: {e}", file=sys.stderr)
         return BAD_INPUT
     return 0
 

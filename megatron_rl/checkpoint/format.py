@@ -192,6 +192,33 @@ def latest_step(root: Path) -> Optional[int]:
     return steps[-1] if steps else None
 
 
+WHAT_IS_A_CHECKPOINT = "a checkpoint root holds step_<N>/ directories with a COMMIT marker"
+
+
+def resolve_step(root: Path, step: Optional[int] = None) -> int:
+    """``step``, or the newest committed step, after checking that ``root`` holds it.
+
+    Every reader (load, inspect, export) asks here first, so a path that is not a
+    checkpoint is refused with one line naming what is wrong before anything is built.
+    """
+    root = Path(root)
+    if not root.exists():
+        raise CheckpointError(f"{root} does not exist ({WHAT_IS_A_CHECKPOINT})")
+    if not root.is_dir():
+        raise CheckpointError(f"{root} is not a directory ({WHAT_IS_A_CHECKPOINT})")
+    steps = committed_steps(root)
+    if not steps:
+        pending = sorted(p.name for p in root.iterdir() if p.name.startswith(".tmp_step_"))
+        unfinished = f"; unfinished saves: {', '.join(pending)}" if pending else ""
+        raise CheckpointError(
+            f"{root} is not a checkpoint: no committed step in it{unfinished} ({WHAT_IS_A_CHECKPOINT})")
+    if step is None:
+        return steps[-1]
+    if step not in steps:
+        raise CheckpointError(f"step {step} is not a committed checkpoint under {root}; committed steps: {steps}")
+    return step
+
+
 def read_metadata(root: Path, step: int) -> Metadata:
     """The metadata of a committed step, checked against the crc in its COMMIT marker."""
     directory = step_dir(root, step)

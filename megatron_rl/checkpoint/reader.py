@@ -47,8 +47,41 @@ class Reader:
     def _fd(self, file: str) -> int:
         with self._lock:
             if file not in self._fds:
-                self._fds[file] = os.open(fmt.confined(self.directory, file), os.O_RDONLY)
+                path = fmt.confined(self.directory, file)
+                try:
+                    self._fds[file] = os.open(path, os.O_RDONLY)
+                except OSError as err:
+                    raise fmt.CheckpointError(f"{path}: cannot be read ({err.strerror})") from err
             return self._fds[file]
+
+    def _check_block(self, name: str, chunk: fmt.Chunk, block: int, data) -> None:
+        """Raise naming the file, tensor and byte range when ``data`` (block ``block`` of
+        ``chunk``) does not match its stored crc32."""
+        if zlib.crc32(data) != chunk.crc32[block]:
+            start = chunk.byte_offset + block * fmt.BLOCK_BYTES
+            raise fmt.CheckpointError(
+                f"checksum mismatch in {self.directory / chunk.file}: tensor {name}, chunk at offsets "
+                f"{chunk.offsets}, bytes {start}..{start + fmt.BLOCK_BYTES}"
+            )
+
+    def verify(self) -> None:
+        """Read every stored byte once, block by block, and check it against its checksum
+        (no tensor is built, so memory stays at one block per thread)."""
+
+        def check(task) -> None:
+            name, chunk = task
+            for block in range(len(chunk.crc32)):
+                start = block * fmt.BLOCK_BYTES
+                size = max(0, min(fmt.BLOCK_BYTES, chunk.nbytes - start))
+                raw = os.pread(self._fd(chunk.file), size, chunk.byte_offset + start)
+                if len(raw) != size:
+                    raise fmt.CheckpointError(f"{self.directory / chunk.file} is truncated (tensor {name})")
+                self._check_block(name, chunk, block, raw)
+
+        tasks = [(name, c) for name, entry in self.metadata.tensors.items() for c in entry.chunks]
+        with ThreadPoolExecutor(max_workers=self.threads) as pool:
+            for _ in pool.map(check, tasks):
+                pass
 
     def read_overlap(self, name: str, chunk: fmt.Chunk, box: bx.Box) -> torch.Tensor:
         """The elements of ``box`` (global coordinates) stored in ``chunk``, as a tensor."""
@@ -65,11 +98,7 @@ class Reader:
         view = memoryview(raw)
         for block in range(block0, block1):
             lo = (block - block0) * fmt.BLOCK_BYTES
-            if zlib.crc32(view[lo : lo + fmt.BLOCK_BYTES]) != chunk.crc32[block]:
-                raise fmt.CheckpointError(
-                    f"checksum mismatch in {self.directory / chunk.file}: tensor {name}, chunk at offsets "
-                    f"{chunk.offsets}, bytes {chunk.byte_offset + start + lo}..{chunk.byte_offset + start + lo + fmt.BLOCK_BYTES}"
-                )
+            self._check_block(name, chunk, block, view[lo : lo + fmt.BLOCK_BYTES])
         flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)[first * size - start : last * size - start].view(dtype)
         return flat.as_strided(local[1], bx.row_major_strides(chunk.shape))
 

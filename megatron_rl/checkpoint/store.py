@@ -329,13 +329,10 @@ def _agreed_step(root: Path, step: Optional[int]) -> int:
     rank, world = _world()
     answer: list = [None]
     if rank == 0:
-        if step is None:
-            found = fmt.latest_step(root)
-            answer[0] = found if found is not None else f"no committed checkpoint under {root}"
-        elif step in fmt.committed_steps(root):
-            answer[0] = step
-        else:
-            answer[0] = f"step {step} is not a committed checkpoint under {root}; committed: {fmt.committed_steps(root)}"
+        try:
+            answer[0] = fmt.resolve_step(root, step)
+        except fmt.CheckpointError as err:
+            answer[0] = str(err)
     if world > 1:
         dist.broadcast_object_list(answer, src=0)
     if isinstance(answer[0], str):
@@ -346,8 +343,5 @@ def _agreed_step(root: Path, step: Optional[int]) -> int:
 def iter_model_tensors(root, step: Optional[int] = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Single process, no Megatron: (canonical name, full tensor) of every model tensor."""
     root = Path(root)
-    if step is None:
-        step = fmt.latest_step(root)
-        if step is None:
-            raise fmt.CheckpointError(f"no committed checkpoint under {root}")
+    step = fmt.resolve_step(root, step)
     yield from iter_tensors(fmt.step_dir(root, step), fmt.read_metadata(root, step))

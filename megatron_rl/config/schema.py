@@ -114,10 +114,13 @@ class AlgorithmConfig:
     """Passes over each step's rollouts."""
     mini_batches_per_step: int = 1
     """Optimizer steps per PPO epoch (the rollout batch is split into this many)."""
+    max_empty_steps: int = 5
+    """Steps in a row that keep no trainable group (dynamic sampling dropped them all) before
+    the run stops with exit code 2: the actor no longer changes, so generating on is waste."""
 
     def __post_init__(self) -> None:
         # The recipe itself is checked by checks.validate (building it imports torch).
-        for name in ("ppo_epochs", "mini_batches_per_step"):
+        for name in ("ppo_epochs", "mini_batches_per_step", "max_empty_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"algorithm.{name}={getattr(self, name)} must be >= 1")
         if not isinstance(self.overrides, dict):
@@ -166,6 +169,9 @@ class RolloutConfig:
     decode, each sync re-packs) or plain (torch's linear: a sync is a copy)."""
     gpu_memory_utilization: float = 0.4
     """GPU only: vLLM's share of GPU memory."""
+    log_level: str = "warning"
+    """vLLM's own logging (VLLM_LOGGING_LEVEL): debug | info | warning | error. At info its
+    engine and weight-load messages bury the progress line."""
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "prompts_per_step", "n_samples", "max_new_tokens"):
@@ -178,6 +184,7 @@ class RolloutConfig:
         if self.parity_threshold is not None and not self.parity_threshold > 0:
             raise ConfigError(f"rollout.parity_threshold={self.parity_threshold} must be > 0 (or null: the dtype's limits)")
         _choice("rollout", "cpu_linear", self.cpu_linear, ("packed", "plain"))
+        _choice("rollout", "log_level", self.log_level, ("debug", "info", "warning", "error"))
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -210,11 +217,16 @@ class CheckpointConfig:
     optimizer update waits only if it is not done)."""
     keep_last: int = 2
     """Committed steps kept on disk."""
+    on_corrupt: str = "fallback"
+    """What resuming does when the newest step fails its checksums: fallback (warn, rename
+    it to step_<N>.corrupt, resume from the newest intact step) | fail (stop with exit 2).
+    A damaged step is never deleted."""
 
     def __post_init__(self) -> None:
         if self.save_interval < 0 or self.keep_last < 1:
             raise ConfigError("checkpoint.save_interval must be >= 0 and checkpoint.keep_last >= 1")
         _choice("checkpoint", "snapshot", self.snapshot, ("at_save", "before_update"))
+        _choice("checkpoint", "on_corrupt", self.on_corrupt, ("fallback", "fail"))
 
 
 @dataclasses.dataclass(kw_only=True)

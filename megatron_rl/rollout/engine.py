@@ -55,6 +55,8 @@ class EngineConfig:
     record_routes: bool = False
     """MoE: record the experts vLLM's routers chose for every token of every sample
     (``Sample.routes``, :mod:`megatron_rl.rollout.routes`); needs eager mode."""
+    log_level: str = "warning"
+    """vLLM's own logging: debug | info | warning | error (set through VLLM_LOGGING_LEVEL)."""
     cpu_linear: str = "packed"
     """CPU only: ``packed`` keeps vLLM's kernel-format linear weights (oneDNN: fastest
     decode, but each weight sync re-packs every weight, 5-28x the cost of copying it);
@@ -137,7 +139,7 @@ class RolloutEngine:
         """Which independent engine this rank belongs to (vLLM's ExternalDP index)."""
         self.num_replicas = world // self.tp
         cache = Path(config.cache_dir) if config.cache_dir else None
-        vllm_env.prepare_environment(cache, config.cpu_kv_cache_gib, config.threads)
+        vllm_env.prepare_environment(cache, config.cpu_kv_cache_gib, config.threads, config.log_level)
         on_cpu = not torch.cuda.is_available()
         if on_cpu:
             vllm_compat.install()  # per-job shm names, the MoE reload repack, plain LM heads

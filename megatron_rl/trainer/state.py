@@ -10,17 +10,44 @@ the actor's step is committed the critic's is too, and resume reads the actor's 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
+import torch.distributed as dist
+
 from megatron_rl import checkpoint
 from megatron_rl.checkpoint import Checkpointer
+from megatron_rl.checkpoint.recovery import newest_intact_step
 from megatron_rl.config import ConfigError
 from megatron_rl.config.schema import CheckpointConfig
 from megatron_rl.trainer.setup import Trainable
 
 CRITIC_DIR = "critic"
 """The critic's checkpoints, under the actor's root (step directories only match there)."""
+
+
+def choose_resume_step(root: Path, on_corrupt: str) -> Optional[int]:
+    """Collective, before any model is built: the newest intact committed step under
+    ``root`` (and its critic's), or None for a fresh run.
+
+    Rank 0 reads the candidate in full against its checksums (checkpoint.recovery) and
+    every rank gets its answer, so a damaged step stops the run (``on_corrupt=fail``, a
+    ConfigError: exit 2) or is set aside (``fallback``) before any work is done.
+    """
+    root = Path(root)
+    answer: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            answer[0] = newest_intact_step([root, root / CRITIC_DIR], on_corrupt,
+                                           warn=lambda line: print(line, file=sys.stderr, flush=True))
+        except checkpoint.CheckpointError as err:
+            answer[0] = str(err)
+    if dist.get_world_size() > 1:
+        dist.broadcast_object_list(answer, src=0)
+    if isinstance(answer[0], str):
+        raise ConfigError(answer[0])
+    return answer[0]
 
 
 class RunCheckpoint:
@@ -30,8 +57,10 @@ class RunCheckpoint:
         self.checkpointer = checkpointer
         self.root = Path(root)
         self.config = config
-        # An HF export of a step needs the architecture it was trained from.
+        # An HF export of a step needs the architecture it was trained from, and takes the
+        # tokenizer and generation config from the HF directory it started from.
         self.hf_config = json.loads((Path(base_dir) / "config.json").read_text())
+        self.hf_source_dir = str(Path(base_dir).resolve())
 
     def due(self, step: int, last_step: int) -> bool:
         """Every checkpoint.save_interval steps, and at the last step."""
@@ -47,14 +76,14 @@ class RunCheckpoint:
             with critic.active():
                 self.checkpointer.save(self.root / CRITIC_DIR, step, model=critic.chunks,
                                        optimizer=critic.optimizer, extra={"step": step}, **options)
-        extra = {"step": step, **extra, "hf_config": self.hf_config, "hf_expert_style": "per_expert"}
+        extra = {"step": step, **extra, "hf_config": self.hf_config, "hf_expert_style": "per_expert",
+                 "hf_source_dir": self.hf_source_dir}
         self.checkpointer.save(self.root, step, model=actor.chunks, optimizer=actor.optimizer, extra=extra,
                                **options)
 
-    def resume(self, actor: Trainable, critic: Optional[Trainable]) -> Optional[dict]:
-        """Load the newest committed step into the models (any saved layout into the current
-        one); its ``extra``, or None for a fresh run."""
-        step = checkpoint.latest_step(self.root)
+    def resume(self, actor: Trainable, critic: Optional[Trainable], step: Optional[int]) -> Optional[dict]:
+        """Load ``step`` (from :func:`choose_resume_step`) into the models (any saved layout
+        into the current one); its ``extra``, or None for a fresh run (``step`` None)."""
         if step is None:
             return None
         if critic is not None:  # first, so that the actor's RNG state is the one restored

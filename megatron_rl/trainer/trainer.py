@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -43,13 +44,14 @@ from megatron_rl.schedules import (ActorLoss, CriticLoss, TrainBatch, compute_lo
 from megatron_rl.trainer import setup
 from megatron_rl.trainer.advantages import estimate_advantages
 from megatron_rl.trainer.assembly import StepBatch, assemble, routes_missing
+from megatron_rl.trainer.empty_steps import EmptyStepGuard
 from megatron_rl.trainer.hapo import hapo_token_fields
 from megatron_rl.trainer.metrics import MetricsLog
 from megatron_rl.trainer.reference import ReferencePolicy
 from megatron_rl.trainer.rollouts import TrainRows
 from megatron_rl.trainer.sources import GroupSource, RolloutSource, WindowSource
 from megatron_rl.trainer.rows import train_row_multiple
-from megatron_rl.trainer.state import RunCheckpoint
+from megatron_rl.trainer.state import RunCheckpoint, choose_resume_step
 from megatron_rl.trainer.windows import WindowPool
 from megatron_rl.utils import dtypes
 
@@ -69,6 +71,8 @@ class RLTrainer:
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
+        # A damaged newest checkpoint is set aside (or stops the run) before anything is built.
+        self.resume_step = choose_resume_step(self.run_dir / "checkpoints", cfg.checkpoint.on_corrupt)
         torch.manual_seed(cfg.trainer.seed)
         # The actor's weights come from an HF directory (for task data: the task's tiny base).
         self.base_dir = setup.base_model_dir(cfg, self.rank)
@@ -90,6 +94,9 @@ class RLTrainer:
         """VAPO: the first warm-up batch; the critic's loss on it before and after warm-up."""
         self.last_save_s = 0.0
         self.stop_signal = None
+        self.empty_steps = EmptyStepGuard(cfg.algorithm.max_empty_steps)
+        self.error: Optional[str] = None
+        """Why the run stopped without finishing, when the trainer itself stopped it (exit code 2)."""
 
     # ---- build ------------------------------------------------------------------------
 
@@ -151,7 +158,7 @@ class RLTrainer:
             max_model_len=min(self.arch.max_position_embeddings, cfg.trainer.seq_length),
             seed=cfg.trainer.seed, cpu_kv_cache_gib=cfg.rollout.kv_cache_gib,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-            cpu_linear=cfg.rollout.cpu_linear, cache_dir=str(self.run_dir / "cache"),
+            cpu_linear=cfg.rollout.cpu_linear, log_level=cfg.rollout.log_level, cache_dir=str(self.run_dir / "cache"),
             record_routes=self.arch.is_moe,
         ))
         self.sampling = Sampling(n=cfg.rollout.n_samples, max_tokens=cfg.rollout.max_new_tokens,
@@ -172,8 +179,9 @@ class RLTrainer:
         return WindowSource(self.engine, loader, pool, recipe, self.verifier.score_batch, decode)
 
     def _resume(self) -> int:
-        """The newest committed step (any saved layout), its weights pushed into vLLM; 0 for a fresh run."""
-        extra = self.run_checkpoint.resume(self.actor, self.critic)
+        """Load the step chosen at start (the newest intact one, any saved layout) and push its
+        weights into vLLM; that step, or 0 for a fresh run."""
+        extra = self.run_checkpoint.resume(self.actor, self.critic, self.resume_step)
         if extra is None:
             return 0
         try:
@@ -213,6 +221,8 @@ class RLTrainer:
             self.reference_logprobs(batch)
             self.advantages(batch)
             trained_tokens = self.update(step, batch, metrics)
+        else:
+            metrics["actor/updated"] = False
         self.source.trained()
         metrics["timing/train_s"] = time.perf_counter() - train_start
         self.sync_weights(step, rollout.rows, metrics)
@@ -222,7 +232,15 @@ class RLTrainer:
         self.log.write(metrics)
         self.checkpoint(step, stopping=faulty or self.stop_signal is not None)
         self.announce_stop(step, faulty)
-        return faulty or self.stop_signal is not None
+        return self.count_empty(step, len(rollout.rows)) or faulty or self.stop_signal is not None
+
+    def count_empty(self, step: int, rows: int) -> bool:
+        """Warn about a step that trained nothing; True (stop, exit 2) after
+        algorithm.max_empty_steps of them in a row. Every rank holds all rows, so all agree."""
+        warning, self.error = self.empty_steps.observe(step, rows)
+        if warning and self.rank == 0:
+            print(warning, file=sys.stderr, flush=True)
+        return self.error is not None
 
     def sampling_for_step(self):
         """HAPO samples each token at its own temperature, from the last step's entropy statistics."""
@@ -447,12 +465,15 @@ class RLTrainer:
         if self.monitor is not None:
             self.monitor.stop()
         code = exit_codes.DONE if step >= self.cfg.trainer.max_steps else exit_codes.STOPPED
+        if self.error is not None:
+            code = exit_codes.CONFIG_ERROR  # a requeue would only repeat it
         if self.rank == 0:
             write_status(self.run_dir, code, step, None if self.stop_signal is None else self.stop_signal.name,
                          self.slurm)
         self.log.close()
         self.verifier.close()
-        summary = {"run_dir": str(self.run_dir), "steps": len(self.history), "last_step": step, "exit_code": code}
+        summary = {"run_dir": str(self.run_dir), "steps": len(self.history), "last_step": step, "exit_code": code,
+                   "error": self.error}
         # T-PPO steps in which no response finished have no reward (nan).
         rewards = [r["reward/mean"] for r in self.history if math.isfinite(r["reward/mean"])]
         if rewards:

@@ -75,4 +75,4 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path, capsys):
 def test_a_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
     code = main(["megatron-to-hf", "--ckpt", str(tmp_path / "none"), "--out", str(tmp_path / "o")])
     assert code == 2
-    assert "no committed checkpoint" in capsys.readouterr().err
+    assert "none does not exist" in capsys.readouterr().err

@@ -271,7 +271,7 @@ def test_uncommitted_steps_are_invisible_and_retention_keeps_last(tmp_path, ckpt
     (tmp_path / "step_3" / "COMMIT").unlink()  # as if the crash came before the marker
     assert latest_step(tmp_path) == 2
     assert dict(iter_model_tensors(tmp_path))["w"].equal(full + 2)
-    with pytest.raises(fmt.CheckpointError, match="no committed checkpoint"):
+    with pytest.raises(fmt.CheckpointError, match="nothing does not exist"):
         list(iter_model_tensors(tmp_path / "nothing"))
 
 
@@ -316,7 +316,35 @@ def test_inspect_cli(tmp_path, capsys, ckpt):
     out = capsys.readouterr().out
     assert "committed steps: [5]" in out and ".tmp_step_6" in out
     assert "w  float32 [4, 4]  2 chunk(s)" in out and "matched its checksums" in out
-    assert cli.main(["inspect", str(tmp_path / "missing")]) == cli.BAD_INPUT
+    assert cli.main(["inspect", str(tmp_path / "step_5")]) == 0  # one step directory
+    assert "step 5 (" in capsys.readouterr().out
+
+
+def _inspect_error(capsys, *argv) -> str:
+    """The one stderr line of an inspect that must fail with exit 2 and print nothing else."""
+    assert cli.main(["inspect", *map(str, argv)]) == cli.BAD_INPUT
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+    return captured.err
+
+
+def test_inspect_refuses_what_is_not_a_checkpoint(tmp_path, capsys, ckpt):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "pending" / ".tmp_step_3").mkdir(parents=True)  # a save that died before its commit
+    (tmp_path / "a_file").write_text("x")
+    assert "missing does not exist" in _inspect_error(capsys, tmp_path / "missing")
+    assert "a_file is not a directory" in _inspect_error(capsys, tmp_path / "a_file")
+    err = _inspect_error(capsys, tmp_path / "empty")
+    assert "empty is not a checkpoint: no committed step in it" in err and "COMMIT marker" in err
+    assert "unfinished saves: .tmp_step_3" in _inspect_error(capsys, tmp_path / "pending")
+    root = tmp_path / "run"
+    _save(ckpt, root, 2, _items(torch.randn(2, 2), [(0, 2)])).wait()
+    (root / "step_2" / fmt.COMMIT).rename(root / "step_2" / "COMMIT.bak")  # as if the crash came before it
+    assert "step_2 has no COMMIT marker" in _inspect_error(capsys, root / "step_2")
+    assert "run is not a checkpoint" in _inspect_error(capsys, root)
+    (root / "step_2" / "COMMIT.bak").rename(root / "step_2" / fmt.COMMIT)
+    assert "step 7 is not a committed checkpoint" in _inspect_error(capsys, root, "--step", 7)
+    assert "committed steps: [2]" in _inspect_error(capsys, root, "--step", 7)
 
 
 KILLED_WRITER = textwrap.dedent("""
