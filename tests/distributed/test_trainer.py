@@ -68,7 +68,8 @@ def _check(rows):
     for r in trained:
         assert r["rollout/logprob_abs_diff"] < 1e-3, r
         assert r["rollout/parity_max_abs_diff"] < FP32_PARITY_MAX, r  # vLLM == Megatron after the sync
-        assert r["rollout/weight_check_elements"] > 0, r  # ... and its weights were read back
+        if r["actor/updated"]:  # a step that synced: vLLM's weights were read back
+            assert r["rollout/weight_check_elements"] > 0, r
         for key in ("actor/pg_loss", "actor/clipfrac", "actor/entropy", "actor/grad_norm"):
             assert key in r or not r["actor/updated"]
 
