@@ -1,4 +1,5 @@
-"""Find the throwaway Slurm cluster of .ci/slurm_up.sh; skip `slurm` tests (saying why) without it.
+"""Find the throwaway Slurm cluster of .ci/slurm_up.sh; without it `slurm` tests skip (saying
+why) on a developer machine and fail in CI (``CI=true``), where the cluster must be there.
 
 Only that cluster is used, never whatever Slurm a machine may belong to: the tests rely on
 its short requeue delay (cred_expire=10), its 2-CPU node and its spare FUTURE node.
@@ -39,18 +40,29 @@ def _cluster() -> tuple[dict | None, str]:
 _ENV, _WHY = _cluster()
 
 
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
 def pytest_collection_modifyitems(config, items):
     if _ENV is not None:
         return
-    skip = pytest.mark.skip(reason=_WHY)
+    missing = pytest.mark.usefixtures("_require_cluster") if in_ci() else pytest.mark.skip(reason=_WHY)
     for item in items:
         if "slurm" in item.keywords:
-            item.add_marker(skip)
+            item.add_marker(missing)
+
+
+@pytest.fixture
+def _require_cluster() -> None:
+    """CI: a missing cluster is a failure, not a skip."""
+    if _ENV is None:
+        pytest.fail(f"CI=true and {_WHY}")
 
 
 @pytest.fixture(scope="session")
 def slurm_env() -> dict:
     """os.environ plus SLURM_CONF of the test cluster."""
     if _ENV is None:
-        pytest.skip(_WHY)
+        (pytest.fail if in_ci() else pytest.skip)(_WHY)
     return _ENV
