@@ -103,8 +103,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command == "config":
             from megatron_rl.config import dump_yaml
+            from megatron_rl.config.checks import check_recipe
 
-            print(dump_yaml(_load(args)), end="")
+            cfg = _load(args)
+            check_recipe(cfg)  # an unknown recipe or override fails here (the layout needs a world size)
+            print(dump_yaml(cfg), end="")
             return 0
         if args.command == "layout":
             cfg = _load(args, args.world_size)

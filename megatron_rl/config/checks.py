@@ -34,7 +34,7 @@ def validate(config: Config, world_size: int) -> Config:
         return config
     _check_prompts(config)
     _check_reward(config)
-    recipe = _check_recipe(config)
+    recipe = check_recipe(config)
     _check_rows_per_step(config, world_size, recipe)
     return config
 
@@ -104,8 +104,9 @@ def _check_reward(config: Config) -> None:
                           f"{sorted(['auto', *REWARDS])}")
 
 
-def _check_recipe(config: Config):
-    """The recipe builds, and its pieces work together in the trainer."""
+def check_recipe(config: Config):
+    """The recipe builds, and its pieces work together in the trainer (also what
+    ``megatron-rl config`` checks: it needs no world size)."""
     recipe = config.algorithm.build()  # unknown recipe, bad override names or values
     if recipe.generation_window is not None and recipe.token_aware:
         raise ConfigError("algorithm: generation_window (tppo) cannot be combined with the HAPO pieces "

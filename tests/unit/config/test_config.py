@@ -113,6 +113,14 @@ def test_cli_bad_layout_fails_before_torch_is_imported():
     assert "config error: parallel: world size 1 is not divisible by expert_tensor_parallel_size" in proc.stderr
 
 
+def test_cli_config_refuses_an_unknown_recipe(capsys):
+    from megatron_rl.cli import main
+
+    assert main(["config", "algorithm.recipe=nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nope" in err[0] and "dapo" in err[0], err
+
+
 def test_cli_layout_prints_rank_map():
     proc = _cli("layout", "--world-size", "8", "parallel.tensor_model_parallel_size=2",
                 "parallel.pipeline_model_parallel_size=2", "parallel.expert_model_parallel_size=4",
