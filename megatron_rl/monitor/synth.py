@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .distractors import job_wide_load, pipeline_phases, sensor_spikes
 from .trace import PRIORITY_METRICS, Trace
 from .windows import Grid
 
@@ -34,8 +35,13 @@ FAULTS = {
     "nvlink_drop": ("nvlink_bandwidth",),  # NVLink traffic falls to 10-60 %
     "slow_drift": ("gpu_power", "gpu_graphics_activity", "gpu_tensor_activity"),  # throttling ramp
     "flapping": GPU,  # gpu_drop that comes and goes (on 20-60 s, off 5-20 s)
+    # Added later (appended so the old kinds keep their random streams):
+    "link_partial": ("nvlink_bandwidth",),  # one link at 40-60 % of its peers' bandwidth
+    "gpu_flap": ("gpu_duty_cycle", "gpu_power", "gpu_graphics_activity", "gpu_tensor_activity"),
+    # ^ GPU idles (~0 power/duty) for 10-60 s, then works for 10-60 s: abnormal ~50 % of the time
 }
 FAULT_KINDS = tuple(FAULTS)
+ACTIVITY_FAULTS = ("gpu_drop", "flapping", "gpu_flap")  # change activity before metrics are derived
 PERCENT = ("cpu_util", "gpu_duty_cycle", "gpu_graphics_activity", "gpu_tensor_activity")
 
 
@@ -61,6 +67,10 @@ class SynthConfig:
     churn: bool = True
     """Sometimes one machine joins late and one leaves early."""
     fault_start: tuple[float, float] = (120.0, 420.0)
+    distractors: bool = False
+    """Harder normal behaviour that must not alarm (see `distractors.py`): job-wide load
+    changes, pipeline-stage phase offsets, multi-second sensor spikes on healthy machines.
+    Off by default so traces of the original evaluation stay bit-identical."""
 
     def __post_init__(self):
         if self.fault is not None and self.fault not in FAULTS:
@@ -125,13 +135,16 @@ def _pauses(rng, n, t, duration):
     return mult
 
 
-def _base_activity(rng, cfg: SynthConfig, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _base_activity(rng, cfg: SynthConfig, t: np.ndarray,
+                   stage_phase: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """[machines, T] compute and communication activity in [0, 1] (before faults)."""
     n = cfg.machines
     period, frac = rng.uniform(6, 12), rng.uniform(0.6, 0.8)
     # Step lengths jitter together on all machines: a common warp of time.
     warp = np.cumsum(rng.normal(0, 0.05, t.size))
     phase = rng.uniform(0, 1, (n, 1)) + rng.normal(0, 0.1, (n, t.size))  # sampler phase
+    if stage_phase is not None:
+        phase = phase + stage_phase[:, None] * period  # pipeline stage s runs its step later
     act = _activity(t[None] + warp[None] + phase, period, frac)
     running = _pauses(rng, n, t, cfg.duration_s)
     return (act * running).astype(np.float32), ((1 - act) * running).astype(np.float32)
@@ -183,10 +196,11 @@ def _fault_mask(rng, kind: str, t: np.ndarray, start: float) -> np.ndarray:
     if kind == "slow_drift":
         return np.clip((t - start) / rng.uniform(200, 400), 0, 1)
     on = (t >= start).astype(np.float32)
-    if kind == "flapping":
+    if kind in ("flapping", "gpu_flap"):
+        on_s, off_s = ((20, 60), (5, 20)) if kind == "flapping" else ((10, 60), (10, 60))
         edge, state = start, 1.0
         while edge < t[-1]:
-            length = rng.uniform(20, 60) if state else rng.uniform(5, 20)
+            length = rng.uniform(*on_s) if state else rng.uniform(*off_s)
             on[(t >= edge) & (t < edge + length)] = state
             edge, state = edge + length, 1.0 - state
     return on
@@ -197,6 +211,10 @@ def _inject(rng, kind: str, strength: np.ndarray, act_f: np.ndarray, m: dict, f:
     metrics are derived; the rest change metric arrays after)."""
     if kind in ("gpu_drop", "flapping"):
         act_f *= 1 - strength * rng.uniform(0.15, 0.45 if kind == "gpu_drop" else 0.6)
+    elif kind == "gpu_flap":
+        act_f *= 1 - strength * rng.uniform(0.9, 1.0)
+    elif kind == "link_partial":
+        m["nvlink_bandwidth"][f] *= 1 - strength * rng.uniform(0.4, 0.6)
     elif kind == "pfc_storm":
         m["pfc_tx_packets"][f] += strength * rng.uniform(5, 30) * 300 * np.exp(rng.normal(0, 0.3, strength.size))
     elif kind == "cpu_spike":
@@ -226,7 +244,9 @@ def generate(cfg: SynthConfig) -> SynthTrace:
     """One synthetic trace and its fault labels (empty for a fault-free trace)."""
     rng = np.random.default_rng([cfg.seed, cfg.machines, FAULT_KINDS.index(cfg.fault) + 1 if cfg.fault else 0])
     t = np.arange(cfg.duration_s, dtype=np.float64)
-    act, comm = _base_activity(rng, cfg, t)
+    drng = np.random.default_rng([cfg.seed, cfg.machines, 7919])  # own stream: old traces unchanged
+    stage_phase = pipeline_phases(drng, cfg.machines) if cfg.distractors else None
+    act, comm = _base_activity(rng, cfg, t, stage_phase)
     cpu_extra = np.zeros_like(act)
     f = int(rng.integers(cfg.machines)) if cfg.fault else -1
     slow = _stragglers(rng, cfg, act, cpu_extra, t, avoid={f})
@@ -235,10 +255,14 @@ def generate(cfg: SynthConfig) -> SynthTrace:
         start = float(rng.uniform(*cfg.fault_start))
         strength = _fault_mask(rng, cfg.fault, t, start).astype(np.float32)
         labels.append(FaultLabel(f"node{f:04d}", cfg.fault, start, float(t[-1]), FAULTS[cfg.fault]))
-        if cfg.fault in ("gpu_drop", "flapping"):
+        if cfg.fault in ACTIVITY_FAULTS:
             _inject(rng, cfg.fault, strength, act[f], {}, f)
+    if cfg.distractors:
+        job_wide_load(drng, act, comm, t)
     m = _metrics(rng, cfg, act, comm, cpu_extra, t)
-    if cfg.fault and cfg.fault not in ("gpu_drop", "flapping"):
+    if cfg.distractors:
+        sensor_spikes(drng, m, t, avoid={f})
+    if cfg.fault and cfg.fault not in ACTIVITY_FAULTS:
         _inject(rng, cfg.fault, strength, act[f], m, f)
     values = np.stack([m[k] for k in METRICS]).astype(np.float32)
     _defects(rng, cfg, values, avoid={f})
