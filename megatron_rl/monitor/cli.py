@@ -119,12 +119,13 @@ def cmd_eval(args) -> int:
         den = train_synthetic_denoiser(args.train_seed, args.train_traces, cfg=DenoiserConfig(steps=args.steps))
     else:
         den, _ = _load_model(args.model)
+    kinds = dict(kinds=tuple(args.kinds)) if args.kinds else {}
     plan = EvalPlan(
         tune=EvalConfig(seed=args.tune_seed, machines=args.tune_machines, faulty_per_cell=args.tune_faulty,
-                        fault_free_per_size=args.tune_fault_free),
+                        fault_free_per_size=args.tune_fault_free, distractors=args.distractors, **kinds),
         test=EvalConfig(seed=args.seed, machines=args.machines, faulty_per_cell=args.faulty,
-                        fault_free_per_size=args.fault_free),
-        timing_machines=args.timing, only=tuple(args.only or ()))
+                        fault_free_per_size=args.fault_free, distractors=args.distractors, **kinds),
+        timing_machines=args.timing, only=tuple(args.only or ()), threshold=args.threshold)
     if plan.tune.seed + 1000 > plan.test.seed and plan.test.seed + 1000 > plan.tune.seed:
         print("warning: tuning and test seeds are within 1000 of each other and may overlap", file=sys.stderr)
     result = run_evaluation(plan, den, DetectConfig(mode=args.mode, continuity_s=args.continuity_s))
@@ -183,6 +184,10 @@ def add_monitor_subcommands(subparsers) -> None:
     p.add_argument("--mode", choices=("any", "top1"), default="any")
     p.add_argument("--continuity-s", type=float, default=DetectConfig.continuity_s)
     p.add_argument("--only", nargs="*", help="evaluate methods whose name contains these")
+    p.add_argument("--distractors", action="store_true",
+                   help="harder traces: job-wide load changes, pipeline phases, sensor spikes")
+    p.add_argument("--kinds", nargs="*", help="fault kinds to evaluate (default: all)")
+    p.add_argument("--threshold", type=float, help="use this threshold for every method; skip tuning")
     p.add_argument("--threads", type=int, default=1, help="torch threads (timings are for 1)")
     p.add_argument("--out", help="write the report as JSON here (and .md beside it)")
     p.set_defaults(func=cmd_eval)

@@ -76,3 +76,22 @@ def test_tuning_and_evaluation_run_end_to_end():
     assert (th, f1) == (4.0, 1.0)  # a cpu spike is found; a threshold of 1000 finds nothing
     t = tally(outcomes, "raw", 1000.0)
     assert t["cpu_spike"].fn == 1 and t["machine_hours"] == pytest.approx(8 * 600 / 3600)
+
+
+def test_report_counts_found_faults_and_false_alarms_per_machine_day():
+    from megatron_rl.monitor.evaluate import Outcome, report_rows
+    ff = SynthConfig(machines=24, duration_s=3600, seed=1)
+    bad = SynthConfig(machines=8, seed=1, fault="gpu_flap")
+    lab = generate(SynthConfig(machines=8, duration_s=300, seed=1, fault="gpu_flap", fault_start=(10, 20))).labels
+    fa = Alert("node0001", "cpu_util", 0.0, 100.0, 9.0)
+    hit = Alert(lab[0].machine, "gpu_power", 20.0, lab[0].start + 90, 9.0)
+    rows = report_rows(tally([Outcome(ff, [], {("m", 4.5): [fa]}), Outcome(bad, lab, {("m", 4.5): [hit]})], "m", 4.5))
+    flap = next(r for r in rows if r["kind"] == "gpu_flap")
+    assert (flap["tp"], flap["fn"], flap["recall"]) == (1, 0, 1.0) and abs(flap["delay_median_s"] - 90) < 1e-6
+    free = rows[-1]
+    assert free["false_alarms"] == 1 and abs(free["fa_per_machine_day"] - 1.0) < 1e-9  # 1 in 24 machine-hours
+
+
+def test_eval_config_passes_distractors_to_every_trace():
+    sc = EvalConfig(machines=(8,), faulty_per_cell=1, fault_free_per_size=1, distractors=True).scenarios()
+    assert sc and all(s.distractors for s in sc) and {"link_partial", "gpu_flap"} <= {s.fault for s in sc}
