@@ -147,7 +147,7 @@ class InplaceLoader:
 
     def _load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         count = 0
-        for prefix, group in _groups(named_tensors):
+        for prefix, group in layer_groups(named_tensors):
             count += len(group)
             staged = self.by_layer.get(prefix, []) if prefix is not None else []
             if prefix is not None and not staged and any(self.by_layer):
@@ -174,20 +174,14 @@ class InplaceLoader:
 
     def _stage(self, s: _Staged) -> dict[str, torch.nn.Parameter]:
         """Swap checkpoint-format staging parameters in; return the live ones."""
-        from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
-
         live = {p: s.module._parameters[p] for p in s.meta}
         relative = s.name.split(layer_prefix(s.name + ".") or "\0", 1)[-1]
         for p, meta in s.meta.items():
             key = (relative, p, tuple(meta.shape), meta.dtype)
             if key not in self._buffers:
                 self._buffers[key] = torch.empty(tuple(meta.shape), dtype=meta.dtype)
-            param = self._buffers[key].view(tuple(meta.shape))  # a new tensor object on the reused storage
-            param.__class__ = meta.__class__
-            param.__dict__ = meta.__dict__.copy()
-            param.requires_grad_(False)
-            restore_layer_refs(param, s.module)
-            param.weight_loader = unwrapped_loader(param.weight_loader)
+            # A new tensor object on the reused storage.
+            param = dressed_like(self._buffers[key].view(tuple(meta.shape)), meta, s.module, restore_refs=True)
             s.module.register_parameter(p, param)
         return live
 
@@ -229,6 +223,23 @@ def _drop_gemm_handle(module: torch.nn.Module) -> None:
     module.__dict__.pop("cpu_linear", None)
 
 
+def dressed_like(data: torch.Tensor, template: torch.Tensor, module: torch.nn.Module,
+                 restore_refs: bool) -> torch.nn.Parameter:
+    """``data`` as a parameter the model's own ``load_weights`` fills like ``template``: its
+    class and attributes (weight loader, sharding), the loader unwrapped from vLLM's reload
+    wrapper, and (``restore_refs``, for reload's meta templates) the refs to ``module``."""
+    from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
+
+    data.__class__ = template.__class__
+    data.__dict__ = template.__dict__.copy()
+    data.requires_grad_(False)
+    if restore_refs:
+        restore_layer_refs(data, module)
+    if hasattr(data, "weight_loader"):
+        data.weight_loader = unwrapped_loader(data.weight_loader)
+    return data
+
+
 def unwrapped_loader(loader):
     """The model's own weight loader: vLLM's reload wraps the stored one in place."""
     while getattr(loader, "__name__", "") == "online_process_loader":
@@ -241,7 +252,7 @@ def _register(module: torch.nn.Module, params: dict) -> None:
         module.register_parameter(p, param)
 
 
-def _groups(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[Optional[str], list]]:
+def layer_groups(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[Optional[str], list]]:
     """Consecutive runs of tensors of the same decoder layer (None: outside the layers)."""
     group: list = []
     key: Optional[str] = "\0"

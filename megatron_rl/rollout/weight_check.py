@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from megatron_rl.rollout.inplace_load import InplaceLoader, layer_prefix, unwrapped_loader, worker_loader
+from megatron_rl.rollout.inplace_load import InplaceLoader, dressed_like, layer_groups, layer_prefix, worker_loader
 from megatron_rl.platform.vllm_compat import tied_params_memo
 
 
@@ -74,7 +74,7 @@ class WeightChecker:
     def check(self, named_tensors: Sequence[tuple[str, torch.Tensor]]) -> WeightCheckResult:
         result = WeightCheckResult()
         with tied_params_memo(self._tied):
-            for prefix, group in _layer_groups(named_tensors):
+            for prefix, group in layer_groups(named_tensors):
                 result = result.merged(self._check_group(prefix, group))
         return result
 
@@ -162,26 +162,10 @@ def _unloaded(expected: torch.Tensor) -> bool:
 
 def _scratch_like(live: torch.nn.Parameter, meta: Optional[torch.Tensor], module: torch.nn.Module) -> torch.nn.Parameter:
     """A NaN-filled parameter of ``meta``'s (the checkpoint format's) or ``live``'s shape,
-    carrying the live one's class and attributes (its weight loader, sharding)."""
+    filled by the model's loader like the live one."""
     template = meta if meta is not None else live
     data = torch.full(tuple(template.shape), float("nan"), dtype=template.dtype)
-    param = torch.nn.Parameter(data, requires_grad=False)
-    param.__class__ = template.__class__
-    param.__dict__.update(template.__dict__)
-    if meta is not None:
-        from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
-
-        restore_layer_refs(param, module)
-    if hasattr(param, "weight_loader"):
-        param.weight_loader = unwrapped_loader(param.weight_loader)
-    return param
-
-
-def _layer_groups(named_tensors):
-    groups: dict[Optional[str], list] = {}
-    for name, tensor in named_tensors:
-        groups.setdefault(layer_prefix(name), []).append((name, tensor))
-    return groups.items()
+    return dressed_like(data, template, module, restore_refs=meta is not None)
 
 
 # -- worker-side entry point (collective_rpc on every vLLM worker) ---------------------
