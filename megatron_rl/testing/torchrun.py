@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -42,7 +43,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_script(script: Path, world_size: int, args: Sequence[str] = (), timeout_s: float = 600,
+def run_script(script: Path, world_size: int, args: Sequence[str] = (), timeout_s: float = 1200,
                env: Optional[dict] = None) -> subprocess.CompletedProcess:
     """``script`` under torchrun at ``world_size`` on a free port, one thread per rank (the
     ranks share the host's cores); the finished process with its output captured."""
@@ -52,14 +53,42 @@ def run_script(script: Path, world_size: int, args: Sequence[str] = (), timeout_
         f"--nproc-per-node={world_size}", f"--master-port={_free_port()}",
         str(script), *args,
     ]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    return run_process_group(cmd, env, timeout_s)
+
+
+def run_process_group(cmd: Sequence[str], env: Optional[dict], timeout_s: float,
+                      cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+    """``cmd`` in a session of its own, output captured. On a timeout the whole session is
+    killed, not only its leader: a torchrun killed alone leaves its ranks (and their vLLM
+    workers) running, and those orphans slow every later test on a 2-core machine."""
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout_s, output=out, stderr=err) from None
+    finally:
+        if proc.poll() is None:  # interrupted (Ctrl-C): leave nothing behind
+            os.killpg(proc.pid, signal.SIGKILL)
+    _kill_leftovers(proc.pid)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _kill_leftovers(session: int) -> None:
+    """Children that outlived a finished launch (a rank's stray worker) go with it."""
+    try:
+        os.killpg(session, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def launch(
     script: Path,
     world_size: int,
     args: Sequence[str] = (),
-    timeout_s: float = 600,
+    timeout_s: float = 1200,
     cases: Optional[Sequence[str]] = None,
 ) -> dict:
     """Run ``script`` with torchrun at ``world_size``; return rank 0's case results."""

@@ -20,11 +20,15 @@ SETUPS = {
     "dense-vllm_tp2": ("dense", 2, ("tp2", "pp2", "tp2_pp2"), "float32", 4),
     "moe-bf16-vllm_tp1": ("moe", 1, ("ep2",), "bfloat16", 2),
 }
-FP32_MAX = 1e-4
+FP32_MAX = 1e-5
 """fp32 max |dlogp| (measured <= 2e-6: docs/benchmarks.md)."""
-BF16_MEDIAN, BF16_MEAN, BF16_MAX = 0.012, 0.015, 0.15
-"""bf16 statistics of |dlogp| on the tiny MoE (measured median 0.008, mean 0.011, max 0.08
-over repeated runs: docs/benchmarks.md, "bf16"); a scrambled tensor gives a median of ~0.7."""
+BF16_MEDIAN, BF16_MEAN = 0.012, 0.025
+"""bf16 statistics of |dlogp| on the tiny MoE: median 0.008 and mean 0.009-0.011 on an AVX2
+CPU (vLLM's bf16 linears through torch), median 0.0075 and mean 0.015 on an AVX512-BF16 CPU
+(oneDNN's bf16 kernels) (docs/benchmarks.md, "bf16"); a scrambled tensor gives a median of
+~0.7. The max is not asserted: a token whose top-k experts flip on a bf16 router tie moves
+by up to ~0.5 nats (0.08 on one CPU, 0.43 on the other, same seed); that is the router
+mismatch which `rollout.router_replay` removes, and the parity guard judges the median."""
 TINY_MOE_CHECKED = 223_040
 """Elements one vLLM TP1 replica of the tiny MoE serves and the check reads (counted by hand
 in tests/unit/rollout/test_inplace_load.py)."""
@@ -54,7 +58,6 @@ def test_sync_gives_megatron_logprobs(setup):
             assert r["max_abs_diff"] < FP32_MAX, (layout, r)
         else:
             assert r["median_abs_diff"] < BF16_MEDIAN and r["mean_abs_diff"] < BF16_MEAN, (layout, r)
-            assert r["max_abs_diff"] < BF16_MAX, (layout, r)
         assert r["buckets"] > 1, "the test should exercise several buckets"
         assert r["unreadable"] == [], r["unreadable"]
         if kind == "moe":
