@@ -119,12 +119,16 @@ def cmd_eval(args) -> int:
         den = train_synthetic_denoiser(args.train_seed, args.train_traces, cfg=DenoiserConfig(steps=args.steps))
     else:
         den, _ = _load_model(args.model)
-    kinds = dict(kinds=tuple(args.kinds)) if args.kinds else {}
+    extra = dict(kinds=tuple(args.kinds)) if args.kinds else {}
+    if args.step_period:
+        extra["step_period_s"] = tuple(float(x) for x in args.step_period)
     plan = EvalPlan(
         tune=EvalConfig(seed=args.tune_seed, machines=args.tune_machines, faulty_per_cell=args.tune_faulty,
-                        fault_free_per_size=args.tune_fault_free, distractors=args.distractors, **kinds),
+                        fault_free_per_size=args.tune_fault_free, distractors=args.distractors,
+                        step_metrics=args.step_metrics, **extra),
         test=EvalConfig(seed=args.seed, machines=args.machines, faulty_per_cell=args.faulty,
-                        fault_free_per_size=args.fault_free, distractors=args.distractors, **kinds),
+                        fault_free_per_size=args.fault_free, distractors=args.distractors,
+                        step_metrics=args.step_metrics, **extra),
         timing_machines=args.timing, only=tuple(args.only or ()), threshold=args.threshold)
     if plan.tune.seed + 1000 > plan.test.seed and plan.test.seed + 1000 > plan.tune.seed:
         print("warning: tuning and test seeds are within 1000 of each other and may overlap", file=sys.stderr)
@@ -142,7 +146,7 @@ def cmd_synth(args) -> int:
     from .synth import SynthConfig, generate
     try:
         st = generate(SynthConfig(machines=args.machines, seed=args.seed, fault=args.fault,
-                                  duration_s=args.duration_s))
+                                  duration_s=args.duration_s, step_metrics=args.step_metrics))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return BAD_INPUT
@@ -186,6 +190,9 @@ def add_monitor_subcommands(subparsers) -> None:
     p.add_argument("--only", nargs="*", help="evaluate methods whose name contains these")
     p.add_argument("--distractors", action="store_true",
                    help="harder traces: job-wide load changes, pipeline phases, sensor spikes")
+    p.add_argument("--step-metrics", action="store_true",
+                   help="every trace carries step and section times (straggler traces always do)")
+    p.add_argument("--step-period", type=_ints, help="range of the step length in s, e.g. 40,90 (default 6,12)")
     p.add_argument("--kinds", nargs="*", help="fault kinds to evaluate (default: all)")
     p.add_argument("--threshold", type=float, help="use this threshold for every method; skip tuning")
     p.add_argument("--threads", type=int, default=1, help="torch threads (timings are for 1)")
@@ -210,6 +217,7 @@ def add_monitor_subcommands(subparsers) -> None:
     p.add_argument("--fault", default=None, help="fault kind (default: fault-free)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--duration-s", type=int, default=900)
+    p.add_argument("--step-metrics", action="store_true", help="add step and section times")
     p.set_defaults(func=cmd_synth)
 
 

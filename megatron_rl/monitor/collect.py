@@ -17,9 +17,9 @@ import socket
 import subprocess
 import threading
 import time
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Mapping, Protocol
 
-from .trace import CsvTraceWriter
+from .trace import STEP_METRICS, CsvTraceWriter
 
 Row = tuple[float, str, str, float]
 
@@ -243,16 +243,25 @@ class PfcSource:
 
 
 class StepTimeSource:
-    """The trainer's step times: the last finished step's duration (absent before one)."""
+    """The trainer's step and section times of the last finished step (absent before one).
+
+    Step-level metrics arrive once per step but are read at every sample, so the trace
+    holds the last step's value at every second until the next step ends: forward-filled
+    within a step, which is how they line up with the per-second metrics in the grid.
+    """
 
     def __init__(self):
-        self._last: float | None = None
+        self._last: dict[str, float] = {}
 
-    def record(self, seconds: float) -> None:
-        self._last = float(seconds)
+    def record(self, seconds: float | None = None, sections: Mapping[str, float | None] | None = None) -> None:
+        unknown = sorted(set(sections or {}) - set(STEP_METRICS[1:]))
+        if unknown:
+            raise ValueError(f"unknown section time(s) {unknown}; allowed: {', '.join(STEP_METRICS[1:])}")
+        new = {"step_time": seconds, **(sections or {})}
+        self._last.update({k: float(v) for k, v in new.items() if v is not None})
 
     def read(self) -> dict[str, float]:
-        return {} if self._last is None else {"step_time": self._last}
+        return dict(self._last)
 
     def close(self) -> None:
         pass
@@ -295,9 +304,11 @@ class Collector:
         self._thread: threading.Thread | None = None
         self.errors = 0  # source exceptions contained so far
 
-    def record_step_time(self, seconds: float) -> None:
-        """Hook for the trainer: call once per finished step with its wall time."""
-        self.steps.record(seconds)
+    def record_step_time(self, seconds: float | None, sections: Mapping[str, float | None] | None = None) -> None:
+        """Hook for the trainer: call once per finished step with its wall time and,
+        optionally, this rank's section times ({"rollout_time": s, "train_time": s,
+        "sync_time": s}; None values are skipped)."""
+        self.steps.record(seconds, sections)
 
     def sample(self) -> dict[str, float]:
         """Read every source once; returns {metric: value} and records the rows."""

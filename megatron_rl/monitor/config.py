@@ -15,11 +15,12 @@ class DetectConfig:
     """Length of one window (8 s in the published system)."""
     stride_s: float = 8.0
     """Step between windows; equal to window_s means non-overlapping windows."""
-    threshold: float = 4.5
+    threshold: float = 6.5
     """A machine is a candidate when its normalised score exceeds this. Tuned for the
     packaged denoiser (docs/monitor.md); re-tune with `monitor eval` after retraining."""
-    continuity_s: float = 240.0
-    """Declare a machine only after it has been the candidate this long (~4 min published)."""
+    continuity_s: float = 120.0
+    """Declare a machine only after it has been the candidate this long (~4 min published;
+    120 s here, tuned with the peer scores on the distractor traces, docs/monitor.md)."""
     max_gap_s: float = 24.0
     """A run of candidacy survives this many seconds without the machine being the
     candidate (0 = strictly consecutive, as published); lets flapping faults through."""
@@ -34,6 +35,19 @@ class DetectConfig:
     mode: str = "any"
     """Candidate rule: "any" (every machine above threshold) or "top1" (the paper's
     single top scorer per window); see the docstring of monitor/detect.py."""
+    peer_scores: bool = True
+    """Also score each machine's residual level and intermittency against its peers
+    (monitor/peers.py): finds partial one-metric degradations and flapping faults."""
+    level_span_s: float = 32.0
+    """The level score averages this long (several training steps, so phases cancel)."""
+    intermittency_span_s: float = 180.0
+    """The intermittency score counts abnormal windows over this long."""
+    abnormal_z: float = 5.0
+    """A window's level is abnormal for the intermittency count above this |z|."""
+    straggler_steps: int = 3
+    """A machine that is the candidate on a step metric (step or section time, one value
+    per training step) needs this many of the job's steps as well as continuity_s: with
+    steps of minutes, continuity_s alone would declare one slow step."""
 
     def __post_init__(self):
         checks = [
@@ -45,6 +59,7 @@ class DetectConfig:
             (self.continuity_s >= 0 and self.max_gap_s >= 0 and self.max_fill_s >= 0,
              "continuity_s, max_gap_s and max_fill_s must be >= 0"),
             (0 < self.min_fraction <= 1, "min_fraction must be in (0, 1]"),
+            (self.straggler_steps >= 1, "straggler_steps must be >= 1"),
             (self.min_machines >= 3, "min_machines must be >= 3 (two machines cannot outvote each other)"),
         ]
         for ok, msg in checks:

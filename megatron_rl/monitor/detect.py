@@ -31,7 +31,8 @@ import numpy as np
 
 from .config import DetectConfig
 from .denoise import Denoiser, WindowMedian
-from .trace import Trace
+from .peers import intermittency_scores, level_scores, window_means
+from .trace import STEP_METRICS, Trace
 from .windows import Grid, cut_windows, nanmedian, normalise, to_grid, window_times
 
 @dataclass
@@ -58,6 +59,8 @@ class Scores:
     machines: list[str]
     win_start: np.ndarray
     win_end: np.ndarray
+    step_period_s: float | None = None
+    """The job's typical step length (median step time), if the trace has step metrics."""
 
 
 @dataclass
@@ -105,14 +108,40 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     for k, metric in enumerate(grid.metrics):
         wk = win[k].transpose(1, 0, 2)  # [windows, machines, window]
         valid = ~np.isnan(wk).any(-1)
-        if denoiser is None:
+        if denoiser is None or metric in STEP_METRICS:  # a step value is flat: nothing to denoise
             rec[k][valid] = wk[valid]
         else:
             rec[k][valid] = denoiser.reconstruct(metric, wk[valid])
     s = median_distance(rec).transpose(0, 2, 1)  # [metrics, machines, windows]
     z = normalise_scores(s, cfg.min_machines)
+    if cfg.peer_scores:
+        peer = peer_scores(win, cfg)
+        # Step metrics: the window score alone. A step value is already a step's average;
+        # averaging it again (level) or counting its abnormal windows (intermittency)
+        # stretches a transient slowdown well past the steps it slowed, and on the tuning
+        # seeds joined transient stragglers on one machine into false alarms.
+        peer[[m in STEP_METRICS for m in grid.metrics]] = np.nan
+        z = np.fmax(z, peer)
     start, end = window_times(grid, cfg.window, cfg.stride)
-    return Scores(z, list(grid.metrics), list(grid.machines), start, end)
+    return Scores(z, list(grid.metrics), list(grid.machines), start, end, step_period(grid))
+
+
+def step_period(grid: Grid) -> float | None:
+    """Median `step_time` over machines and seconds (else the sum of the section medians):
+    how long one training step takes, to count continuity in steps."""
+    have = {m: k for k, m in enumerate(grid.metrics) if m in STEP_METRICS}
+    names = ["step_time"] if "step_time" in have else [m for m in have]
+    medians = [np.nanmedian(grid.values[have[m]]) for m in names if np.isfinite(grid.values[have[m]]).any()]
+    return float(sum(medians)) if medians else None
+
+
+def peer_scores(win: np.ndarray, cfg: DetectConfig) -> np.ndarray:
+    """max(level, intermittency) score [metrics, machines, windows] from residual windows."""
+    means = window_means(win)
+    span = lambda sec: max(1, int(round(sec / (cfg.stride_s))))  # noqa: E731
+    level = level_scores(means, span(cfg.level_span_s), cfg.min_machines)
+    inter = intermittency_scores(means, span(cfg.intermittency_span_s), cfg.abnormal_z, cfg.min_machines)
+    return np.fmax(level, inter)
 
 
 def _top1(z_win: np.ndarray, threshold: float, excluded: np.ndarray) -> list[tuple[int, int, float]]:
@@ -146,6 +175,7 @@ class _Run:
     hits: int = 0
     z_sum: float = 0.0
     metrics: Counter = field(default_factory=Counter)
+    need_s: float = 0.0  # the longest continuity any of its metrics asks for
 
 
 def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
@@ -156,6 +186,7 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
     second faulty machine is not hidden behind the first one.
     """
     z, machines, pick = scores.z, scores.machines, CANDIDATE_RULES[cfg.mode]
+    need = continuity(scores, cfg)
     excluded = np.array([m in (already or set()) for m in machines], bool)
     runs: dict[int, _Run] = {}
     alerts, candidates = [], []
@@ -166,8 +197,9 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
             run = runs.setdefault(i, _Run(start=w, last_hit=w))
             run.hits, run.last_hit, run.z_sum = run.hits + 1, w, run.z_sum + zi
             run.metrics[scores.metrics[k]] += 1
+            run.need_s = max(run.need_s, need[k])  # a slow step cannot lend its span to a 120 s rule
             span = now - scores.win_start[run.start]
-            if span >= cfg.continuity_s and run.hits >= cfg.min_fraction * (w - run.start + 1):
+            if span >= run.need_s and run.hits >= cfg.min_fraction * (w - run.start + 1):
                 alerts.append(Alert(machines[i], run.metrics.most_common(1)[0][0],
                                     float(scores.win_start[run.start]), float(now), run.z_sum / run.hits))
                 excluded[i] = True
@@ -175,6 +207,17 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
         for j in [j for j, r in runs.items() if now - scores.win_end[r.last_hit] > cfg.max_gap_s]:
             del runs[j]  # out of candidacy for too long: the run is broken
     return Detection(alerts, scores, candidates)
+
+
+def continuity(scores: Scores, cfg: DetectConfig) -> np.ndarray:
+    """Seconds of candidacy needed per metric: continuity_s, and for step metrics also
+    `straggler_steps` steps of the job (one value per step: seconds alone could mean a
+    single slow step)."""
+    need = np.full(len(scores.metrics), cfg.continuity_s)
+    if scores.step_period_s:
+        steps = [k for k, m in enumerate(scores.metrics) if m in STEP_METRICS]
+        need[steps] = max(cfg.continuity_s, cfg.straggler_steps * scores.step_period_s)
+    return need
 
 
 def detect(trace: Trace | Grid, cfg: DetectConfig = DetectConfig(),

@@ -39,17 +39,24 @@ class EvalConfig:
     distractors: bool = False
     """Generate with `SynthConfig.distractors` (job-wide load changes, pipeline phases,
     multi-second sensor spikes)."""
+    step_metrics: bool = False
+    """Every trace also carries step and section times (`straggler` traces always do), so
+    fault-free traces measure the false alarms they add."""
+    step_period_s: tuple[float, float] = (6.0, 12.0)
+    """`SynthConfig.step_period_s` of every trace."""
 
     def scenarios(self) -> list[SynthConfig]:
         out = []
         for n in self.machines:
             for j in range(self.fault_free_per_size):
                 out.append(SynthConfig(machines=n, seed=self.seed + j, duration_s=self.duration_s,
-                                       distractors=self.distractors))
+                                       distractors=self.distractors, step_metrics=self.step_metrics,
+                                       step_period_s=self.step_period_s))
             for kind in self.kinds:
                 for j in range(self.faulty_per_cell):
-                    out.append(SynthConfig(machines=n, seed=self.seed + j, fault=kind,
-                                           duration_s=self.duration_s, distractors=self.distractors))
+                    out.append(SynthConfig(machines=n, seed=self.seed + j, fault=kind, duration_s=self.duration_s,
+                                           distractors=self.distractors, step_metrics=self.step_metrics,
+                                       step_period_s=self.step_period_s))
         return out
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from .actions import append_exclude, write_alerts
 from .collect import Collector, default_hostname
@@ -81,11 +81,16 @@ class OnlineMonitor:
         if self.collector is not None:
             self.collector.stop()
 
-    def on_step(self, step_time_s: float | None = None) -> list[Alert]:
-        """Call on every rank after each training step; returns new alerts (detector rank)."""
+    def on_step(self, step_time_s: float | None = None,
+                sections: Mapping[str, float | None] | None = None) -> list[Alert]:
+        """Call on every rank after each training step; returns new alerts (detector rank).
+
+        `sections`: this rank's section times of the step ({"rollout_time", "train_time",
+        "sync_time"} in seconds), the straggler signal; recorded where this rank samples.
+        """
         self._steps += 1
-        if step_time_s is not None and self.collector is not None:
-            self.collector.record_step_time(step_time_s)
+        if self.collector is not None and (step_time_s is not None or sections):
+            self.collector.record_step_time(step_time_s, sections)
         if self._steps % self.cfg.detect_every_steps:
             return []
         rows = self.collector.drain() if self.collector is not None else []

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .distractors import job_wide_load, pipeline_phases, sensor_spikes
-from .trace import PRIORITY_METRICS, Trace
+from .stepsynth import straggler_fault, step_metrics
+from .trace import PRIORITY_METRICS, STEP_METRICS, Trace
 from .windows import Grid
 
 METRICS = PRIORITY_METRICS  # the seven metrics of the published system
@@ -39,6 +40,7 @@ FAULTS = {
     "link_partial": ("nvlink_bandwidth",),  # one link at 40-60 % of its peers' bandwidth
     "gpu_flap": ("gpu_duty_cycle", "gpu_power", "gpu_graphics_activity", "gpu_tensor_activity"),
     # ^ GPU idles (~0 power/duty) for 10-60 s, then works for 10-60 s: abnormal ~50 % of the time
+    "straggler": STEP_METRICS,  # step or section times 1.1-1.5x its peers' (the whole step or one section)
 }
 FAULT_KINDS = tuple(FAULTS)
 ACTIVITY_FAULTS = ("gpu_drop", "flapping", "gpu_flap")  # change activity before metrics are derived
@@ -67,10 +69,15 @@ class SynthConfig:
     churn: bool = True
     """Sometimes one machine joins late and one leaves early."""
     fault_start: tuple[float, float] = (120.0, 420.0)
+    step_period_s: tuple[float, float] = (6.0, 12.0)
+    """Range the training step's length is drawn from (RL steps take minutes: try 40-90)."""
     distractors: bool = False
     """Harder normal behaviour that must not alarm (see `distractors.py`): job-wide load
     changes, pipeline-stage phase offsets, multi-second sensor spikes on healthy machines.
     Off by default so traces of the original evaluation stay bit-identical."""
+    step_metrics: bool = False
+    """Also the trainer's step and section times (`stepsynth.py`); always on for the
+    `straggler` kind. Off by default: traces of the earlier evaluations stay unchanged."""
 
     def __post_init__(self):
         if self.fault is not None and self.fault not in FAULTS:
@@ -136,10 +143,11 @@ def _pauses(rng, n, t, duration):
 
 
 def _base_activity(rng, cfg: SynthConfig, t: np.ndarray,
-                   stage_phase: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """[machines, T] compute and communication activity in [0, 1] (before faults)."""
+                   stage_phase: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+    """[machines, T] compute and communication activity in [0, 1] (before faults), and
+    the step period in seconds."""
     n = cfg.machines
-    period, frac = rng.uniform(6, 12), rng.uniform(0.6, 0.8)
+    period, frac = rng.uniform(*cfg.step_period_s), rng.uniform(0.6, 0.8)
     # Step lengths jitter together on all machines: a common warp of time.
     warp = np.cumsum(rng.normal(0, 0.05, t.size))
     phase = rng.uniform(0, 1, (n, 1)) + rng.normal(0, 0.1, (n, t.size))  # sampler phase
@@ -147,23 +155,28 @@ def _base_activity(rng, cfg: SynthConfig, t: np.ndarray,
         phase = phase + stage_phase[:, None] * period  # pipeline stage s runs its step later
     act = _activity(t[None] + warp[None] + phase, period, frac)
     running = _pauses(rng, n, t, cfg.duration_s)
-    return (act * running).astype(np.float32), ((1 - act) * running).astype(np.float32)
+    return (act * running).astype(np.float32), ((1 - act) * running).astype(np.float32), period
 
 
-def _stragglers(rng, cfg: SynthConfig, act, cpu_extra, t, avoid) -> list[int]:
-    """Apply non-fault slowdowns in place; returns persistently slow machine indices."""
+def _stragglers(rng, cfg: SynthConfig, act, cpu_extra, t, avoid, speed) -> list[int]:
+    """Apply non-fault slowdowns in place (to `speed` too); returns persistently slow
+    machine indices."""
     n = cfg.machines
     events = rng.poisson(cfg.transient_rate * n * cfg.duration_s / 3600)
     for _ in range(events):
         i, start, length = rng.integers(n), rng.uniform(0, cfg.duration_s), rng.uniform(5, 60)
         on = (t >= start) & (t < start + length)
-        act[i, on] *= rng.uniform(0.5, 0.85)
+        mult = rng.uniform(0.5, 0.85)
+        act[i, on] *= mult
+        speed[i, on] *= mult
         cpu_extra[i, on] += rng.uniform(10, 30)
     count = rng.integers(0, 3) if cfg.persistent_stragglers is None else cfg.persistent_stragglers
     choices = [i for i in range(n) if i not in avoid]
     slow = rng.choice(choices, size=min(count, len(choices)), replace=False)
     for i in slow:
-        act[i] *= rng.uniform(0.95, 0.98)
+        mult = rng.uniform(0.95, 0.98)
+        act[i] *= mult
+        speed[i] *= mult
     return [int(i) for i in slow]
 
 
@@ -245,16 +258,19 @@ def generate(cfg: SynthConfig) -> SynthTrace:
     rng = np.random.default_rng([cfg.seed, cfg.machines, FAULT_KINDS.index(cfg.fault) + 1 if cfg.fault else 0])
     t = np.arange(cfg.duration_s, dtype=np.float64)
     drng = np.random.default_rng([cfg.seed, cfg.machines, 7919])  # own stream: old traces unchanged
+    srng = np.random.default_rng([cfg.seed, cfg.machines, 7927])  # step metrics: likewise
     stage_phase = pipeline_phases(drng, cfg.machines) if cfg.distractors else None
-    act, comm = _base_activity(rng, cfg, t, stage_phase)
-    cpu_extra = np.zeros_like(act)
+    act, comm, period = _base_activity(rng, cfg, t, stage_phase)
+    cpu_extra, speed = np.zeros_like(act), np.ones_like(act)
     f = int(rng.integers(cfg.machines)) if cfg.fault else -1
-    slow = _stragglers(rng, cfg, act, cpu_extra, t, avoid={f})
+    slow = _stragglers(rng, cfg, act, cpu_extra, t, avoid={f}, speed=speed)
     labels, strength = [], None
     if cfg.fault:
         start = float(rng.uniform(*cfg.fault_start))
         strength = _fault_mask(rng, cfg.fault, t, start).astype(np.float32)
-        labels.append(FaultLabel(f"node{f:04d}", cfg.fault, start, float(t[-1]), FAULTS[cfg.fault]))
+        factor, sections = straggler_fault(srng) if cfg.fault == "straggler" else (1.0, ())
+        slowed = ("step_time",) + sections if sections else FAULTS[cfg.fault]
+        labels.append(FaultLabel(f"node{f:04d}", cfg.fault, start, float(t[-1]), slowed))
         if cfg.fault in ACTIVITY_FAULTS:
             _inject(rng, cfg.fault, strength, act[f], {}, f)
     if cfg.distractors:
@@ -266,6 +282,13 @@ def generate(cfg: SynthConfig) -> SynthTrace:
         _inject(rng, cfg.fault, strength, act[f], m, f)
     values = np.stack([m[k] for k in METRICS]).astype(np.float32)
     _defects(rng, cfg, values, avoid={f})
+    metrics = list(METRICS)
+    if cfg.step_metrics or cfg.fault == "straggler":
+        fault = (f, strength, factor, sections) if cfg.fault == "straggler" else None
+        steps = step_metrics(srng, period, speed, t, np.isnan(values).all(0), fault,
+                             cfg.drop_frac + cfg.nan_frac)
+        values = np.concatenate([values, np.stack([steps[k] for k in STEP_METRICS])])
+        metrics += list(STEP_METRICS)
     machines = [f"node{i:04d}" for i in range(cfg.machines)]
-    grid = Grid(values, list(METRICS), machines, start=0.0, step_s=1.0)
+    grid = Grid(values, metrics, machines, start=0.0, step_s=1.0)
     return SynthTrace(grid, labels, cfg, [machines[i] for i in slow])

@@ -45,7 +45,13 @@ EXTRA_METRICS = (
     "pcie_rx_bytes",
     "gpu_ecc_errors",
     "step_time",
+    "rollout_time",
+    "train_time",
+    "sync_time",
 )
+# Step-level metrics from the trainer (one value per step, repeated by the collector at
+# every sample until the next step ends); the detector counts their continuity in steps.
+STEP_METRICS = ("step_time", "rollout_time", "train_time", "sync_time")
 CANONICAL_METRICS = PRIORITY_METRICS + EXTRA_METRICS
 
 # Units written by the collector; documentation only, the detector is unit-free.
@@ -68,6 +74,9 @@ METRIC_UNITS = {
     "pcie_rx_bytes": "bytes/s",
     "gpu_ecc_errors": "uncorrected, volatile (count)",
     "step_time": "s (last finished training step)",
+    "rollout_time": "s (rollout section of the last finished step, this rank)",
+    "train_time": "s (train section of the last finished step, this rank)",
+    "sync_time": "s (weight-sync section of the last finished step, this rank)",
 }
 
 

@@ -83,6 +83,9 @@ def fill_gaps(x: np.ndarray, max_gap: int) -> np.ndarray:
 def nanmedian(x: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
     """Median ignoring NaNs (NaN where all are NaN); sort-based, ~8x faster than np.nanmedian."""
     s = np.sort(np.moveaxis(x, axis, -1), axis=-1)  # NaNs sort last
+    if s.shape[-1] == 0:  # nothing to take a median of (e.g. a trace shorter than one window)
+        med = np.full(s.shape[:-1], np.nan, np.result_type(x.dtype, np.float16))
+        return np.expand_dims(med, axis) if keepdims else med
     n = (~np.isnan(s)).sum(-1, keepdims=True)
     lo = np.take_along_axis(s, np.maximum((n - 1) // 2, 0), -1)
     hi = np.take_along_axis(s, np.maximum(n // 2, 0), -1)

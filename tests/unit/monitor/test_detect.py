@@ -29,10 +29,15 @@ def test_quiet_on_fault_free_trace(make_grid, seed):
     assert detect(grid, CFG).alerts == []
 
 
+SHAPE_ONLY = DetectConfig(threshold=5.0, continuity_s=120.0, peer_scores=False)
+
+
 def test_short_spike_is_not_declared_but_a_long_one_is(make_grid):
+    # The window-shape score alone: the peer level score averages over 32 s and so keeps
+    # a 60 s spike a candidate for ~90 s (tested in test_peers.py).
     short = make_grid(faults=[(3, "gpu_power", 200, 260, -10.0)])  # 60 s < continuity 120 s
-    assert detect(short, CFG).alerts == []
-    sc = score_grid(short, CFG)
+    assert detect(short, SHAPE_ONLY).alerts == []
+    sc = score_grid(short, SHAPE_ONLY)
     assert np.nanmax(sc.z[2, 3]) > CFG.threshold  # it was a candidate, continuity rejected it
     long = make_grid(faults=[(3, "gpu_power", 200, 400, -10.0)])
     assert [a.machine for a in detect(long, CFG).alerts] == ["node03"]
@@ -41,8 +46,10 @@ def test_short_spike_is_not_declared_but_a_long_one_is(make_grid):
 def test_strict_continuity_breaks_on_a_gap_tolerant_one_does_not(make_grid):
     # Fault on 200-300 and 316-600: a 16 s hole (two windows) in the middle.
     grid = make_grid(faults=[(7, "gpu_duty_cycle", 200, 300, -8.0), (7, "gpu_duty_cycle", 316, 600, -8.0)])
-    strict = DetectConfig(threshold=5.0, continuity_s=150.0, max_gap_s=0.0, min_fraction=1.0)
-    tolerant = DetectConfig(threshold=5.0, continuity_s=150.0, max_gap_s=24.0, min_fraction=0.75)
+    # Window-shape score only: the peer level score (32 s average) would bridge the hole.
+    strict = DetectConfig(threshold=5.0, continuity_s=150.0, max_gap_s=0.0, min_fraction=1.0, peer_scores=False)
+    tolerant = DetectConfig(threshold=5.0, continuity_s=150.0, max_gap_s=24.0, min_fraction=0.75,
+                            peer_scores=False)
     first_strict = detect(grid, strict).alerts[0]
     first_tolerant = detect(grid, tolerant).alerts[0]
     assert first_strict.first_seen >= 300  # the run had to start again after the hole

@@ -26,7 +26,7 @@ class FakeCollector:
         self.t += self.per_drain
         return rows
 
-    def record_step_time(self, s):
+    def record_step_time(self, s, sections=None):
         self.step_times.append(s)
 
     def start(self): pass

@@ -98,3 +98,11 @@ def test_fill_gaps_matches_a_brute_force_reference():
                 want[idx][t:end] = row[t - 1]
             t = max(end, t + 1)
     np.testing.assert_array_equal(fill_gaps(x, 2), want)
+
+
+def test_nanmedian_of_nothing_is_nan_and_a_too_short_trace_declares_nothing():
+    from megatron_rl.monitor.detect import detect
+    from megatron_rl.monitor.windows import Grid
+    assert np.isnan(nanmedian(np.empty((3, 0), np.float32), axis=1)).all()
+    short = Grid(np.ones((2, 5, 4), np.float32), ["cpu_util", "gpu_power"], [f"m{i}" for i in range(5)], 0.0)
+    assert detect(short).alerts == []  # 4 s: no 8 s window yet

@@ -1,0 +1,82 @@
+"""Peer-relative level and intermittency scores: what the window shape score misses.
+
+The Minder score (detect.py) compares the *shape* of each 8 s window with the other
+machines'. Two kinds of fault slip through it:
+- a partial, sustained degradation of one metric (a link at half its bandwidth): the
+  window is the right shape, just lower, and once the VAE has smoothed it the distance
+  is small next to the step-phase noise;
+- an intermittent fault (GPU idle 10-60 s, then fine 10-60 s): each run of abnormal
+  windows is shorter than the continuity rule needs.
+
+Both show up in the *level* of a machine's residual (its deviation from the per-second
+cross-machine median, `windows.normalise`) averaged over several training steps:
+averaging over >= one step cancels pipeline-stage phase offsets, and the per-second
+median already removed everything the job does together (pauses, load changes).
+`level_scores` is that average over `span` windows, normalised across machines at each
+window (median/MAD, floored by the metric's typical spread). `intermittency_scores` is
+the fraction of the last `span` windows in which a machine's own 8 s level was abnormal,
+so a fault that is on half the time scores steadily instead of in bursts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .windows import nanmedian
+
+
+def window_means(win: np.ndarray) -> np.ndarray:
+    """[..., windows, window] -> [..., windows] mean (NaN where the window had a gap)."""
+    return win.mean(-1)
+
+
+def trailing_mean(x: np.ndarray, span: int) -> np.ndarray:
+    """Mean of the last `span` values along the last axis, ignoring NaNs (NaN if all are).
+
+    Differences of running sums, taken with two slices rather than a gather of the
+    window starts: the same subtractions in half the time."""
+    ok = ~np.isnan(x)
+    total = np.cumsum(np.where(ok, x, 0.0), -1, dtype=np.float64)
+    count = np.cumsum(ok, -1)
+    if span < x.shape[-1]:  # the first `span` values need nothing taken off
+        total[..., span:] -= total[..., :-span].copy()
+        count[..., span:] -= count[..., :-span].copy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / count, np.nan).astype(np.float32)
+
+
+def robust_z(s: np.ndarray, floor: float, min_machines: int) -> np.ndarray:
+    """(s - median) / max(MAD spread, metric's typical spread, floor) across machines;
+    s: [metrics, machines, windows]."""
+    med = nanmedian(s, axis=1, keepdims=True)
+    mad = 1.4826 * nanmedian(np.abs(s - med), axis=1, keepdims=True)
+    denom = np.fmax(np.fmax(mad, nanmedian(mad, axis=2, keepdims=True)), floor)
+    z = (s - med) / denom
+    z[np.broadcast_to((~np.isnan(s)).sum(1, keepdims=True) < min_machines, z.shape)] = np.nan
+    return z.astype(np.float32, copy=False)
+
+
+def level_scores(means: np.ndarray, span: int, min_machines: int) -> np.ndarray:
+    """|z| of each machine's residual level over the last `span` windows; means:
+    [metrics, machines, windows] of per-window residual means."""
+    return np.abs(robust_z(trailing_mean(means, span), 0.05, min_machines))
+
+
+def intermittency_scores(means: np.ndarray, span: int, abnormal_z: float, min_machines: int,
+                         parts: int = 3) -> np.ndarray:
+    """How often the machine's own window level was abnormal (|z| > abnormal_z) in EVERY
+    one of `parts` consecutive slices of the last `span` windows: the smallest slice
+    fraction, as a robust z across machines (floor 0.05, so a handful of stray windows
+    cannot score high).
+
+    Taking the smallest slice is what separates a recurring fault from bursts: one or two
+    transient slowdowns (each <= 60 s) rarely touch all three 60 s slices of a 180 s span,
+    while a fault that is never off for more than ~60 s shows up in every slice."""
+    abnormal = np.abs(robust_z(means, 0.05, min_machines)) > abnormal_z
+    part = max(1, span // parts)
+    frac = trailing_mean(np.where(np.isnan(means), np.nan, abnormal.astype(np.float32)), part)
+    low = frac
+    for j in range(1, parts):  # NaN until every slice exists
+        shifted = np.concatenate([np.full_like(frac[..., : j * part], np.nan), frac[..., : -j * part]], -1)
+        low = np.minimum(low, shifted)
+    return robust_z(low, 0.05, min_machines)

@@ -1,0 +1,43 @@
+"""Peer-relative level and intermittency scores (monitor/peers.py)."""
+
+import numpy as np
+
+from megatron_rl.monitor.detect import DetectConfig, detect
+from megatron_rl.monitor.peers import intermittency_scores, level_scores, trailing_mean
+
+
+def test_trailing_mean_ignores_nans_and_starts_short():
+    x = np.array([[1.0, np.nan, 3.0, 5.0]])
+    np.testing.assert_allclose(trailing_mean(x, 2), [[1.0, 1.0, 3.0, 4.0]])
+
+
+def _means(rng, machines=32, windows=100):
+    return rng.normal(0, 1, (1, machines, windows)).astype(np.float32)
+
+
+def test_level_score_finds_a_half_step_offset_that_lasts():
+    m = _means(np.random.default_rng(0))
+    m[0, 5, 40:] -= 4.0  # one machine's level sits 4 window spreads below its peers
+    z = level_scores(m, 4, 3)
+    assert z[0, 5, 50:].min() > 4.5 and np.delete(z[0], 5, 0)[:, 50:].max() < 4.5
+
+
+def test_intermittency_needs_abnormal_windows_in_every_slice():
+    rng = np.random.default_rng(1)
+    flap, burst = _means(rng), _means(rng)
+    on = (np.arange(100) // 4) % 2 == 0  # 4 windows on, 4 off from window 0
+    flap[0, 3, on] -= 20.0
+    burst[0, 3, 40:47] -= 20.0  # one burst of 7 windows
+    zf = intermittency_scores(flap, 21, 5.0, 3)
+    zb = intermittency_scores(burst, 21, 5.0, 3)
+    assert np.nanmin(zf[0, 3, 30:]) > 5
+    assert np.nanmax(zb[0, 3]) < 1  # a single burst never fills all three slices
+
+
+def test_a_link_at_half_bandwidth_is_declared_only_with_peer_scores(make_grid):
+    # A small sustained offset (1.5 noise spreads): lost in each 8 s window's shape,
+    # plain in the 32 s level.
+    grid = make_grid(faults=[(6, "gpu_power", 100, 600, -1.5)])
+    cfg = DetectConfig(threshold=5.0, continuity_s=120.0)
+    assert [a.machine for a in detect(grid, cfg).alerts] == ["node06"]
+    assert detect(grid, DetectConfig(threshold=5.0, continuity_s=120.0, peer_scores=False)).alerts == []

@@ -1,0 +1,101 @@
+"""Step and section times: recorded by the trainer, forward-filled per second, counted in steps."""
+
+import numpy as np
+import pytest
+
+from megatron_rl.monitor.collect import Collector
+from megatron_rl.monitor.config import DetectConfig, OnlineConfig
+from megatron_rl.monitor.detect import continuity, detect, score_grid, step_period
+from megatron_rl.monitor.online import OnlineMonitor
+from megatron_rl.monitor.synth import SynthConfig, generate
+from megatron_rl.monitor.trace import STEP_METRICS
+from megatron_rl.monitor.windows import Grid
+
+
+def step_grid(machines=16, duration=1200, step_s=60.0, slow=(), seed=0) -> Grid:
+    """Step metrics only, one value per `step_s` step, repeated every second until the next
+    step ends; each slow entry is (machine, first_step, last_step, factor)."""
+    rng = np.random.default_rng(seed)
+    n_steps = int(duration // step_s)
+    common = 1 + 0.1 * rng.standard_normal(n_steps)  # the job's pace changes step to step
+    share = np.array([0.5, 0.4, 0.1])
+    sec = share[:, None, None] * step_s * common * np.exp(rng.normal(0, 0.02, (3, machines, n_steps)))
+    for i, first, last, factor in slow:
+        sec[:, i, first:last + 1] *= factor
+    steps = np.concatenate([sec.sum(0, keepdims=True), sec])  # step_time, then the sections
+    last_done = np.floor(np.arange(duration) / step_s).astype(int) - 1  # finished step at each second
+    values = np.where(last_done >= 0, steps[:, :, np.maximum(last_done, 0)], np.nan).astype(np.float32)
+    return Grid(values, list(STEP_METRICS), [f"node{i:02d}" for i in range(machines)], start=0.0)
+
+
+def test_collector_repeats_the_last_steps_times_at_every_sample():
+    c = Collector("h", sources=[], clock=iter(range(100)).__next__)
+    assert c.sample() == {}
+    c.record_step_time(10.0, {"rollout_time": 6.0, "train_time": 3.5, "sync_time": None})
+    assert c.sample() == c.sample() == {"step_time": 10.0, "rollout_time": 6.0, "train_time": 3.5}
+    with pytest.raises(ValueError, match="rollout_time, train_time, sync_time"):
+        c.record_step_time(1.0, {"backward_time": 1.0})
+
+
+def test_online_monitor_hands_section_times_to_its_collector(tmp_path):
+    col = Collector("h", sources=[], clock=iter(range(100)).__next__)
+    mon = OnlineMonitor(OnlineConfig(enabled=True, write_traces=False), tmp_path, collector=col,
+                        denoiser=None)
+    mon.on_step(12.0, sections={"train_time": 4.0, "sync_time": 1.0})
+    assert col.sample() == {"step_time": 12.0, "train_time": 4.0, "sync_time": 1.0}
+
+
+def test_rank_at_0_8x_speed_is_found_within_a_few_steps():
+    grid = step_grid(slow=[(5, 5, 19, 1.25)])  # from step 5 (ends at 360 s) its sections take 1.25x
+    alerts = detect(grid, DetectConfig()).alerts
+    assert [a.machine for a in alerts] == ["node05"]
+    shown = 6 * 60  # the first slow step's value appears when that step ends
+    assert alerts[0].declared_at - shown <= 4 * 60  # continuity: max(120 s, 3 steps of 60 s)
+
+
+def test_two_slow_steps_are_not_a_straggler_but_would_be_without_step_continuity():
+    grid = step_grid(slow=[(3, 6, 7, 1.5)])  # two 60 s steps at 1.5x, then normal again
+    assert detect(grid, DetectConfig()).alerts == []
+    assert [a.machine for a in detect(grid, DetectConfig(straggler_steps=1)).alerts] == ["node03"]
+
+
+def test_continuity_counts_steps_only_for_step_metrics():
+    grid = step_grid()
+    scores = score_grid(grid, DetectConfig())
+    assert scores.step_period_s == pytest.approx(60.0, rel=0.1)
+    extra = Grid(np.ones((1, 16, 1200), np.float32), ["gpu_power"], grid.machines, 0.0)
+    scores.metrics = scores.metrics + extra.metrics
+    need = continuity(scores, DetectConfig(straggler_steps=3))
+    assert need[:4] == pytest.approx(3 * scores.step_period_s) and need[4] == 120.0
+    with pytest.raises(ValueError, match="straggler_steps"):
+        DetectConfig(straggler_steps=0)
+
+
+def test_synthetic_straggler_is_1_1_to_1_5x_its_peers_and_labelled_with_its_sections():
+    st = generate(SynthConfig(machines=16, duration_s=600, seed=3, fault="straggler", transient_rate=0.0,
+                              persistent_stragglers=0, fault_start=(100.0, 100.0)))
+    (lab,) = st.labels
+    assert lab.metrics[0] == "step_time" and set(lab.metrics[1:]) <= set(STEP_METRICS[1:])
+    g, i = st.grid, st.grid.machines.index(lab.machine)
+    k = g.metrics.index(lab.metrics[-1])
+    ratio = np.nanmedian(g.values[k, i, 200:] / np.nanmedian(g.values[k, :, 200:], 0))
+    assert 1.05 < ratio < 1.6
+    assert np.isnan(g.values[k, :, 0]).all()  # absent until the first step ends
+    healthy = generate(SynthConfig(machines=8, duration_s=300, seed=3))
+    assert healthy.grid.metrics == generate(SynthConfig(machines=8, duration_s=300, seed=3)).grid.metrics
+    assert "step_time" not in healthy.grid.metrics  # off by default: earlier traces unchanged
+
+
+def test_step_period_of_a_synthetic_trace_is_its_step_length():
+    st = generate(SynthConfig(machines=8, duration_s=600, seed=1, step_metrics=True, step_period_s=(60.0, 60.0)))
+    assert step_period(st.grid) == pytest.approx(60.0, rel=0.1)
+
+
+def test_a_run_mixing_step_and_per_second_metrics_needs_the_step_continuity():
+    steps = step_grid(slow=[(3, 4, 5, 1.5)])  # two slow steps, shown from 300 s to 420 s
+    rng = np.random.default_rng(1)
+    cpu = (30 + rng.normal(0, 1, (1, 16, 1200))).astype(np.float32)
+    cpu[0, 3, 400:430] += 30  # then half a minute of high CPU on the same machine
+    grid = Grid(np.concatenate([cpu, steps.values]), ["cpu_util"] + steps.metrics, steps.machines, 0.0)
+    assert detect(grid, DetectConfig()).alerts == []  # ~165 s in all (with the 32 s CPU level): < 3 steps
+    assert [a.machine for a in detect(grid, DetectConfig(straggler_steps=2)).alerts] == ["node03"]
