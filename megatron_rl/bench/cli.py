@@ -20,6 +20,7 @@ BENCHES: dict[str, str] = {
     "weight-sync": "megatron_rl.bench.weight_sync",
     "checkpoint": "megatron_rl.bench.checkpoint",
     "mismatch": "megatron_rl.bench.mismatch",
+    "packing": "megatron_rl.bench.packing",
 }
 
 

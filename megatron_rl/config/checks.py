@@ -23,6 +23,7 @@ def validate(config: Config, world_size: int) -> Config:
     """Check that ``config`` can run on ``world_size`` ranks; return it unchanged."""
     shape = sources.model_shape(config)  # the model the job builds (file data without hf_path fails here)
     _check_layouts(config, world_size, shape)
+    _check_token_budget(config)
     if config.rollout.router_replay and not shape.num_moe_experts:
         raise ConfigError("rollout.router_replay=true needs a MoE model; this model has no experts")
     if world_size % config.rollout.tensor_parallel_size:
@@ -49,6 +50,22 @@ def _check_layouts(config: Config, world_size: int, shape: ModelShape) -> None:
             layout.validate(world_size, shape)
         except LayoutError as err:
             raise ConfigError(f"{section}: {err}") from None
+
+
+def _check_token_budget(config: Config) -> None:
+    """Packed rows are split over TP ranks under sequence parallelism: the budget must be
+    a multiple of each layout's TP (the budget >= seq_length is the schema's check)."""
+    budget = config.trainer.max_tokens_per_micro_batch
+    if budget is None:
+        return
+    for section, layout in (("parallel", config.parallel), ("critic_parallel", config.critic_parallel)):
+        if layout is not None and layout.sequence_parallel_enabled and budget % layout.tp:
+            raise ConfigError(f"trainer.max_tokens_per_micro_batch={budget} must be a multiple of "
+                              f"{section}.tensor_model_parallel_size={layout.tp} (sequence parallelism "
+                              "splits every packed row over the TP ranks)")
+        if layout is not None and layout.cp > 1:
+            raise ConfigError(f"trainer.max_tokens_per_micro_batch needs {section}.context_parallel_size=1 "
+                              f"(got {layout.cp}): packed rows under CP need Transformer Engine's THD attention")
 
 
 def _check_smoke_batch(config: Config, world_size: int) -> None:
@@ -134,4 +151,4 @@ def _check_rows_per_step(config: Config, world_size: int, recipe) -> None:
         raise ConfigError(
             f"rollout.prompts_per_step={groups} groups of rollout.n_samples={group_size} cannot fill one "
             f"training batch of {multiple} rows in whole groups (data-parallel size x trainer.micro_batch_size "
-            "x algorithm.mini_batches_per_step); raise rollout.prompts_per_step or lower the others")
+            "(without a token budget) x algorithm.mini_batches_per_step); raise rollout.prompts_per_step or lower the others")

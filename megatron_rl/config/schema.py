@@ -77,12 +77,18 @@ class TrainerConfig:
     lr: float = 1e-3
     """Peak learning rate of the actor."""
     micro_batch_size: int = 2
-    """Sequences per microbatch."""
+    """Rows per micro-batch of padded rows (RL training uses it only without
+    max_tokens_per_micro_batch; the smoke job always)."""
     global_batch_size: int = 8
     """Sequences per optimizer step, over all data-parallel ranks (trainer.job=smoke only:
     an RL step trains rollout.prompts_per_step x rollout.n_samples rows)."""
     seq_length: int = 32
-    """Tokens per training sequence (prompt + response), fixed for every microbatch."""
+    """Longest training sequence (prompt + response). Padded rows (no token budget) are
+    all this long."""
+    max_tokens_per_micro_batch: Optional[int] = None
+    """Sequence packing: each micro-batch is one row of whole sequences, at most this many
+    tokens (>= seq_length; a multiple of TP under sequence parallelism). null: padded rows,
+    trainer.micro_batch_size per micro-batch."""
     lr_warmup_steps: int = 0
     """Linear learning-rate warm-up, then constant."""
 
@@ -95,6 +101,10 @@ class TrainerConfig:
                 raise ConfigError(f"trainer.{name}={getattr(self, name)} must be >= 1")
         if self.lr <= 0:
             raise ConfigError(f"trainer.lr={self.lr} must be > 0")
+        budget = self.max_tokens_per_micro_batch
+        if budget is not None and budget < self.seq_length:
+            raise ConfigError(f"trainer.max_tokens_per_micro_batch={budget} is smaller than trainer.seq_length="
+                              f"{self.seq_length}, the longest sequence a micro-batch must hold")
         if self.global_batch_size % self.micro_batch_size:
             raise ConfigError(
                 f"trainer.global_batch_size={self.global_batch_size} must be a multiple of "

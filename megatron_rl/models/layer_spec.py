@@ -1,5 +1,6 @@
 """Which Megatron modules make up a transformer layer: Transformer Engine when importable,
-else Megatron's local (pure torch) modules with a norm that supports sequence parallelism.
+else Megatron's local (pure torch) modules with a norm that supports sequence parallelism
+and an attention that takes packed (THD) rows.
 """
 
 from __future__ import annotations
@@ -54,9 +55,17 @@ def block_spec(config, arch: ModelArch, vp_stage: Optional[int]):
             normalization="RMSNorm",
         )
         _replace_torch_norms(layer)
+        _use_packed_local_attention(layer)
         final_norm = SequenceParallelRMSNorm
     count = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(layer_specs=[layer] * count, layer_norm=final_norm)
+
+
+def _use_packed_local_attention(layer) -> None:
+    """Local specs: the core attention that also takes THD packed rows (models.packed_attention)."""
+    from megatron_rl.models.packed_attention import PackedDotProductAttention
+
+    layer.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
 
 
 def _replace_torch_norms(spec) -> None:

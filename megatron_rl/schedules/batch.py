@@ -1,4 +1,4 @@
-"""The training batch: [N, S] tensors padded to a fixed sequence length, and its splits.
+"""The training batch: [N, S] tensors padded to a fixed sequence length.
 
 Alignment ("prediction-aligned"): position t of every per-token tensor belongs to the
 prediction made AT position t, i.e. to token t + 1. `loss_mask[n, t] = 1` means
@@ -9,8 +9,10 @@ of the prefix tokens[n, ≤ t]. The model reads `tokens` and is scored on
 `loss_mask[:, -1]` must be 0. `pack_sequences` / `scatter_response` build this layout
 from per-response lists and `gather_response` reads it back.
 
-Every microbatch has the same S: Megatron's pipeline schedules exchange fixed-shape
-activations (variable_seq_lengths hangs the interleaved schedule on gloo).
+Padded micro-batches are rows of this batch, all of length S. Packed micro-batches
+(`schedules.packing`) concatenate whole rows up to their `lengths` into one row of a token
+budget; their model outputs come back in this [N, S] layout before any loss reads them.
+How a mini-batch is split over DP ranks and micro-batches is `packing.Microbatching`.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ class TrainBatch:
     routes: Optional[Tensor] = None
     """[N, S, layers, k] int16: MoE experts to replay for the token AT position t (input-
     aligned, unlike the fields above); -1 rows: the router's own choice. None: no replay."""
+    lengths: Optional[Tensor] = None
+    """[N] int64: real tokens of each row (prompt + response); the rest is padding. Packed
+    micro-batches (schedules.packing) carry only these. None: every position is real."""
 
     def __post_init__(self) -> None:
         if self.tokens.dim() != 2 or self.tokens.dtype != torch.long:
@@ -72,9 +77,14 @@ class TrainBatch:
         if self.routes is not None and (self.routes.dim() != 4 or tuple(self.routes.shape[:2]) != shape):
             raise ValueError(f"routes must be [N, S, layers, k] with [N, S] = {list(shape)}, "
                              f"got {tuple(self.routes.shape)}")
-        if self.is_positive is not None and tuple(self.is_positive.shape) != shape[:1]:
-            raise ValueError(f"is_positive must be [N] = [{shape[0]}], "
-                             f"got {tuple(self.is_positive.shape)}")
+        for name in ("is_positive", "lengths"):
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) != shape[:1]:
+                raise ValueError(f"{name} must be [N] = [{shape[0]}], got {tuple(value.shape)}")
+        if self.lengths is not None and shape[0] and not (
+                0 < int(self.lengths.min()) and int(self.lengths.max()) <= shape[1]):
+            raise ValueError(f"lengths must lie in [1, S={shape[1]}], got "
+                             f"[{int(self.lengths.min())}, {int(self.lengths.max())}]")
         if shape[1] and bool(self.loss_mask[:, -1].bool().any()):
             raise ValueError("loss_mask[:, -1] must be 0: the last position has no next token")
 
@@ -87,6 +97,26 @@ class TrainBatch:
         return self.tokens.shape[1]
 
     @property
+    def position_ids(self) -> Tensor:
+        """[N, S]: 0 .. S-1 in every row."""
+        return torch.arange(self.seq_length, device=self.tokens.device).expand_as(self.tokens)
+
+    @property
+    def row_batch(self) -> "TrainBatch":
+        """The rows the losses read (a packed micro-batch answers with its sequences)."""
+        return self
+
+    def as_rows(self, x: Tensor) -> Tensor:
+        """A model output in this micro-batch's layout, as [N, S, ...] rows: itself here."""
+        return x
+
+    def sequence_lengths(self) -> Tensor:
+        """[N] int64 real tokens per row (S for every row when ``lengths`` is None)."""
+        if self.lengths is not None:
+            return self.lengths.long()
+        return torch.full((self.num_rows,), self.seq_length, dtype=torch.long)
+
+    @property
     def labels(self) -> Tensor:
         """tokens shifted left by one; the last column repeats the last token (never in the
         loss: loss_mask[:, -1] is 0) so that it stays a valid vocabulary id."""
@@ -96,24 +126,16 @@ class TrainBatch:
         """Rows [start, stop) of every tensor."""
         return self._map(lambda x: x[start:stop])
 
+    def select(self, index: Tensor) -> "TrainBatch":
+        """The rows at ``index`` (a 1-D int64 tensor), in that order."""
+        return self._map(lambda x: x.index_select(0, index.to(x.device)))
+
+    def columns(self, stop: int) -> "TrainBatch":
+        """Positions [0, stop) of every per-position tensor (rows with lengths <= stop)."""
+        return self._map(lambda x: x[:, :stop] if x.dim() >= 2 else x)
+
     def to(self, device: torch.device) -> "TrainBatch":
         return self._map(lambda x: x.to(device, non_blocking=True))
-
-    def data_parallel_slice(self, dp_rank: int, dp_size: int) -> "TrainBatch":
-        """The contiguous block of rows data-parallel rank `dp_rank` trains on."""
-        if self.num_rows % dp_size:
-            raise ValueError(f"mini-batch of {self.num_rows} rows does not split over "
-                             f"data_parallel_size={dp_size}; use a multiple of it")
-        per_rank = self.num_rows // dp_size
-        return self.rows(dp_rank * per_rank, (dp_rank + 1) * per_rank)
-
-    def microbatches(self, micro_batch_size: int) -> list["TrainBatch"]:
-        """Consecutive microbatches of `micro_batch_size` rows."""
-        if micro_batch_size < 1 or self.num_rows % micro_batch_size:
-            raise ValueError(f"micro_batch_size={micro_batch_size} must be >= 1 and divide "
-                             f"this rank's {self.num_rows} rows")
-        return [self.rows(i, i + micro_batch_size)
-                for i in range(0, self.num_rows, micro_batch_size)]
 
     def require(self, *names: str) -> None:
         """Raise naming the fields a loss needs that this batch lacks."""

@@ -100,13 +100,14 @@ class ActorLoss:
             norms["positive_tokens"] = (mask & batch.is_positive.bool().unsqueeze(-1)).sum()
         return norms
 
-    def __call__(self, logits: Tensor, mb: TrainBatch, norms: Norms,
+    def __call__(self, logits: Tensor, mb, norms: Norms,
                  tp_group: Optional[dist.ProcessGroup] = None) -> LossOutput:
-        """logits: [b, s, V/tp] this TP rank's vocabulary shard."""
+        """logits: [b, s, V/tp] this TP rank's vocabulary shard; `mb` a TrainBatch or a
+        packed micro-batch (schedules.packing), whose logprobs are read back as its rows."""
         logp, entropy = vocab_parallel_logprobs(
             logits, mb.labels, self.vocab_size, tp_group, mb.temperature
         )
-        return self.objective(logp, entropy, mb, norms)
+        return self.objective(mb.as_rows(logp), mb.as_rows(entropy), mb.row_batch, norms)
 
     def objective(self, logp: Tensor, entropy: Tensor, mb: TrainBatch, norms: Norms) -> LossOutput:
         """The loss from per-token logprobs [b, s] (and entropy, for the metric only).
@@ -173,10 +174,10 @@ class CriticLoss:
             norms["value"] = self._agg.local_norm(mask)
         return norms
 
-    def __call__(self, output: Tensor, mb: TrainBatch, norms: Norms,
+    def __call__(self, output: Tensor, mb, norms: Norms,
                  tp_group: Optional[dist.ProcessGroup] = None) -> LossOutput:
-        """output: [b, s, 1] values (replicated over TP)."""
-        return self.objective(output.squeeze(-1).float(), mb, norms)
+        """output: [b, s, 1] values (replicated over TP); `mb` as for ActorLoss."""
+        return self.objective(mb.as_rows(output.squeeze(-1).float()), mb.row_batch, norms)
 
     def objective(self, values: Tensor, mb: TrainBatch, norms: Norms) -> LossOutput:
         norms = norms if norms is not None else _clamped(self.local_norms(mb))

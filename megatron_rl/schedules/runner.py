@@ -21,8 +21,10 @@ with the default DDP config (average_in_collective either way).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from functools import partial
-from typing import Callable, Protocol, Union
+from typing import Callable, Optional, Protocol, Union
 
 import torch
 import torch.distributed as dist
@@ -31,6 +33,7 @@ from megatron_rl import platform
 from megatron_rl.models import route_replay
 from megatron_rl.schedules.batch import TrainBatch
 from megatron_rl.schedules.objectives import ActorLoss, CriticLoss, LossOutput
+from megatron_rl.schedules.packing import Microbatching, PackedMicroBatch
 from megatron_rl.schedules.vocab_parallel import vocab_parallel_logprobs
 
 Tensor = torch.Tensor
@@ -39,6 +42,8 @@ __all__ = [
     "model_groups",
     "local_batch",
     "gather_data_parallel",
+    "gathered_logprobs",
+    "gathered_values",
     "compute_logprobs",
     "compute_values",
     "forward_backward",
@@ -62,26 +67,62 @@ def model_groups(model_chunks: list[torch.nn.Module]):
     return get_attr_wrapped_model(model_chunks[0], "pg_collection")
 
 
-def local_batch(model_chunks: list[torch.nn.Module], batch: TrainBatch) -> TrainBatch:
-    """This rank's data-parallel slice of a mini-batch every rank holds in full."""
+Micro = Union[int, Microbatching]
+
+
+def local_batch(model_chunks: list[torch.nn.Module], batch: TrainBatch,
+                micro: Optional[Micro] = None) -> TrainBatch:
+    """This rank's data-parallel share of a mini-batch every rank holds in full: the
+    contiguous slice, or with packing the rows that balance the ranks' token load."""
     groups = model_groups(model_chunks)
-    return batch.data_parallel_slice(groups.dp.rank(), groups.dp.size())
+    rows = _microbatching(micro).rank_rows(batch, groups.dp.rank(), groups.dp.size())
+    return batch.select(rows)
 
 
-def gather_data_parallel(model_chunks: list[torch.nn.Module], local: Tensor) -> Tensor:
-    """Concatenate every DP rank's [n_local, ...] result in rank order -> [N, ...]."""
+def gather_data_parallel(model_chunks: list[torch.nn.Module], local: Tensor,
+                         order: Optional[Tensor] = None) -> Tensor:
+    """Every DP rank's [n_local, ...] result -> [N, ...]: in rank order, or with `order`
+    (Microbatching.gather_order) back in the mini-batch's row order."""
     group = model_groups(model_chunks).dp
-    if group.size() == 1:
-        return local
-    parts = [torch.empty_like(local) for _ in range(group.size())]
-    dist.all_gather(parts, local.contiguous(), group=group)
-    return torch.cat(parts)
+    gathered = local
+    if group.size() > 1:
+        parts = [torch.empty_like(local) for _ in range(group.size())]
+        dist.all_gather(parts, local.contiguous(), group=group)
+        gathered = torch.cat(parts)
+    if order is None:
+        return gathered
+    out = torch.empty_like(gathered)
+    out[order.to(out.device)] = gathered
+    return out
+
+
+def gathered_logprobs(model_chunks: list[torch.nn.Module], batch: TrainBatch, micro: Micro,
+                      vocab_size: int) -> tuple[Tensor, Tensor]:
+    """compute_logprobs on this rank's share of the whole `batch`, gathered: [N, S] twice."""
+    micro = _microbatching(micro)
+    local, order = _share_and_order(model_chunks, batch, micro)
+    logp, entropy = compute_logprobs(model_chunks, local, micro, vocab_size)
+    return gather_data_parallel(model_chunks, logp, order), gather_data_parallel(model_chunks, entropy, order)
+
+
+def gathered_values(critic_chunks: list[torch.nn.Module], batch: TrainBatch, micro: Micro) -> Tensor:
+    """compute_values on this rank's share of the whole `batch`, gathered: [N, S]."""
+    micro = _microbatching(micro)
+    local, order = _share_and_order(critic_chunks, batch, micro)
+    return gather_data_parallel(critic_chunks, compute_values(critic_chunks, local, micro), order)
+
+
+def _share_and_order(model_chunks, batch: TrainBatch, micro: Microbatching) -> tuple[TrainBatch, Tensor]:
+    """This rank's rows of `batch` and the gather order, from one DP split."""
+    dp = model_groups(model_chunks).dp
+    split = micro.dp_split(batch, dp.size())
+    return batch.select(split[dp.rank()]), torch.cat(split)
 
 
 def compute_logprobs(
     model_chunks: list[torch.nn.Module],
     batch: TrainBatch,
-    micro_batch_size: int,
+    micro: Micro,
     vocab_size: int,
 ) -> tuple[Tensor, Tensor]:
     """Forward only: (logprobs [n, S], entropy [n, S]) of `batch`'s labels under the model,
@@ -90,31 +131,29 @@ def compute_logprobs(
     _check_tokens(batch, vocab_size)
     groups = model_groups(model_chunks)
 
-    def collect(mb: TrainBatch, logits: Tensor):
+    def collect(mb, logits: Tensor):
         logp, entropy = vocab_parallel_logprobs(logits, mb.labels, vocab_size, groups.tp,
                                                 mb.temperature)
-        return logits.new_zeros(()), {"out": torch.stack([logp, entropy], dim=-1)}
+        return logits.new_zeros(()), {"out": mb.as_rows(torch.stack([logp, entropy], dim=-1))}
 
-    out = _forward_only(model_chunks, batch, micro_batch_size, collect, channels=2)
+    out = _forward_only(model_chunks, batch, micro, collect, channels=2)
     return out[..., 0], out[..., 1]
 
 
-def compute_values(
-    critic_chunks: list[torch.nn.Module], batch: TrainBatch, micro_batch_size: int
-) -> Tensor:
+def compute_values(critic_chunks: list[torch.nn.Module], batch: TrainBatch, micro: Micro) -> Tensor:
     """Forward only: the critic's values [n, S] (prediction-aligned) on every rank."""
 
-    def collect(mb: TrainBatch, values: Tensor):
-        return values.new_zeros(()), {"out": values.float()}
+    def collect(mb, values: Tensor):
+        return values.new_zeros(()), {"out": mb.as_rows(values.float())}
 
-    return _forward_only(critic_chunks, batch, micro_batch_size, collect, channels=1)[..., 0]
+    return _forward_only(critic_chunks, batch, micro, collect, channels=1)[..., 0]
 
 
 def forward_backward(
     model_chunks: list[torch.nn.Module],
     batch: TrainBatch,
     loss: Union[ActorLoss, CriticLoss, MicrobatchLoss],
-    micro_batch_size: int,
+    micro: Micro,
 ) -> dict[str, float]:
     """Accumulate the gradient of `loss` over the whole mini-batch (no zeroing, no step).
 
@@ -129,12 +168,13 @@ def forward_backward(
     if isinstance(loss, ActorLoss):
         _check_tokens(batch, loss.vocab_size)
     norms = _global_norms(loss.local_norms(batch), groups)
-    microbatches = batch.microbatches(micro_batch_size)
+    microbatches, _ = _microbatches(batch, micro, groups, config)
     scale = len(microbatches) * groups.dp_cp.size() / groups.cp.size()
     sum_names, max_names = loss.metric_names()
 
-    def loss_func(mb: TrainBatch, output: Tensor):
-        result = loss(output, mb, norms, groups.tp)
+    def loss_func(mb, output: Tensor):
+        result = loss(output, mb, norms, groups.tp) if mb.row_batch.num_rows else _empty_loss(
+            output, sum_names, max_names)
         metrics = {
             "sums": torch.stack([result.sums[n].double() for n in sum_names]),
             "maxes": torch.stack([result.maxes[n].double() for n in max_names])
@@ -153,7 +193,7 @@ def train_step(
     optimizer,
     batch: TrainBatch,
     loss: Union[ActorLoss, CriticLoss, MicrobatchLoss],
-    micro_batch_size: int,
+    micro: Micro,
 ) -> dict[str, float]:
     """One optimizer update on one mini-batch: zero, forward/backward, step.
 
@@ -164,7 +204,7 @@ def train_step(
         for chunk in model_chunks:
             chunk.zero_grad_buffer()
         optimizer.zero_grad()
-    metrics = forward_backward(model_chunks, batch, loss, micro_batch_size)
+    metrics = forward_backward(model_chunks, batch, loss, micro)
     with platform.megatron_scope():
         updated, grad_norm, _ = optimizer.step()
     metrics[f"{loss.prefix}/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
@@ -206,43 +246,90 @@ def _global_norms(local: dict[str, Tensor], groups) -> dict[str, Tensor]:
     return {n: c.clamp_min(1) for n, c in zip(names, counts)}
 
 
+def _microbatching(micro: Optional[Micro]) -> Microbatching:
+    if micro is None:
+        return Microbatching()
+    return micro if isinstance(micro, Microbatching) else Microbatching(micro_batch_size=micro)
+
+
+def _microbatches(local: TrainBatch, micro: Optional[Micro], groups, config) -> tuple[list, list]:
+    """This rank's micro-batches and each one's local rows. Packed: as many on every DP
+    rank (empty ones appended); rows a multiple of TP under sequence parallelism; one row
+    length per call under PP (the pipeline schedules exchange one activation shape)."""
+    micro = _microbatching(micro)
+    if not micro.packed:
+        bins = micro.bins(local)
+        return micro.micro_batches(local, bins, len(bins)), bins
+    tp = groups.tp.size() if config is not None and config.sequence_parallel else 1
+    micro = dataclasses.replace(micro, multiple=math.lcm(micro.multiple, tp))
+    bins = micro.bins(local)
+    agreed = torch.tensor([len(bins), micro.packed_length(local, bins)], device=platform.current().device)
+    if groups.dp.size() > 1:
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=groups.dp)
+    length = int(agreed[1]) if groups.pp.size() > 1 else None
+    count = int(agreed[0])
+    return micro.micro_batches(local, bins, count, length), bins + [[] for _ in range(count - len(bins))]
+
+
+def _empty_loss(output: Tensor, sum_names, max_names) -> LossOutput:
+    """An empty packed micro-batch (DP agreement padding): loss 0, still part of the graph."""
+    zero = output.sum() * 0.0
+    return LossOutput(zero, {n: zero.detach() for n in sum_names},
+                      {n: torch.full_like(zero.detach(), float("-inf")) for n in max_names})
+
+
+def _packed_seq_params(mb, model):
+    """Megatron's THD description of a packed micro-batch (None for padded rows)."""
+    if not isinstance(mb, PackedMicroBatch):
+        return None
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu_seqlens, longest = mb.cu_seqlens, mb.max_seqlen
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+                           max_seqlen_q=longest, max_seqlen_kv=longest,
+                           cp_group=model_groups([model]).cp)
+
+
 def _forward_step(loss_func, data_iterator, model):
     mb = next(data_iterator).to(platform.current().device)
-    positions = torch.arange(mb.seq_length, device=mb.tokens.device).expand_as(mb.tokens)
     route_replay.set_targets(model, mb.routes)  # MoE router replay: this micro-batch's routes
-    output = model(mb.tokens, positions, None)  # last stage: [b, s, V/tp] or [b, s, 1]
+    output = model(mb.tokens, mb.position_ids, None,  # last stage: [b, s, V/tp] or [b, s, 1]
+                   packed_seq_params=_packed_seq_params(mb, model))
     return output, partial(loss_func, mb)
 
 
-def _run(model_chunks, microbatches: list[TrainBatch], loss_func: Callable, forward_only: bool):
+def _run(model_chunks, microbatches: list, loss_func: Callable, forward_only: bool):
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     chunks = list(model_chunks)
+    first = microbatches[0]
     with platform.megatron_scope():
         return get_forward_backward_func()(
             forward_step_func=partial(_forward_step, loss_func),
             data_iterator=[iter(microbatches) for _ in chunks] if len(chunks) > 1 else iter(microbatches),
             model=chunks if len(chunks) > 1 else chunks[0],
             num_microbatches=len(microbatches),
-            seq_length=microbatches[0].seq_length,
-            micro_batch_size=microbatches[0].num_rows,
+            seq_length=first.tokens.shape[1],
+            micro_batch_size=first.tokens.shape[0],
             forward_only=forward_only,
         )
 
 
-def _forward_only(model_chunks, batch: TrainBatch, micro_batch_size: int, collect: Callable,
+def _forward_only(model_chunks, batch: TrainBatch, micro: Micro, collect: Callable,
                   channels: int) -> Tensor:
     """Run `collect` on every microbatch's last-stage output; [n, S, channels] everywhere."""
+    from megatron.core.utils import get_model_config
+
     groups = model_groups(model_chunks)
     _check_layout(groups, None, training=False)
+    microbatches, bins = _microbatches(batch, micro, groups, get_model_config(model_chunks[0]))
     with torch.no_grad():
-        store = _run(model_chunks, batch.microbatches(micro_batch_size), collect, forward_only=True)
+        store = _run(model_chunks, microbatches, collect, forward_only=True)
     device = platform.current().device
+    out = torch.zeros(batch.num_rows, batch.seq_length, channels, device=device)
     if _is_last_stage(groups):
-        out = torch.cat([record["out"] for record in store]).reshape(
-            batch.num_rows, batch.seq_length, channels).float()
-    else:
-        out = torch.empty(batch.num_rows, batch.seq_length, channels, device=device)
+        for rows, record in zip(bins, store):
+            out[rows, : record["out"].shape[1]] = record["out"].float()
     _broadcast_from_last_stage(out, groups)
     return out
 

@@ -72,6 +72,15 @@ class StepBatch:
     """rollout.router_replay: the actor's forward passes use ``routes``."""
 
     @property
+    def lengths(self) -> Tensor:
+        """[N] int64: real tokens (prompt + response) of each row."""
+        return torch.tensor([p + r for p, r in zip(self.prompt_lens, self.response_lens)], dtype=torch.long)
+
+    def forward_rows(self, loss_mask: Tensor) -> TrainBatch:
+        """Tokens and lengths alone (critic values, HAPO's entropy pass)."""
+        return TrainBatch(tokens=self.tokens, loss_mask=loss_mask, lengths=self.lengths)
+
+    @property
     def max_response_len(self) -> int:
         return max(self.response_lens)
 
@@ -88,7 +97,7 @@ class StepBatch:
         """The tokens, sampling temperatures and vLLM's routes (forward passes without
         targets; a model without a route replay ignores the routes)."""
         return TrainBatch(tokens=self.tokens, loss_mask=self.loss_mask if loss_mask is None else loss_mask,
-                          temperature=self.temperature, routes=self.routes)
+                          temperature=self.temperature, routes=self.routes, lengths=self.lengths)
 
     def for_actor(self) -> TrainBatch:
         """Everything the policy loss reads."""
@@ -96,7 +105,8 @@ class StepBatch:
                           temperature=self.temperature, old_logprobs=self.old_logprobs,
                           ref_logprobs=self.ref_logprobs, h_hat=self.h_hat, returns=self.returns,
                           is_weights=self.is_weights, routes=self.routes if self.replay_routes else None,
-                          old_values=self.values, is_positive=torch.tensor([c > 0 for c in self.rows.correct]))
+                          old_values=self.values, is_positive=torch.tensor([c > 0 for c in self.rows.correct]),
+                          lengths=self.lengths)
 
     def for_critic(self) -> TrainBatch:
         """The same rows, with the critic's tokens as the loss mask."""

@@ -72,16 +72,15 @@ def token_fields(entropy: Tensor, loss_mask: Tensor, temperature: float, tau: fl
     )
 
 
-def hapo_token_fields(actor_chunks: list[torch.nn.Module], batch: TrainBatch, micro_batch_size: int,
+def hapo_token_fields(actor_chunks: list[torch.nn.Module], batch: TrainBatch, micro,
                       vocab_size: int, *, temperature: float, tau: float,
                       prev_stats: Optional[EntropyStats], pivot_quantile: float = 0.8) -> HapoTokenFields:
     """Forward the whole packed mini-batch `batch` (every rank holds it) at the base T on
     the actor; [N, S] results on every rank. `batch.temperature` is ignored (T is used);
     `batch.loss_mask` is the response mask. One extra forward-only pass per step."""
-    from megatron_rl.schedules import compute_logprobs, gather_data_parallel, local_batch
+    from megatron_rl.schedules import gathered_logprobs
 
     at_base = dataclasses.replace(batch, temperature=torch.full(batch.tokens.shape, float(temperature),
                                                                 device=batch.tokens.device))
-    _, entropy = compute_logprobs(actor_chunks, local_batch(actor_chunks, at_base), micro_batch_size, vocab_size)
-    entropy = gather_data_parallel(actor_chunks, entropy)
+    _, entropy = gathered_logprobs(actor_chunks, at_base, micro, vocab_size)
     return token_fields(entropy, batch.loss_mask, temperature, tau, prev_stats, pivot_quantile)

@@ -31,9 +31,9 @@ class ReferencePolicy:
             chunk.requires_grad_(False)
 
     @torch.no_grad()
-    def logprobs(self, batch, micro_batch_size: int) -> torch.Tensor:
-        """[N, S] log π_ref(token t + 1) at each token's sampling temperature (batch: every row)."""
-        from megatron_rl.schedules import compute_logprobs, gather_data_parallel, local_batch
+    def logprobs(self, batch, micro) -> torch.Tensor:
+        """[N, S] log π_ref(token t + 1) at each token's sampling temperature (batch: every row;
+        micro: rows per micro-batch or a schedules.Microbatching)."""
+        from megatron_rl.schedules import gathered_logprobs
 
-        local, _ = compute_logprobs(self.chunks, local_batch(self.chunks, batch), micro_batch_size, self.vocab_size)
-        return gather_data_parallel(self.chunks, local)
+        return gathered_logprobs(self.chunks, batch, micro, self.vocab_size)[0]

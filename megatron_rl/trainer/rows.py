@@ -14,11 +14,13 @@ from megatron_rl.config.schema import Config
 
 
 def train_row_multiple(config: Config, world_size: int, uses_critic: bool) -> int:
-    """DP (lcm of actor's and critic's) x trainer.micro_batch_size x algorithm.mini_batches_per_step."""
+    """DP (lcm of actor's and critic's) x trainer.micro_batch_size x algorithm.mini_batches_per_step;
+    with a token budget (packing) micro-batches hold any number of rows: no micro_batch_size."""
     dp = config.parallel.dp(world_size)
     if uses_critic:
         dp = math.lcm(dp, config.critic_layout.dp(world_size))
-    return dp * config.trainer.micro_batch_size * config.algorithm.mini_batches_per_step
+    rows = 1 if config.trainer.max_tokens_per_micro_batch is not None else config.trainer.micro_batch_size
+    return dp * rows * config.algorithm.mini_batches_per_step
 
 
 def usable_groups(num_groups: int, group_size: int, multiple: int) -> int:

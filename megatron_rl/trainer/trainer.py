@@ -39,8 +39,8 @@ from megatron_rl.models.builder import BuildOptions
 from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.models.route_replay import RouteReplay
 from megatron_rl.parallel import initialize, initialize_alongside
-from megatron_rl.schedules import (ActorLoss, CriticLoss, TrainBatch, compute_logprobs, compute_values,
-                                   gather_data_parallel, local_batch, train_step)
+from megatron_rl.schedules import (ActorLoss, CriticLoss, Microbatching, TrainBatch, gathered_logprobs,
+                                   gathered_values, local_batch, train_step)
 from megatron_rl.trainer import setup
 from megatron_rl.trainer.advantages import estimate_advantages
 from megatron_rl.trainer.assembly import StepBatch, assemble, routes_missing
@@ -66,6 +66,9 @@ class RLTrainer:
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.cfg = validate(cfg, self.world)
         self.recipe = cfg.algorithm.build()
+        self.micro = Microbatching(micro_batch_size=cfg.trainer.micro_batch_size,
+                                   max_tokens=cfg.trainer.max_tokens_per_micro_batch)
+        """Padded rows, or packed micro-batches under a token budget (schedules.packing)."""
         self.stop_signals = stop_signals
         self.run_dir = Path(cfg.trainer.run_dir)
         if self.rank == 0:
@@ -255,8 +258,8 @@ class RLTrainer:
         if not self.recipe.token_aware:
             return
         cfg = self.cfg
-        fields = hapo_token_fields(self.actor.chunks, TrainBatch(tokens=batch.tokens, loss_mask=batch.response_mask),
-                                   cfg.trainer.micro_batch_size, self.arch.vocab_size,
+        fields = hapo_token_fields(self.actor.chunks, batch.forward_rows(batch.response_mask),
+                                   self.micro, self.arch.vocab_size,
                                    temperature=cfg.rollout.temperature, tau=self.recipe.temperature_tau,
                                    prev_stats=self.entropy_stats, pivot_quantile=self.recipe.entropy_pivot_quantile)
         batch.temperature, batch.h_hat, self.entropy_stats = fields.temperature, fields.h_hat, fields.stats
@@ -267,7 +270,7 @@ class RLTrainer:
         """The critic's value of every prefix (recipes with a critic), on every rank."""
         if self.critic is None:
             return
-        batch.values = self._values(TrainBatch(tokens=batch.tokens, loss_mask=batch.response_mask))
+        batch.values = self._values(batch.forward_rows(batch.response_mask))
 
     def old_logprobs(self, batch: StepBatch, metrics: dict) -> None:
         """log π_old of every token at its sampling temperature, recomputed by Megatron (the PPO
@@ -275,9 +278,7 @@ class RLTrainer:
         chunks = self.actor.chunks
         if self.route_replay is not None:
             self.route_replay.begin(replay=batch.replay_routes)
-        local, _ = compute_logprobs(chunks, local_batch(chunks, batch.plain()), self.cfg.trainer.micro_batch_size,
-                                    self.arch.vocab_size)
-        batch.old_logprobs = gather_data_parallel(chunks, local)
+        batch.old_logprobs, _ = gathered_logprobs(chunks, batch.plain(), self.micro, self.arch.vocab_size)
         self.router_metrics(batch, metrics)
         batch.rollout_logprobs = batch.scatter([s.logprobs for s in batch.rows.samples])
         fresh = batch.fresh_mask.float()  # tokens vLLM sampled with the current weights
@@ -318,7 +319,7 @@ class RLTrainer:
     def reference_logprobs(self, batch: StepBatch) -> None:
         """log π_ref of every token (recipes with a KL penalty)."""
         if self.reference is not None:
-            batch.ref_logprobs = self.reference.logprobs(batch.plain(), self.cfg.trainer.micro_batch_size)
+            batch.ref_logprobs = self.reference.logprobs(batch.plain(), self.micro)
 
     def advantages(self, batch: StepBatch) -> None:
         """Per-token advantages (and critic targets) by the recipe's estimator."""
@@ -340,6 +341,7 @@ class RLTrainer:
             self.probe = critic_batch
             metrics["critic/warmup_probe_loss"] = self._value_mse(self.probe)
         self.actor.set_lr(self._lr(step))
+        self.packing_metrics(actor_batch, metrics)
         actor_out, critic_out = self._epochs(actor_batch, critic_batch, train_actor=not warming_up)
         for key in ACTOR_METRICS:
             if actor_out and key in actor_out[0]:
@@ -353,9 +355,23 @@ class RLTrainer:
             metrics["critic/warmup_probe_loss"] = self._value_mse(self.probe)
         return int(batch.loss_mask.sum())
 
+    def packing_metrics(self, actor_batch: TrainBatch, metrics: dict) -> None:
+        """train/packing_efficiency (real tokens / tokens computed, padding included),
+        train/micro_batches per DP rank and train/tokens_per_micro_batch_max of one pass of
+        the actor over the step's mini-batches (what the schedules will run)."""
+        layout, minis = self.cfg.parallel, self.cfg.algorithm.mini_batches_per_step
+        rows = actor_batch.num_rows // minis
+        costs = [self.micro.cost(actor_batch.rows(m * rows, (m + 1) * rows), layout.dp(self.world),
+                                 layout.tp if layout.sequence_parallel_enabled else 1, layout.pp > 1)
+                 for m in range(minis)]
+        metrics["train/packing_efficiency"] = (sum(c["real_tokens"] for c in costs)
+                                               / sum(c["computed_tokens"] for c in costs))
+        metrics["train/micro_batches"] = sum(c["micro_batches"] for c in costs)
+        metrics["train/tokens_per_micro_batch_max"] = max(c["tokens_per_micro_batch_max"] for c in costs)
+
     def _epochs(self, actor_batch: TrainBatch, critic_batch: TrainBatch, train_actor: bool):
         """algorithm.ppo_epochs passes, each algorithm.mini_batches_per_step optimizer steps."""
-        mbs, minis = self.cfg.trainer.micro_batch_size, self.cfg.algorithm.mini_batches_per_step
+        micro, minis = self.micro, self.cfg.algorithm.mini_batches_per_step
         rows = actor_batch.num_rows // minis
         actor_out, critic_out = [], []
         for _ in range(self.cfg.algorithm.ppo_epochs):
@@ -365,13 +381,13 @@ class RLTrainer:
                 if self.critic is not None and bool(critic_part.loss_mask.any()):
                     with self.critic.active():
                         critic_out.append(train_step(self.critic.chunks, self.critic.optimizer,
-                                                     local_batch(self.critic.chunks, critic_part),
-                                                     self.critic_loss, mbs))
+                                                     local_batch(self.critic.chunks, critic_part, micro),
+                                                     self.critic_loss, micro))
                 if train_actor:
                     if self.route_replay is not None:
                         self.route_replay.begin(replay=True)  # fresh recompute queues
                     actor_out.append(train_step(self.actor.chunks, self.actor.optimizer,
-                                                local_batch(self.actor.chunks, part), self.actor_loss, mbs))
+                                                local_batch(self.actor.chunks, part, micro), self.actor_loss, micro))
         return actor_out, critic_out
 
     def sync_weights(self, step: int, rows: TrainRows, metrics: dict) -> None:
@@ -413,7 +429,9 @@ class RLTrainer:
         (Slurm preemption, scancel). Every rank, every step: all stop after the same step."""
         faulty = False
         if self.monitor is not None:
-            self.monitor.on_step(metrics["timing/step_s"])  # collective every detect_every_steps
+            self.monitor.on_step(metrics["timing/step_s"], sections={  # this rank's straggler signal
+                "rollout_time": metrics.get("timing/rollout_s"), "train_time": metrics["timing/train_s"],
+                "sync_time": metrics["timing/weight_sync_s"]})  # collective every detect_every_steps
             metrics["monitor/declared_machines"] = len(self.monitor.declared)
             faulty = _agree(self.cfg.monitor.stop_on_alert and self.monitor.stop_requested)
         metrics["slurm/restart_count"] = self.slurm.restart_count
@@ -445,9 +463,8 @@ class RLTrainer:
 
     def _values(self, batch: TrainBatch) -> torch.Tensor:
         """The critic's values on ``batch``, every row, on every rank."""
-        chunks, mbs = self.critic.chunks, self.cfg.trainer.micro_batch_size
         with self.critic.active():
-            return gather_data_parallel(chunks, compute_values(chunks, local_batch(chunks, batch), mbs))
+            return gathered_values(self.critic.chunks, batch, self.micro)
 
     def _value_mse(self, batch: TrainBatch) -> float:
         """Mean squared error of the critic's values against ``batch.returns`` over its loss tokens."""

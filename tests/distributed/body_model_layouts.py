@@ -149,7 +149,22 @@ def cases(world_size):
                 continue
             for role in ("actor", "critic"):
                 out[f"{kind}-{role}-{name}"] = partial(compare, role, kind, layout)
-    return out
+    return {**out, **packed_schedule_cases(world_size)}
+
+
+def packed_schedule_cases(world_size):
+    """World 8 only: the RL schedules on packed micro-batches (body_schedules' cases and
+    references) in the layouts only this launch reaches, without a launch of their own."""
+    if world_size != 8:
+        return {}
+    import body_schedules as sched
+
+    layouts, budget = layouts_for(8), sched.Microbatching(max_tokens=sched.PACK_BUDGET)
+    return {
+        "packed-moe-actor-tp2_pp2_ep2-dapo": partial(sched.actor_case, "moe", layouts["tp2_pp2_ep2"], "dapo", budget),
+        "packed-moe-actor-tp2_pp2_ep4-grpo": partial(sched.actor_case, "moe", layouts["tp2_pp2_ep4"], "grpo", budget),
+        "packed-dense-critic-tp2_pp2": partial(sched.critic_case, "dense", layouts["tp2_pp2"], budget),
+    }
 
 
 if __name__ == "__main__":

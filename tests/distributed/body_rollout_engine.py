@@ -61,7 +61,7 @@ def sampled_logprobs_match_transformers(kind):
                 logits = ref(torch.tensor([seq])).logits[0, len(s.prompt_ids) - 1 : -1] / temperature
             expect = torch.log_softmax(logits, -1).gather(1, torch.tensor(s.token_ids)[:, None])[:, 0]
             worst = max(worst, float((expect - torch.tensor(s.logprobs)).abs().max()))
-    assert worst < 1e-4, worst
+    assert worst < 1e-5, worst  # fp32; measured <= 2.6e-6 (docs/benchmarks.md)
     assert reasons <= {"stop", "length"}, reasons
     # The same prompts on every replica: replicas must not sample identically.
     same = eng.generate([[5, 6, 7]], Sampling(n=4, max_tokens=8, temperature=1.0))[0]
@@ -120,7 +120,7 @@ def reloaded_weights_serve_new_logprobs(kind):
     expect = [token_logprobs(ref, s) for s in seqs]
     diff = max(abs(a - e) for row_a, row_e in zip(after, expect) for a, e in zip(row_a, row_e))
     moved = max(abs(a - b) for row_a, row_b in zip(after, before) for a, b in zip(row_a, row_b))
-    assert diff < 1e-4, diff
+    assert diff < 1e-5, diff  # fp32; measured <= 2e-6
     assert moved > 1e-2, moved  # the update did change the served model
     return {"max_abs_diff": diff, "moved": moved}
 

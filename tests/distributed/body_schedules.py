@@ -47,10 +47,12 @@ from megatron_rl.schedules import (
     pack_sequences,
     train_step,
 )
+from megatron_rl.schedules.packing import Microbatching
 from megatron_rl.testing.tiny import TINY_ARCHS
 from megatron_rl.testing.torchrun import run_cases
 
 GLOBAL_BATCH, SEQ = 8, 16
+PACK_BUDGET = 24  # tokens per packed micro-batch: a multiple of TP2, some rows pair up, some not
 OPTIONS = BuildOptions(vocab_size_divisible_by=5)
 RECIPES = {
     "dapo": get_recipe("dapo"),  # token-mean, clip 0.2 / 0.28
@@ -75,6 +77,7 @@ def rollout_batch(vocab):
     return TrainBatch(
         tokens=tokens,
         loss_mask=mask,
+        lengths=torch.tensor([len(p) + len(r) for p, r in zip(prompts, responses)]),
         advantages=seq_adv * (1 + 0.3 * torch.randn(GLOBAL_BATCH, SEQ, generator=g)),
         returns=torch.randn(GLOBAL_BATCH, SEQ, generator=g),
         old_values=0.3 * torch.randn(GLOBAL_BATCH, SEQ, generator=g),
@@ -196,39 +199,73 @@ def grad_report(grads, ref_grads):
     }
 
 
-def actor_case(kind, layout, recipe_name, micro_batch_size, whole_batch_per_rank=False):
+def predicted(batch):
+    """[N, S] bool: positions that predict a token of their own row (t < length - 1); a
+    packed row's last token predicts the next sequence's first, padding is not computed."""
+    return torch.arange(SEQ)[None] < (batch.sequence_lengths() - 1)[:, None]
+
+
+def real_positions(batch):
+    """[N, S] bool: the row's own tokens (a value reads only its prefix, packed or not)."""
+    return torch.arange(SEQ)[None] < batch.sequence_lengths()[:, None]
+
+
+def max_diff_on(a, b, where):
+    return max_over_world((a - b).abs()[where].max())
+
+
+def actor_case(kind, layout, recipe_name, micro, whole_batch_per_rank=False):
+    """`micro`: rows per micro-batch (padded rows) or a packing Microbatching."""
     ref = reference(kind, "actor")
     vocab = TINY_ARCHS[kind].vocab_size
     chunks, _ = setup("actor", kind, layout, ref["weights"])
-    batch = ref["batch"] if whole_batch_per_rank else local_batch(chunks, ref["batch"])
-    logp, entropy = compute_logprobs(chunks, batch, micro_batch_size, vocab)
+    batch = ref["batch"] if whole_batch_per_rank else local_batch(chunks, ref["batch"], micro)
+    logp, entropy = compute_logprobs(chunks, batch, micro, vocab)
     if not whole_batch_per_rank:
-        logp, entropy = gather_data_parallel(chunks, logp), gather_data_parallel(chunks, entropy)
-    metrics = forward_backward(chunks, batch, ActorLoss(RECIPES[recipe_name], vocab), micro_batch_size)
+        order = micro.gather_order(ref["batch"], ref_dp(chunks)) if isinstance(micro, Microbatching) else None
+        logp, entropy = gather_data_parallel(chunks, logp, order), gather_data_parallel(chunks, entropy, order)
+    metrics = forward_backward(chunks, batch, ActorLoss(RECIPES[recipe_name], vocab), micro)
     with params_as(chunks, main_grad):
         grads = gather_full(chunks)
     destroy()
     ref_metrics, ref_grads = ref["runs"][recipe_name]
+    real = predicted(ref["batch"])
     return {
-        "logprob_diff": max_over_world((logp - ref["logp"]).abs().max()),
-        "entropy_diff": max_over_world((entropy - ref["entropy"]).abs().max()),
+        **packing_report(micro, batch),
+        "logprob_diff": max_diff_on(logp, ref["logp"], real),
+        "entropy_diff": max_diff_on(entropy, ref["entropy"], real),
         "metric_diff": {k: abs(metrics[f"actor/{k}"] - v) for k, v in ref_metrics.items()},
         "metrics": metrics,
         **grad_report(grads, ref_grads),
     }
 
 
-def critic_case(kind, layout, micro_batch_size):
+def packing_report(micro, local):
+    """How many sequences the fullest packed micro-batch of any rank held (0: padded rows)."""
+    if not isinstance(micro, Microbatching):
+        return {"max_sequences_per_micro_batch": 0}
+    return {"max_sequences_per_micro_batch": max_over_world(max(len(b) for b in micro.bins(local)))}
+
+
+def ref_dp(chunks):
+    from megatron_rl.schedules.runner import model_groups
+
+    return model_groups(chunks).dp.size()
+
+
+def critic_case(kind, layout, micro):
     ref = reference(kind, "critic")
     chunks, _ = setup("critic", kind, layout, ref["weights"])
-    batch = local_batch(chunks, ref["batch"])
-    values = gather_data_parallel(chunks, compute_values(chunks, batch, micro_batch_size))
-    metrics = forward_backward(chunks, batch, CRITIC, micro_batch_size)
+    batch = local_batch(chunks, ref["batch"], micro)
+    order = micro.gather_order(ref["batch"], ref_dp(chunks)) if isinstance(micro, Microbatching) else None
+    values = gather_data_parallel(chunks, compute_values(chunks, batch, micro), order)
+    metrics = forward_backward(chunks, batch, CRITIC, micro)
     with params_as(chunks, main_grad):
         grads = gather_full(chunks)
     destroy()
     return {
-        "value_diff": max_over_world((values - ref["values"]).abs().max()),
+        **packing_report(micro, batch),
+        "value_diff": max_diff_on(values, ref["values"], real_positions(ref["batch"])),
         "metric_diff": {"value_loss": abs(metrics["critic/value_loss"] - ref["loss"])},
         **grad_report(grads, ref["grads"]),
     }
@@ -318,6 +355,8 @@ LAYOUTS = {
     "pp2_vpp2": dict(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2),
     "tp2": dict(tensor_model_parallel_size=2),
     "tp2_ep2": dict(tensor_model_parallel_size=2, expert_model_parallel_size=2),
+    "ep4": dict(expert_model_parallel_size=4),
+    "tp2_ep2_etp1": dict(tensor_model_parallel_size=2, expert_model_parallel_size=2, expert_tensor_parallel_size=1),
 }
 
 
@@ -338,7 +377,26 @@ def cases():
     out["two-layouts-dense-actor-pp2+dense-critic-tp2"] = partial(
         two_layouts_case, "dense", LAYOUTS["pp2"], 1, "dense", LAYOUTS["tp2"], 2)
     out["moe-train_step-tp2_ep2-dapo"] = partial(train_step_case, "moe", LAYOUTS["tp2_ep2"], "dapo", 2)
+    out.update(packed_cases())
     return out
+
+
+def packed_cases():
+    """The same references, through packed token-budget micro-batches (schedules.packing)."""
+    budget = Microbatching(max_tokens=PACK_BUDGET)
+    return {
+        "packed-dense-actor-single-grpo": partial(actor_case, "dense", LAYOUTS["single"], "grpo", budget, True),
+        "packed-dense-actor-dp4-dapo": partial(actor_case, "dense", LAYOUTS["dp4"], "dapo", budget),
+        "packed-dense-actor-pp2-grpo": partial(actor_case, "dense", LAYOUTS["pp2"], "grpo", budget),
+        "packed-dense-actor-pp2_vpp2-dapo": partial(actor_case, "dense", LAYOUTS["pp2_vpp2"], "dapo", budget),
+        "packed-dense-actor-tp2-hapo_kl_nll": partial(actor_case, "dense", LAYOUTS["tp2"], "hapo_kl_nll", budget),
+        "packed-moe-actor-tp2_ep2-dapo": partial(actor_case, "moe", LAYOUTS["tp2_ep2"], "dapo", budget),
+        "packed-moe-actor-pp2-hapo_kl_nll": partial(actor_case, "moe", LAYOUTS["pp2"], "hapo_kl_nll", budget),
+        "packed-moe-actor-ep4-grpo": partial(actor_case, "moe", LAYOUTS["ep4"], "grpo", budget),
+        "packed-moe-critic-tp2_ep2_etp1": partial(critic_case, "moe", LAYOUTS["tp2_ep2_etp1"], budget),
+        "packed-dense-critic-pp2": partial(critic_case, "dense", LAYOUTS["pp2"], budget),
+        "packed-dense-critic-tp2": partial(critic_case, "dense", LAYOUTS["tp2"], budget),
+    }
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import pytest
 from megatron_rl.testing.torchrun import launch
 
 BODY = Path(__file__).with_name("body_bridge.py")
-LOGIT_TOL = 1e-4  # fp32
+LOGIT_TOL = 3e-5  # fp32; measured <= 2e-6, 1.5e-5 with tied embeddings (docs/benchmarks.md)
 
 pytestmark = pytest.mark.distributed
 

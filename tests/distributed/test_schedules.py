@@ -5,7 +5,9 @@ plain single-process autograd on the whole batch; logprobs and entropy (padded v
 per-token temperature) equal torch.log_softmax on the full logits on every rank; the
 critic's values and value-loss gradient likewise; train_step's grad norm is the reference's.
 An actor and a critic in two different layouts in one process (the critic's groups built
-alongside, switched in around its work) each still match their references.
+alongside, switched in around its work) each still match their references. Packed
+token-budget micro-batches (several sequences per row, THD) match the same padded
+references in every layout above.
 """
 
 from pathlib import Path
@@ -30,6 +32,11 @@ ACTOR_CASES = [
     "moe-actor-pp2-hapo_kl_nll",
 ]
 CRITIC_CASES = ["dense-critic-pp2", "dense-critic-tp2"]
+# the same references through packed token-budget micro-batches (schedules.packing)
+PACKED_ACTOR_CASES = ["packed-dense-actor-single-grpo", "packed-dense-actor-dp4-dapo", "packed-dense-actor-pp2-grpo",
+                      "packed-dense-actor-pp2_vpp2-dapo", "packed-dense-actor-tp2-hapo_kl_nll",
+                      "packed-moe-actor-tp2_ep2-dapo", "packed-moe-actor-pp2-hapo_kl_nll", "packed-moe-actor-ep4-grpo"]
+PACKED_CRITIC_CASES = ["packed-dense-critic-pp2", "packed-dense-critic-tp2", "packed-moe-critic-tp2_ep2_etp1"]
 
 
 @pytest.fixture(scope="module")
@@ -51,17 +58,24 @@ def _check_grads(r):
         assert diff < METRIC_TOL, (name, diff)
 
 
-@pytest.mark.parametrize("case", ACTOR_CASES)
+def _check_packed(r, case):
+    if case.startswith("packed-"):  # some micro-batch really holds several sequences
+        assert r["max_sequences_per_micro_batch"] >= 2, r["max_sequences_per_micro_batch"]
+
+
+@pytest.mark.parametrize("case", ACTOR_CASES + PACKED_ACTOR_CASES)
 def test_actor_gradient_and_logprobs_match_single_process(results, case):
     r = _result(results, case)
+    _check_packed(r, case)
     assert r["logprob_diff"] < LOGPROB_TOL
     assert r["entropy_diff"] < ENTROPY_TOL
     _check_grads(r)
 
 
-@pytest.mark.parametrize("case", CRITIC_CASES)
+@pytest.mark.parametrize("case", CRITIC_CASES + PACKED_CRITIC_CASES)
 def test_critic_values_and_gradient_match_single_process(results, case):
     r = _result(results, case)
+    _check_packed(r, case)
     assert r["value_diff"] < 1e-6
     _check_grads(r)
 

@@ -10,13 +10,12 @@ once for the module.
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from megatron_rl.tasks.base_model import BaseModelSettings, make_tiny_base
-from megatron_rl.testing.torchrun import _free_port
+from megatron_rl.testing.torchrun import _free_port, run_process_group
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -52,7 +51,7 @@ def _train(tmp_path, world, base, recipe, *overrides, steps=3):
            f"trainer.max_steps={steps}", "rollout.prompts_per_step=4", "rollout.n_samples=4",
            "trainer.micro_batch_size=2", "rollout.parity_every=1", *overrides]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    proc = run_process_group(cmd, env, timeout_s=1200)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return rows, proc.stdout
@@ -166,7 +165,8 @@ def test_tppo_windows_carry_responses_across_steps_tp2_world2_then_resume(tmp_pa
         # The critic's rows are exactly the finished ones; it trains whenever there are any.
         assert r["critic/rows"] == r["rollout/trained_rows"] - r["rollout/truncated_rows"], r
         assert ("critic/value_loss" in r) == (r["critic/rows"] > 0), r
-        assert r["rollout/trained_rows"] % 4 == 0 and r["rollout/trained_rows"] >= 16, r
+        # rows come in multiples of DP1 x 2 mini-batches (packed micro-batches take any number)
+        assert r["rollout/trained_rows"] % 2 == 0 and r["rollout/trained_rows"] >= 16, r
     assert any(r["rollout/finished_samples"] > 0 and r["reward/mean"] is not None for r in later)
     # The critic and its optimizer are saved beside the actor, at the same steps.
     from megatron_rl.checkpoint import committed_steps
@@ -187,25 +187,46 @@ def test_tppo_windows_carry_responses_across_steps_tp2_world2_then_resume(tmp_pa
     assert resumed[3]["rollout/logprob_abs_diff"] < 1e-3, resumed[3]
 
 
+def _check_packing(rows, packed: bool, pipeline: bool):
+    """Padded: micro-batches of 2 rows x 48 positions, ~13 real tokens a row (prompt ~9,
+    answer ~4), so under 0.5 real. Packed: a row of at most 96 tokens loses at most 1 token
+    to the TP2 multiple (> 0.95 with rows of >= 26 tokens); under PP every row of the call is
+    padded to the longest, and balanced bins differ by at most one sequence (<= 22 tokens on
+    rows of ~50): > 0.7."""
+    trained = [r for r in rows if "train/packing_efficiency" in r]
+    assert trained, rows
+    for r in trained:
+        if not packed:
+            assert r["train/packing_efficiency"] < 0.5 and r["train/tokens_per_micro_batch_max"] == 2 * 48, r
+        else:
+            assert r["train/packing_efficiency"] > (0.7 if pipeline else 0.95), r
+            assert r["train/tokens_per_micro_batch_max"] <= 96, r
+
+
 # The rest of "every recipe at world 2 and 4", dense and MoE, in layouts the tests above do
 # not use: (recipe, world, base, layout and recipe overrides).
+# PACKED: sequence packing (96-token micro-batches, a multiple of TP2) in most of them:
+# packed critic under PP, packed routes for the replay, the reference's and HAPO's passes.
+# The examples pack by default (384 tokens); PADDED turns it off (rows of seq_length 48).
+PACKED, PADDED = "trainer.max_tokens_per_micro_batch=96", "trainer.max_tokens_per_micro_batch=null"
+# Not here, covered elsewhere: a MoE critic in the actor's layout (VAPO below has its own
+# EP4 layout; the T-PPO test above shares the actor's), padded HAPO (test_schedules and
+# test_adaptive_temperature run its passes on padded rows).
 MATRIX = [
-    ("ppo", 2, "qwen3_moe", ("parallel.expert_model_parallel_size=2",)),
     # The critic in a layout of its own beside the actor (its own process groups).
     ("ppo", 4, "qwen3", ("parallel.tensor_model_parallel_size=2", "rollout.tensor_parallel_size=2",
-                         "critic_parallel.pipeline_model_parallel_size=2")),
+                         "critic_parallel.pipeline_model_parallel_size=2", PACKED)),
     ("grpo", 4, "qwen3_moe", ("parallel.expert_model_parallel_size=4", "algorithm.overrides={kl: {kind: k3, coef: 0.04}}",
-                              "rollout.router_replay=true")),
-    ("dapo", 2, "qwen3", ("parallel.pipeline_model_parallel_size=2",)),
+                              "rollout.router_replay=true", PACKED)),
+    ("dapo", 2, "qwen3", ("parallel.pipeline_model_parallel_size=2", PACKED)),
     ("vapo", 4, "qwen3_moe", ("parallel.tensor_model_parallel_size=2", "parallel.expert_model_parallel_size=2",
                               "critic_parallel.expert_model_parallel_size=4",
-                              "algorithm.overrides={value_warmup_steps: 1}")),
+                              "algorithm.overrides={value_warmup_steps: 1}", PADDED)),
     # Router replay through T-PPO windows: a continued response's routes span its windows.
     ("tppo", 4, "qwen3_moe", ("parallel.expert_model_parallel_size=2", "algorithm.overrides={generation_window: 4}",
-                              "rollout.max_new_tokens=12", "rollout.router_replay=true")),
-    ("hapo", 2, "qwen3", ("parallel.tensor_model_parallel_size=2", "algorithm.overrides={temperature_tau: 0.5}")),
+                              "rollout.max_new_tokens=12", "rollout.router_replay=true", PACKED)),
     ("hapo", 4, "qwen3_moe", ("parallel.tensor_model_parallel_size=2", "parallel.expert_model_parallel_size=2",
-                              "algorithm.overrides={temperature_tau: 0.5}")),
+                              "algorithm.overrides={temperature_tau: 0.5}", PACKED)),
 ]
 
 
@@ -214,6 +235,7 @@ MATRIX = [
 def test_recipe_runs_three_steps(tmp_path, bases, recipe, world, base, overrides):
     rows, out = _train(tmp_path, world, bases[base], recipe, *overrides)
     _check(rows)
+    _check_packing(rows, PACKED in overrides, pipeline="parallel.pipeline_model_parallel_size=2" in overrides)
     if base == "qwen3_moe":  # vLLM's routes reach the trainer for every input token
         # T-PPO trains rows whose earlier windows vLLM routed under older weights.
         agreement = 0.9 if recipe == "tppo" else FP32_ROUTER_AGREEMENT

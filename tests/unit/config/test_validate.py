@@ -134,12 +134,41 @@ def test_tppo_refuses_dynamic_sampling_and_hapo_pieces():
 
 
 def test_rows_per_step_must_fill_one_training_batch():
-    # DAPO at DP8: 8 ranks x 8 rows x 2 mini-batches = 128 rows = 16 prompts x 8 samples.
-    validate(load_config(DAPO, ["parallel.expert_model_parallel_size=8"]), 8)
+    # Padded rows, DAPO at DP8: 8 ranks x 8 rows x 2 mini-batches = 128 rows = 16 prompts x 8 samples.
+    padded = "trainer.max_tokens_per_micro_batch=null"
+    validate(load_config(DAPO, ["parallel.expert_model_parallel_size=8", padded]), 8)
     with pytest.raises(ConfigError, match="^rollout.prompts_per_step=8 groups of rollout.n_samples=8 cannot fill "
                                           "one training batch of 128 rows in whole groups"):
-        validate(load_config(DAPO, ["rollout.prompts_per_step=8"]), 8)
+        validate(load_config(DAPO, ["rollout.prompts_per_step=8", padded]), 8)
     # T-PPO trains any rows of its pool: the pool's own check, named after its config keys.
     with pytest.raises(ConfigError, match="^window pool: capacity=64 rows cannot fill one training batch of 128 "
                                           "rows .*raise rollout.prompts_per_step or rollout.n_samples"):
-        validate(load_config(str(EXAMPLES / "tppo.yaml"), ["rollout.prompts_per_step=8"]), 8)
+        validate(load_config(str(EXAMPLES / "tppo.yaml"), ["rollout.prompts_per_step=8", padded]), 8)
+    # Packed (the examples' default): 8 ranks x 2 mini-batches = 16 rows; 8 prompts x 8 samples fill it.
+    validate(load_config(DAPO, ["rollout.prompts_per_step=8"]), 8)
+
+
+def test_token_budget_is_checked_against_seq_length_and_tp():
+    validate(load_config(DAPO, ["trainer.max_tokens_per_micro_batch=96"]), 1)
+    with pytest.raises(ConfigError, match="^trainer.max_tokens_per_micro_batch=40 is smaller than "
+                                          "trainer.seq_length=48, the longest sequence a micro-batch must hold$"):
+        load_config(DAPO, ["trainer.max_tokens_per_micro_batch=40"])
+    with pytest.raises(ConfigError, match="^trainer.max_tokens_per_micro_batch=99 must be a multiple of "
+                                          "parallel.tensor_model_parallel_size=2 "):
+        validate(load_config(DAPO, ["trainer.max_tokens_per_micro_batch=99",
+                                    "parallel.tensor_model_parallel_size=2"]), 2)
+    # with packing a micro-batch holds any number of rows: 16 x 8 rows fill DP8 x 2 mini-batches
+    # even with micro_batch_size=16 (padded rows would need 8 x 16 x 2 = 256)
+    overrides = ["parallel.expert_model_parallel_size=8", "trainer.micro_batch_size=16",
+                 "trainer.global_batch_size=16"]
+    with pytest.raises(ConfigError, match="one training batch of 256 rows"):
+        validate(load_config(DAPO, [*overrides, "trainer.max_tokens_per_micro_batch=null"]), 8)
+    validate(load_config(DAPO, [*overrides, "trainer.max_tokens_per_micro_batch=96"]), 8)
+
+
+def test_the_cli_refuses_a_budget_below_seq_length_in_one_line():
+    proc = _cli("config", "--config", DAPO, "trainer.max_tokens_per_micro_batch=40")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "megatron-rl: config error: trainer.max_tokens_per_micro_batch=40 is smaller than trainer.seq_length=48, "
+        "the longest sequence a micro-batch must hold"]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from megatron_rl.schedules import TrainBatch, gather_response, pack_sequences, scatter_response
+from megatron_rl.schedules import Microbatching, TrainBatch, gather_response, pack_sequences, scatter_response
 
 
 def test_pack_aligns_loss_mask_with_the_predicted_response_tokens():
@@ -35,22 +35,25 @@ def _batch(n=8, s=5):
                       is_positive=torch.arange(n) % 2 == 0)
 
 
-def test_data_parallel_slices_and_microbatches_are_contiguous_rows():
-    batch = _batch()
-    part = batch.data_parallel_slice(dp_rank=1, dp_size=2)
+def test_padded_placement_is_contiguous_dp_slices_and_microbatches():
+    batch, micro = _batch(), Microbatching(micro_batch_size=2)
+    part = batch.select(micro.rank_rows(batch, dp_rank=1, dp_size=2))
     assert part.tokens[:, 0].tolist() == [20, 25, 30, 35]
     assert part.is_positive.tolist() == [True, False, True, False]
     assert part.old_logprobs is None  # absent fields stay absent
-    micro = part.microbatches(2)
-    assert [m.tokens[:, 0].tolist() for m in micro] == [[20, 25], [30, 35]]
-    torch.testing.assert_close(micro[1].advantages, batch.advantages[6:8])
+    bins = micro.bins(part)
+    assert bins == [[0, 1], [2, 3]]
+    chunks = micro.micro_batches(part, bins, len(bins))
+    assert [m.tokens[:, 0].tolist() for m in chunks] == [[20, 25], [30, 35]]
+    torch.testing.assert_close(chunks[1].advantages, batch.advantages[6:8])
 
 
 @pytest.mark.parametrize(
     "build,match",
     [
-        (lambda b: b.data_parallel_slice(0, 3), "does not split over data_parallel_size=3"),
-        (lambda b: b.microbatches(3), "micro_batch_size=3 must be >= 1 and divide"),
+        (lambda b: Microbatching().rank_rows(b, 0, 3), "does not split over data_parallel_size=3"),
+        (lambda b: Microbatching(micro_batch_size=3).bins(b), "micro_batch_size=3 must divide"),
+        (lambda b: Microbatching(micro_batch_size=0), "micro_batch_size=0 must be >= 1"),
         (lambda b: b.require("old_logprobs", "advantages"), r"needs batch fields \['old_logprobs'\]"),
         (lambda b: TrainBatch(tokens=b.tokens, loss_mask=b.loss_mask[:, :4]), "loss_mask must have the shape"),
         (lambda b: TrainBatch(tokens=b.tokens.float(), loss_mask=b.loss_mask), "int64"),

@@ -1,0 +1,291 @@
+"""Sequence packing: whole sequences concatenated into token-budget micro-batches.
+
+A padded batch spends compute on every position up to `seq_length`; RL responses are
+long-tailed, so most of it is padding. Here a data-parallel rank's sequences are packed
+into rows of at most `max_tokens` tokens (`PackedMicroBatch`): one `[1, T]` row with
+`cu_seqlens`, run by Megatron as THD (`PackedSeqParams`): rotary positions restart at
+every sequence and attention never crosses a boundary (Transformer Engine on GPU,
+`models.packed_attention` on CPU). Model outputs come back as the sequences' `[k, s]` rows
+(`as_rows`), so the losses, their exact mini-batch denominators and every per-token field
+are the padded path's, unchanged.
+
+Placement (`Microbatching`): sequences go to DP ranks in equal numbers with the token
+load balanced (longest first, to the least-loaded rank with room; every rank computes the
+same split from the lengths it holds), then to micro-batches, as few as fit with their loads balanced. Every
+DP rank runs the same number of micro-batches (expert-parallel all-to-alls and pipeline
+schedules pair them up), the short ones padded with empty micro-batches whose loss is 0. A packed row is padded only to the layout's multiple (TP under sequence
+parallelism), or, under PP, to the longest row of the call: Megatron-Core 0.16.1's
+pipeline schedules exchange one activation shape per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Optional, Sequence, Union
+
+import torch
+
+from megatron_rl.schedules.batch import TrainBatch
+
+Tensor = torch.Tensor
+
+__all__ = ["PackedMicroBatch", "Microbatching", "balanced_partition", "first_fit_decreasing", "balanced_bins"]
+
+
+@dataclass(frozen=True)
+class PackedMicroBatch:
+    """Whole sequences of one DP rank in one row of `padded_length` tokens."""
+
+    row_batch: TrainBatch
+    """[k, s] the sequences as rows (s = the longest of them): what the losses read."""
+    padded_length: int
+    """T >= the real tokens; the tail is one padding segment of its own."""
+
+    def __post_init__(self) -> None:
+        if self.padded_length < max(self.num_tokens, 1):
+            raise ValueError(f"padded_length={self.padded_length} < {self.num_tokens} real tokens")
+
+    @property
+    def num_rows(self) -> int:
+        return self.row_batch.num_rows
+
+    @cached_property
+    def num_tokens(self) -> int:
+        return int(self._lengths.sum())
+
+    @cached_property
+    def _lengths(self) -> Tensor:
+        """[k] int64 on the CPU: each sequence's real tokens (read once: it syncs a device)."""
+        return self.row_batch.sequence_lengths().cpu()
+
+    @property
+    def cu_seqlens(self) -> Tensor:
+        """[k + 1] int32 (+1 when there is padding): offsets of the sequences in the row."""
+        return self._cu_seqlens.to(self.row_batch.tokens.device)
+
+    @cached_property
+    def _cu_seqlens(self) -> Tensor:
+        lengths = self._lengths.tolist()
+        if self.padded_length > self.num_tokens:
+            lengths.append(self.padded_length - self.num_tokens)
+        return torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+    @cached_property
+    def max_seqlen(self) -> int:
+        return int((self._cu_seqlens[1:] - self._cu_seqlens[:-1]).max())
+
+    @property
+    def tokens(self) -> Tensor:
+        return self.pack(self.row_batch.tokens, fill=0)
+
+    @property
+    def labels(self) -> Tensor:
+        """Packed row shifted left; at a sequence's last token it reads the next sequence's
+        first, which no loss sees (loss_mask is 0 there)."""
+        tokens = self.tokens
+        return torch.cat([tokens[:, 1:], tokens[:, -1:]], dim=1)
+
+    @property
+    def position_ids(self) -> Tensor:
+        """[1, T]: 0 .. len-1 within every sequence (RoPE ignores it: it reads cu_seqlens)."""
+        cu = self._cu_seqlens
+        starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1])
+        positions = (torch.arange(self.padded_length) - starts)[None].long()
+        return positions.to(self.row_batch.tokens.device)
+
+    @property
+    def temperature(self) -> Optional[Tensor]:
+        t = self.row_batch.temperature
+        return None if t is None else self.pack(t, fill=1.0)
+
+    @property
+    def routes(self) -> Optional[Tensor]:
+        r = self.row_batch.routes
+        return None if r is None else self.pack(r, fill=-1)
+
+    def pack(self, x: Tensor, fill: Union[int, float]) -> Tensor:
+        """[k, s, ...] rows -> [1, T, ...]: each sequence's real positions, then `fill`."""
+        flat = x.reshape(-1, *x.shape[2:]).index_select(0, self._flat_index(x.device))
+        out = x.new_full((self.padded_length, *x.shape[2:]), fill)
+        out[: flat.shape[0]] = flat
+        return out[None]
+
+    def as_rows(self, y: Tensor) -> Tensor:
+        """[1, T, ...] model output -> [k, s, ...] rows, 0 beyond each sequence (differentiable)."""
+        k, s = self.row_batch.num_rows, self.row_batch.seq_length
+        index = self._flat_index(y.device)
+        rows = y.new_zeros((k * s, *y.shape[2:]))
+        rows = rows.index_copy(0, index, y[0, : index.numel()])
+        return rows.reshape(k, s, *y.shape[2:])
+
+    def to(self, device: torch.device) -> "PackedMicroBatch":
+        return dataclasses.replace(self, row_batch=self.row_batch.to(device))
+
+    def _flat_index(self, device) -> Tensor:
+        return self._cpu_flat_index.to(device)
+
+    @cached_property
+    def _cpu_flat_index(self) -> Tensor:
+        """Positions of the real tokens in the flattened [k·s] rows, in packed order."""
+        s, lengths = self.row_batch.seq_length, self._lengths
+        row_of = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+        starts = torch.cumsum(lengths, 0) - lengths
+        within = torch.arange(int(lengths.sum())) - torch.repeat_interleave(starts, lengths)
+        return row_of * s + within
+
+
+def balanced_partition(costs: Sequence[float], parts: int) -> list[list[int]]:
+    """`len(costs) / parts` indices per part, the summed costs balanced: longest first, each
+    to the least-loaded part that still has room (deterministic: ties go to the lower index)."""
+    if len(costs) % parts:
+        raise ValueError(f"{len(costs)} sequences do not split evenly over {parts} ranks")
+    room = len(costs) // parts
+    loads, members = [0.0] * parts, [[] for _ in range(parts)]
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        part = min((p for p in range(parts) if len(members[p]) < room), key=lambda p: (loads[p], p))
+        loads[part] += costs[i]
+        members[part].append(i)
+    return [sorted(m) for m in members]
+
+
+def first_fit_decreasing(lengths: Sequence[int], indices: Sequence[int], capacity: int) -> list[list[int]]:
+    """Bins of `indices` whose lengths sum to <= capacity, longest first into the first bin
+    with room; a sequence longer than the capacity is refused."""
+    bins: list[list[int]] = []
+    used: list[int] = []
+    for i in sorted(indices, key=lambda i: (-lengths[i], i)):
+        if lengths[i] > capacity:
+            raise ValueError(f"a sequence of {lengths[i]} tokens does not fit "
+                             f"max_tokens_per_micro_batch={capacity}")
+        slot = next((b for b, u in enumerate(used) if u + lengths[i] <= capacity), None)
+        if slot is None:
+            bins.append([])
+            used.append(0)
+            slot = len(bins) - 1
+        bins[slot].append(i)
+        used[slot] += lengths[i]
+    return bins
+
+
+def balanced_bins(lengths: Sequence[int], indices: Sequence[int], capacity: int) -> list[list[int]]:
+    """As few bins as fit (at most first-fit-decreasing's count), their loads balanced:
+    longest first into the least-loaded bin. Even bins matter under pipeline parallelism,
+    where every row of a call is padded to the longest, and they balance attention cost."""
+    greedy = first_fit_decreasing(lengths, indices, capacity)  # refuses a too-long sequence
+    total = sum(lengths[i] for i in indices)
+    for count in range(max(1, -(-total // capacity)), len(greedy) + 1):
+        bins, loads = [[] for _ in range(count)], [0] * count
+        for i in sorted(indices, key=lambda i: (-lengths[i], i)):
+            slot = min(range(count), key=lambda b: (loads[b], b))
+            bins[slot].append(i)
+            loads[slot] += lengths[i]
+        if max(loads) <= capacity:
+            return bins
+    return greedy
+
+
+@dataclass(frozen=True)
+class Microbatching:
+    """How a mini-batch becomes each DP rank's micro-batches.
+
+    `max_tokens` None: contiguous DP slices of padded rows, `micro_batch_size` rows each
+    (the padded path). Else packed micro-batches of at most `max_tokens` tokens, padded to
+    `multiple`, and under `uniform_length` (pipeline parallelism) to the call's longest.
+    """
+
+    micro_batch_size: int = 1
+    max_tokens: Optional[int] = None
+    multiple: int = 1
+    uniform_length: bool = False
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size={self.micro_batch_size} must be >= 1")
+        if self.max_tokens is not None and (self.max_tokens < 1 or self.max_tokens % self.multiple):
+            raise ValueError(f"max_tokens_per_micro_batch={self.max_tokens} must be a positive "
+                             f"multiple of {self.multiple} (the layout's sequence multiple)")
+
+    @property
+    def packed(self) -> bool:
+        return self.max_tokens is not None
+
+    def dp_split(self, batch: TrainBatch, dp_size: int) -> list[Tensor]:
+        """Every DP rank's rows of `batch` ([N / dp_size] int64 each, ascending). Packed: the
+        token load balanced over ranks; else contiguous slices. Computed once per call site:
+        the balanced split is O(N x dp_size)."""
+        if batch.num_rows % dp_size:
+            raise ValueError(f"mini-batch of {batch.num_rows} rows does not split over "
+                             f"data_parallel_size={dp_size}; use a multiple of it")
+        if not self.packed:
+            return list(torch.arange(batch.num_rows).reshape(dp_size, -1))
+        parts = balanced_partition(batch.sequence_lengths().tolist(), dp_size)
+        return [torch.tensor(p, dtype=torch.long) for p in parts]
+
+    def rank_rows(self, batch: TrainBatch, dp_rank: int, dp_size: int) -> Tensor:
+        """[N / dp_size] int64: the rows of `batch` DP rank `dp_rank` trains on, ascending."""
+        return self.dp_split(batch, dp_size)[dp_rank]
+
+    def gather_order(self, batch: TrainBatch, dp_size: int) -> Tensor:
+        """[N]: the row of `batch` at each position of the DP ranks' outputs concatenated."""
+        return torch.cat(self.dp_split(batch, dp_size))
+
+    def bins(self, local: TrainBatch) -> list[list[int]]:
+        """This rank's micro-batches as lists of local row indices (before DP agreement)."""
+        if not self.packed:
+            if local.num_rows % self.micro_batch_size:
+                raise ValueError(f"micro_batch_size={self.micro_batch_size} must divide this "
+                                 f"rank's {local.num_rows} rows")
+            return [list(range(i, i + self.micro_batch_size))
+                    for i in range(0, local.num_rows, self.micro_batch_size)]
+        lengths = local.sequence_lengths().tolist()
+        return balanced_bins(lengths, range(local.num_rows), self.max_tokens)
+
+    def packed_length(self, local: TrainBatch, bins: list[list[int]]) -> int:
+        """The longest packed row of these bins (layout padding included)."""
+        return max(self.row_lengths(local, bins) + [self.multiple])
+
+    def row_lengths(self, local: TrainBatch, bins: list[list[int]]) -> list[int]:
+        """Each bin's packed row: its tokens rounded up to the multiple (an empty bin: one
+        multiple). Under pipeline parallelism the call pads every row to their maximum."""
+        lengths = local.sequence_lengths().tolist()
+        return [_round_up(max(sum(lengths[i] for i in b), 1), self.multiple) for b in bins]
+
+    def micro_batches(self, local: TrainBatch, bins: list[list[int]], count: int,
+                      length: Optional[int] = None) -> list[Union[TrainBatch, PackedMicroBatch]]:
+        """The bins as micro-batches, padded with empty ones to `count` (packed only);
+        `length`: every packed row padded to it (pipeline parallelism)."""
+        if not self.packed:
+            return [local.select(torch.tensor(b, dtype=torch.long)) for b in bins]
+        bins = bins + [[] for _ in range(count - len(bins))]
+        return [self._packed(local, b, length) for b in bins]
+
+    def cost(self, batch: TrainBatch, dp_size: int, multiple: int = 1, uniform_length: bool = False) -> dict:
+        """What one pass over `batch` computes, without running it (the runner's placement):
+        real and computed tokens (padding included) over all DP ranks, micro-batches per rank,
+        the largest micro-batch in tokens."""
+        micro = dataclasses.replace(self, multiple=math.lcm(self.multiple, multiple))
+        locals_ = [batch.select(rows) for rows in micro.dp_split(batch, dp_size)]
+        bins = [micro.bins(local) for local in locals_]
+        count = max(len(b) for b in bins)
+        if not self.packed:
+            sizes = [self.micro_batch_size * batch.seq_length] * count
+            return {"real_tokens": int(batch.sequence_lengths().sum()), "computed_tokens": dp_size * sum(sizes),
+                    "micro_batches": count, "tokens_per_micro_batch_max": max(sizes)}
+        rows = [micro.row_lengths(local, b + [[]] * (count - len(b))) for local, b in zip(locals_, bins)]
+        longest = max(max(r) for r in rows)
+        sizes = [longest if uniform_length else n for r in rows for n in r]
+        return {"real_tokens": int(batch.sequence_lengths().sum()), "computed_tokens": sum(sizes),
+                "micro_batches": count, "tokens_per_micro_batch_max": max(sizes)}
+
+    def _packed(self, local: TrainBatch, rows: list[int], length: Optional[int]) -> PackedMicroBatch:
+        chosen = local.select(torch.tensor(rows, dtype=torch.long))
+        longest = int(chosen.sequence_lengths().max()) if rows else 1
+        padded = length if length is not None else self.row_lengths(local, [rows])[0]
+        return PackedMicroBatch(chosen.columns(longest), padded)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
