@@ -129,6 +129,9 @@ def check_recipe(config: Config):
         raise ConfigError("algorithm: generation_window (tppo) cannot be combined with the HAPO pieces "
                           "(temperature_tau, entropy_clip_alpha, redistribution_beta): a response's windows "
                           "would be sampled under different entropy statistics")
+    if recipe.generation_window is not None and config.rollout.seed_per_prompt:
+        raise ConfigError("rollout.seed_per_prompt=true cannot be combined with generation_window (tppo): "
+                          "a window continued at a later step has no per-prompt seed yet; use false")
     if recipe.generation_window is not None and recipe.dynamic_sampling:
         raise ConfigError("algorithm: generation_window (tppo) cannot be combined with dynamic_sampling: "
                           "responses finish at different steps, so there are no whole groups to filter")

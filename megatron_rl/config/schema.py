@@ -167,11 +167,16 @@ class RolloutConfig:
     """Run the post-sync parity guard every this many steps (0 = never): vLLM's weights are
     read back and its logprobs compared with Megatron's (limits per dtype, docs/design.md)."""
     parity_threshold: Optional[float] = None
+    """An extra limit on the largest |logprob difference| (None: the dtype's default limits only)."""
     router_replay: bool = False
     """MoE (R3): vLLM records the experts it routed every token to, and the actor's old-
     logprob recomputation and training forward/backward replay them. MoE models always
     record them for rollout/router_agreement; this switch applies them."""
-    """An extra limit on the largest |logprob difference| (None: the dtype's default limits only)."""
+    seed_per_prompt: bool = False
+    """Seed every prompt's samples from (trainer.seed, its epoch, its dataset index): a run
+    resumed from a checkpoint, or run with another number of vLLM replicas, samples what
+    the uninterrupted run would have. Off: each vLLM replica's own generator (faster on GPU,
+    where vLLM samples seeded requests one by one). Not with T-PPO windows."""
     kv_cache_gib: float = 1.0
     """CPU only: vLLM's KV cache size."""
     cpu_linear: str = "packed"

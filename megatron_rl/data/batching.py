@@ -83,6 +83,11 @@ class PromptLoader:
     def epoch(self) -> int:
         return self.sampler.epoch
 
+    @property
+    def prompts_drawn(self) -> int:
+        """Prompts handed out so far in the whole run (the `data/prompts_drawn` metric)."""
+        return self.sampler.drawn
+
     def next_batch(self) -> PromptBatch:
         picks = self.sampler.take(self.batch_size)
         records = [self.dataset[i] for _, i in picks]

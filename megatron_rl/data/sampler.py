@@ -44,6 +44,12 @@ class EpochSampler:
                 self.epoch, self.index = self.epoch + 1, 0
         return taken
 
+    @property
+    def drawn(self) -> int:
+        """Items handed out since the start of the run (epochs included): a resumed run
+        continues this count exactly, so it shows a prompt repeated or skipped."""
+        return self.epoch * self.num_items + self.index
+
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "index": self.index, "seed": self.seed,
                 "num_items": self.num_items, "shuffle": self.shuffle}

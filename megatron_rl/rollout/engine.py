@@ -118,6 +118,8 @@ class Sampling:
     of softmax(logits / T) under `entropy_stats`. Needs EngineConfig.adaptive_temperature."""
     entropy_stats: Optional[EntropyStats] = None
     """The previous training step's ĥ statistics (floats); None (first step) or τ = 0: plain T."""
+    prompt_seed: Optional[int] = None
+    """Run seed of per-prompt seeding (`rollout.seeds`); None: the engine's own generator."""
 
     @property
     def adaptive(self) -> bool:
@@ -174,10 +176,15 @@ class RolloutEngine:
 
     # -- generation -------------------------------------------------------------------
 
-    def generate(self, prompts: Sequence[Prompt], sampling: Sampling = Sampling()) -> list[list[Sample]]:
-        """``sampling.n`` samples per prompt, in prompt order."""
+    def generate(self, prompts: Sequence[Prompt], sampling: Sampling = Sampling(),
+                 seeds: Optional[Sequence[int]] = None) -> list[list[Sample]]:
+        """``sampling.n`` samples per prompt, in prompt order. ``seeds``: one per prompt
+        (vLLM seeds its samples seed, seed + 1, ...); None: the engine's own generator."""
         prompt_ids = [self._ids(p) for p in prompts]
-        outputs, routes = self._run(prompt_ids, sampling, sampling.n, [sampling.max_tokens] * len(prompt_ids))
+        if seeds is not None and len(seeds) != len(prompt_ids):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompt_ids)} prompts")
+        outputs, routes = self._run(prompt_ids, sampling, sampling.n, [sampling.max_tokens] * len(prompt_ids),
+                                    seeds)
         return [
             [self._with_routes(self._sample(ids, [], [], completion, sampling, sampling.max_tokens),
                                routes.get((out.request_id, completion.index)))
@@ -287,13 +294,14 @@ class RolloutEngine:
 
         return TokensPrompt(prompt_token_ids=ids)
 
-    def _run(self, prompt_ids: list[list[int]], sampling: Sampling, n: int, budgets: list[int]):
+    def _run(self, prompt_ids: list[list[int]], sampling: Sampling, n: int, budgets: list[int],
+             seeds: Optional[Sequence[int]] = None):
         from vllm import SamplingParams
 
         if sampling.stop and not self.config.load_tokenizer:
             raise ValueError("stop strings need the tokenizer: use stop_token_ids or load_tokenizer=True")
         params = []
-        for budget in budgets:
+        for i, budget in enumerate(budgets):
             window = budget if sampling.window is None else min(sampling.window, budget)
             params.append(
                 SamplingParams(
@@ -306,6 +314,7 @@ class RolloutEngine:
                     logprobs=0 if sampling.logprobs else None,
                     detokenize=self.config.load_tokenizer and bool(sampling.stop),
                     extra_args=self._extra_args(sampling),
+                    seed=None if seeds is None else int(seeds[i]),
                 )
             )
         from megatron_rl.rollout import routes

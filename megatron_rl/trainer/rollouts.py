@@ -25,6 +25,7 @@ from megatron_rl.algorithms import dynamic_sampling_keep, overlong_penalty
 from megatron_rl.algorithms.recipes import AlgorithmRecipe
 from megatron_rl.data import PromptBatch
 from megatron_rl.rollout import RolloutEngine, Sample, Sampling
+from megatron_rl.rollout.seeds import prompt_seeds
 from megatron_rl.trainer.windows import StepCounts, WindowPool, WindowSample
 
 
@@ -103,7 +104,11 @@ def generate_groups(engine: RolloutEngine, prompts: PromptBatch, sampling: Sampl
     world = dist.get_world_size()
     per_replica = -(-len(prompts) // engine.num_replicas)
     mine = list(range(engine.replica * per_replica, min(len(prompts), (engine.replica + 1) * per_replica)))
-    local = engine.generate([prompts.prompt_ids[i] for i in mine], sampling) if mine else []
+    seeds = None
+    if sampling.prompt_seed is not None:  # the same samples whichever replica draws them
+        seeds = prompt_seeds(sampling.prompt_seed, [prompts.epochs[i] for i in mine],
+                             [prompts.dataset_indices[i] for i in mine], sampling.n)
+    local = engine.generate([prompts.prompt_ids[i] for i in mine], sampling, seeds) if mine else []
     leader = dist.get_rank() % engine.tp == 0  # one rank per replica reports its groups
     everyone: list = [None] * world
     dist.all_gather_object(everyone, (mine, local) if leader else None)

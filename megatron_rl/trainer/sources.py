@@ -79,6 +79,7 @@ class GroupSource(RolloutSource):
             "rollout/kept_groups": len(groups),
             "rollout/generated_groups": result.generated_groups,
             "rollout/generation_batches": result.generation_batches,
+            "data/prompts_drawn": self.loader.prompts_drawn,
             "timing/rollout_s": result.seconds,
         }
         generated = result.mean_length_all * result.generated_groups * self.group_size
@@ -122,6 +123,7 @@ class WindowSource(RolloutSource):
             "rollout/generated_groups": result.counts.new_prompts,
             "rollout/generation_batches": result.generation_batches,
             "rollout/new_prompts": result.counts.new_prompts,
+            "data/prompts_drawn": self.loader.prompts_drawn,
             "rollout/carried_samples": result.counts.carried,
             "rollout/finished_samples": result.counts.finished,
             "rollout/trained_rows": len(rows),

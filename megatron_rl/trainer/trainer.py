@@ -166,7 +166,8 @@ class RLTrainer:
         ))
         self.sampling = Sampling(n=cfg.rollout.n_samples, max_tokens=cfg.rollout.max_new_tokens,
                                  temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                 stop_token_ids=(tokenizer.eos_token_id,), window=recipe.generation_window)
+                                 stop_token_ids=(tokenizer.eos_token_id,), window=recipe.generation_window,
+                                 prompt_seed=cfg.trainer.seed if cfg.rollout.seed_per_prompt else None)
         self.source = self._source(loader, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
         self.weight_sync = WeightSync(self.actor.chunks, self.arch, self.engine,
                                       bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20)))

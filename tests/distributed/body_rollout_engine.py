@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from megatron_rl import platform
 from megatron_rl.rollout import EngineConfig, RolloutEngine, Sampling
+from megatron_rl.rollout.seeds import MAX_SAMPLES, prompt_seeds
 from megatron_rl.testing.hf_models import load_reference, save_tiny_model, token_logprobs
 from megatron_rl.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
 from megatron_rl.testing.torchrun import run_cases
@@ -72,6 +73,26 @@ def sampled_logprobs_match_transformers(kind):
     return {"max_abs_diff": worst, "finish_reasons": sorted(reasons), "build_s": eng.build_s}
 
 
+def seeded_samples_do_not_depend_on_replica_or_batch(kind):
+    """Per-prompt seeds (rollout.seed_per_prompt): a prompt's samples are the same on every
+    replica (each has its own engine generator) and alone or batched with others; other
+    seeds give other samples, and the n samples of one prompt differ from each other."""
+    eng, _ = engine(kind)
+    sampling = Sampling(n=4, max_tokens=8, temperature=1.0)
+    prompts, seeds = [[5, 6, 7], [9, 4, 3, 8], [11, 12]], prompt_seeds(1234, [0, 0, 1], [3, 7, 3], 4)
+    batched = eng.generate(prompts, sampling, seeds)
+    alone = eng.generate(prompts[:1], sampling, seeds[:1])[0]
+    reordered = eng.generate(prompts[::-1], sampling, seeds[::-1])[::-1]
+    other = eng.generate(prompts[:1], sampling, [seeds[0] + MAX_SAMPLES])[0]
+    ids = lambda group: [s.token_ids for s in group]  # noqa: E731
+    assert ids(alone) == ids(batched[0]) and [ids(g) for g in reordered] == [ids(g) for g in batched]
+    assert ids(other) != ids(alone) and len({str(x) for x in ids(alone)}) > 1
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, [ids(g) for g in batched])
+    assert all(x == everyone[0] for x in everyone), "replicas sampled a seeded prompt differently"
+    return {"replicas": eng.num_replicas}
+
+
 def greedy_reference(ref, prompt, max_tokens):
     seq = list(prompt)
     for _ in range(max_tokens):
@@ -129,6 +150,7 @@ CASES = {
     "sampled_logprobs": lambda: sampled_logprobs_match_transformers(KIND),
     "windows": lambda: windows_continue_to_the_one_shot_answer(KIND),
     "reload": lambda: reloaded_weights_serve_new_logprobs(KIND),
+    "seeded": lambda: seeded_samples_do_not_depend_on_replica_or_batch(KIND),
 }
 
 if __name__ == "__main__":

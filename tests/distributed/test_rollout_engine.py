@@ -1,6 +1,7 @@
 """The colocated vLLM engine under torchrun (external_launcher): sampled logprobs equal
 transformers', windowed continuation reproduces one-shot greedy decoding, and weights
-reloaded in place (layer-aligned buckets) serve the new model exactly.
+reloaded in place (layer-aligned buckets) serve the new model exactly; per-prompt seeds
+give the same samples on every replica and in any batch.
 
 One engine per process (vLLM's parallel groups are global), so one launch per engine
 setup: MoE with vLLM TP1 (two independent replicas) and dense with vLLM TP2.
@@ -13,7 +14,7 @@ import pytest
 from megatron_rl.testing.torchrun import launch
 
 BODY = Path(__file__).with_name("body_rollout_engine.py")
-CASES = ("sampled_logprobs", "windows", "reload")
+CASES = ("sampled_logprobs", "windows", "reload", "seeded")
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -1,10 +1,13 @@
 """scripts/slurm/*.sbatch against a real Slurm (.ci/slurm_up.sh): run, stop + requeue, crash + requeue.
 
-The job is the smoke trainer at world size 2 on gloo, 12 steps, a checkpoint every 3.
+The first three jobs are the smoke trainer at world size 2 on gloo, 12 steps, a checkpoint every 3.
 Its data is a function of the step and the run is fp32 on CPU, so any interrupted and
 resumed run must reproduce the uninterrupted run's metrics exactly. The uninterrupted run
 uses the srun template (2 tasks); the USR1 run uses the torchrun template (1 task, 2
 workers), so the equality also checks that the two launch paths train the same way.
+The last job is the RL trainer (the embedded DAPO default, vLLM rollouts with per-prompt
+seeds): a rank killed after a checkpoint, the job requeued, the steps after the checkpoint
+computed again exactly as the killed attempt had, and the data position continued.
 """
 
 from __future__ import annotations
@@ -34,14 +37,15 @@ JOB_TIMEOUT_S = 150
 class Job:
     """One `sbatch --wait` submission, watched from the test."""
 
-    def __init__(self, env: dict, template: str, run_dir: Path, sbatch_args=(), extra_env=None):
+    def __init__(self, env: dict, template: str, run_dir: Path, sbatch_args=(), extra_env=None,
+                 config: str = "smoke.yaml", overrides=(f"trainer.max_steps={STEPS}",
+                                                         f"checkpoint.save_interval={SAVE_INTERVAL}")):
         self.run_dir = run_dir
         self.log = run_dir.parent / f"{run_dir.name}.log"
         cmd = ["sbatch", "--wait", "--parsable", f"--output={self.log}", *sbatch_args,
-               str(REPO / "scripts" / "slurm" / template), str(run_dir), str(REPO / "examples" / "smoke.yaml"),
-               f"trainer.max_steps={STEPS}", f"checkpoint.save_interval={SAVE_INTERVAL}"]
+               str(REPO / "scripts" / "slurm" / template), str(run_dir), str(REPO / "examples" / config), *overrides]
         # sbatch exports this environment to the job (--export=ALL).
-        self.env = dict(env, MRL_PYTHON=sys.executable, OMP_NUM_THREADS="1", **(extra_env or {}))
+        self.env = dict(env, MRL_PYTHON=sys.executable, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **(extra_env or {}))
         self.started = time.time()
         self.proc = subprocess.Popen(cmd, env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.job_id = self.proc.stdout.readline().strip().split(";")[0]
@@ -175,3 +179,46 @@ def test_sigkill_of_a_rank_requeues_and_loses_nothing_committed(slurm_env, refer
     rows = job.rows()
     _same_training(rows, reference["rows"])
     assert rows[-1]["slurm/restart_count"] == 1
+
+
+RL_STEPS, RL_SAVE_INTERVAL = 10, 4
+RUN_DEPENDENT = ("timing/", "throughput/", "slurm/", "monitor/")
+"""Metrics that depend on the attempt (times, restarts), not on what was trained."""
+
+
+def _trained(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith(RUN_DEPENDENT)}
+
+
+def test_rl_trainer_killed_after_a_checkpoint_requeues_and_recomputes_the_same_steps(slurm_env, tmp_path):
+    """DAPO with vLLM under train_srun.sbatch (one rank). The rank is SIGKILLed once a
+    checkpoint is committed and at least one later step is logged; the requeued attempt
+    resumes from the checkpoint and, with per-prompt seeds and exact resume, computes those
+    later steps again with every metric equal. No step is lost or repeated in metrics.jsonl,
+    and no prompt is repeated or skipped: the loader's count goes on from the checkpoint."""
+    run_dir = tmp_path / "rl"
+    overrides = (f"trainer.max_steps={RL_STEPS}", f"checkpoint.save_interval={RL_SAVE_INTERVAL}",
+                 "rollout.seed_per_prompt=true")
+    job = Job(slurm_env, "train_srun.sbatch", run_dir, ["--ntasks-per-node=1"], config="dapo.yaml",
+              overrides=overrides)
+    job.wait_for("a committed checkpoint and a step past it",
+                 lambda: _committed(run_dir) >= RL_SAVE_INTERVAL and len(job.rows()) > _committed(run_dir), 240)
+    ranks = job.wait_for("the trainer rank", lambda: job.pids() or None, 10)
+    os.kill(ranks[0], signal.SIGKILL)
+    before = job.rows()  # what the killed attempt logged, steps past the checkpoint included
+    committed = _committed(run_dir)
+    assert job.finish() == 0, job.text()
+    print(f"RL SIGKILL job: {job.seconds:.1f} s (killed after committed step {committed}, {len(before)} steps logged)")
+    log = job.text()
+    resumed = re.search(r"resumed from \S+ step (\d+)", log)
+    assert resumed and int(resumed.group(1)) >= committed and "restart 1" in log, log
+    rows = job.rows()
+    assert [r["step"] for r in rows] == list(range(1, RL_STEPS + 1)), [r["step"] for r in rows]
+    assert len(before) > int(resumed.group(1)), "no step past the checkpoint was logged before the kill"
+    for got, want in zip(rows, before):  # the recomputed steps equal the killed attempt's
+        assert _trained(got) == _trained(want), (got["step"], got, want)
+    assert [r["slurm/restart_count"] for r in rows[int(resumed.group(1)):]] == [1] * (RL_STEPS - int(resumed.group(1)))
+    drawn, per_batch = 0, 16  # examples/dapo.yaml: rollout.prompts_per_step
+    for r in rows:  # dynamic sampling draws whole batches of prompts, none twice
+        drawn += r["rollout/generation_batches"] * per_batch
+        assert r["data/prompts_drawn"] == drawn, (r["step"], r["data/prompts_drawn"], drawn)

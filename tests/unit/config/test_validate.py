@@ -122,7 +122,7 @@ def test_unknown_reward_lists_the_valid_ones():
     validate(load_config(None, ["data.reward=math"]), 1)
 
 
-def test_tppo_refuses_dynamic_sampling_and_hapo_pieces():
+def test_tppo_refuses_dynamic_sampling_hapo_pieces_and_prompt_seeds():
     tppo = str(EXAMPLES / "tppo.yaml")
     validate(load_config(tppo, []), 1)
     with pytest.raises(ConfigError, match="^algorithm: generation_window \\(tppo\\) cannot be combined with "
@@ -131,6 +131,9 @@ def test_tppo_refuses_dynamic_sampling_and_hapo_pieces():
     with pytest.raises(ConfigError, match="^algorithm: generation_window \\(tppo\\) cannot be combined with the "
                                           "HAPO pieces"):
         validate(load_config(tppo, ["algorithm.overrides.temperature_tau=0.05"]), 1)
+    with pytest.raises(ConfigError, match="^rollout.seed_per_prompt=true cannot be combined with generation_window"):
+        validate(load_config(tppo, ["rollout.seed_per_prompt=true"]), 1)
+    validate(load_config(DAPO, ["rollout.seed_per_prompt=true"]), 1)
 
 
 def test_rows_per_step_must_fill_one_training_batch():

@@ -27,7 +27,9 @@ def test_resume_continues_exactly():
     assert (state["epoch"], state["index"]) == (1, 2)
     resumed = EpochSampler(7, seed=5)
     resumed.load_state_dict(state)
+    assert resumed.drawn == s.drawn == 9  # the count of items handed out continues too
     assert head + resumed.take(16) == reference
+    assert resumed.drawn == 25
 
 
 def test_resume_refuses_a_different_order():
@@ -59,6 +61,7 @@ def test_loader_batches_resume_and_cross_epochs(dataset):
     state = again.state_dict()
     resumed = PromptLoader(dataset, batch_size=3, seed=0)
     resumed.load_state_dict(state)
+    assert resumed.prompts_drawn == 3
     assert [resumed.next_batch().dataset_indices for _ in range(3)] == [b.dataset_indices for b in batches[1:]]
 
 

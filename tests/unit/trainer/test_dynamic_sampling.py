@@ -32,7 +32,7 @@ class ScriptedGeneration:
     def __init__(self):
         self.calls = []
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, seeds=None):
         self.calls.append([p[0] for p in prompts])
         return [[Sample(prompt_ids=list(p), token_ids=[t], logprobs=[-0.5], finish_reason="stop")
                  for t in SCRIPT[p[0]]] for p in prompts]
