@@ -127,6 +127,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from megatron_rl.trainer import train
 
             summary = train(cfg)
+            if summary.get("role") == "rollout":  # a rollout rank: the training ranks report the run
+                return summary["exit_code"]
             if summary.get("error"):
                 print(f"megatron-rl: error: {summary['error']}", file=sys.stderr)
             elif summary["steps"] == 0:

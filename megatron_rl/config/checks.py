@@ -20,15 +20,17 @@ FIRST_ROWS = 8
 
 
 def validate(config: Config, world_size: int) -> Config:
-    """Check that ``config`` can run on ``world_size`` ranks; return it unchanged."""
+    """Check that ``config`` can run on a launch of ``world_size`` ranks; return it unchanged."""
     shape = sources.model_shape(config)  # the model the job builds (file data without hf_path fails here)
+    vllm_ranks = _check_placement(config, world_size)
+    world_size = training_world_size(config, world_size)  # what the layouts get
     _check_layouts(config, world_size, shape)
     _check_token_budget(config)
     if config.rollout.router_replay and not shape.num_moe_experts:
         raise ConfigError("rollout.router_replay=true needs a MoE model; this model has no experts")
-    if world_size % config.rollout.tensor_parallel_size:
+    if vllm_ranks % config.rollout.tensor_parallel_size:
         raise ConfigError(f"rollout.tensor_parallel_size={config.rollout.tensor_parallel_size} must divide "
-                          f"the world size {world_size}")
+                          f"the {vllm_ranks} ranks that run vLLM")
     if config.trainer.job == "smoke":
         _check_smoke_batch(config, world_size)
         config.algorithm.build()  # unknown recipe, bad override names or values
@@ -38,6 +40,28 @@ def validate(config: Config, world_size: int) -> Config:
     recipe = check_recipe(config)
     _check_rows_per_step(config, world_size, recipe)
     return config
+
+
+def training_world_size(config: Config, world_size: int) -> int:
+    """Ranks of a ``world_size`` launch that train (all of them unless rollouts are disaggregated)."""
+    return world_size - config.rollout.num_ranks if config.rollout.placement == "disaggregated" else world_size
+
+
+def _check_placement(config: Config, world_size: int) -> int:
+    """Disaggregated rollouts leave at least one rank to train and support what they can;
+    returns how many ranks run vLLM."""
+    rollout = config.rollout
+    if rollout.placement != "disaggregated":
+        return world_size
+    if config.trainer.job == "smoke":
+        raise ConfigError("rollout.placement=disaggregated: trainer.job=smoke has no rollouts; use colocated")
+    if rollout.num_ranks >= world_size:
+        raise ConfigError(f"rollout.num_ranks={rollout.num_ranks} leaves no training rank in a launch of "
+                          f"{world_size}; allowed: 1..{world_size - 1}")
+    if config.algorithm.build().generation_window is not None:
+        raise ConfigError("rollout.placement=disaggregated does not carry T-PPO's generation windows "
+                          "(algorithm.recipe=tppo) yet; use rollout.placement=colocated")
+    return rollout.num_ranks
 
 
 def _check_layouts(config: Config, world_size: int, shape: ModelShape) -> None:

@@ -149,10 +149,17 @@ class AlgorithmConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class RolloutConfig:
-    """Generation with the colocated vLLM engine."""
+    """Generation with vLLM: on the training ranks, or on rollout ranks of their own."""
 
+    placement: str = "colocated"
+    """colocated: every rank trains and generates, in turn. disaggregated: the last
+    ``num_ranks`` ranks of the launch only generate (vLLM), the others only train; weights
+    go to them over a bridge group after every update."""
+    num_ranks: int = 0
+    """disaggregated: how many ranks of the launch run vLLM (a multiple of
+    tensor_parallel_size); the training layout gets the rest."""
     tensor_parallel_size: int = 1
-    """vLLM's TP (may differ from training TP); must divide the world size."""
+    """vLLM's TP (may differ from training TP); must divide the ranks that run vLLM."""
     prompts_per_step: int = 16
     """Prompts per training step (before dynamic-sampling refills)."""
     n_samples: int = 8
@@ -199,6 +206,13 @@ class RolloutConfig:
         if self.parity_threshold is not None and not self.parity_threshold > 0:
             raise ConfigError(f"rollout.parity_threshold={self.parity_threshold} must be > 0 (or null: the dtype's limits)")
         _choice("rollout", "cpu_linear", self.cpu_linear, ("packed", "plain"))
+        _choice("rollout", "placement", self.placement, ("colocated", "disaggregated"))
+        if self.placement == "colocated" and self.num_ranks:
+            raise ConfigError(f"rollout.num_ranks={self.num_ranks} only applies to rollout.placement=disaggregated "
+                              "(colocated: every rank generates)")
+        if self.placement == "disaggregated" and self.num_ranks < 1:
+            raise ConfigError(f"rollout.num_ranks={self.num_ranks}: rollout.placement=disaggregated needs "
+                              ">= 1 rank for vLLM")
         _choice("rollout", "log_level", self.log_level, ("debug", "info", "warning", "error"))
 
 

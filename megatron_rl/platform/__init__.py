@@ -59,14 +59,9 @@ def megatron_scope() -> Iterator[None]:
         yield
 
 
-def init_distributed(timeout_s: float = 600.0) -> None:
-    """Create the default process group from torchrun/srun environment (world 1 alone)."""
-    import datetime
-
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
+def launch_env() -> tuple[int, int]:
+    """This process's (rank, world size) in its launch: torchrun's variables, srun's, or a
+    plain single process (world 1 on a free local port); the torchrun names are filled in."""
     env = os.environ
     if "RANK" not in env and "SLURM_PROCID" in env:  # srun without torchrun
         env["RANK"], env["WORLD_SIZE"] = env["SLURM_PROCID"], env["SLURM_NTASKS"]
@@ -75,12 +70,52 @@ def init_distributed(timeout_s: float = 600.0) -> None:
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         env.setdefault("MASTER_PORT", str(_free_port()))
+    return int(env["RANK"]), int(env["WORLD_SIZE"])
+
+
+def init_distributed(timeout_s: float = 600.0) -> None:
+    """Create the default process group from torchrun/srun environment (world 1 alone)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    launch_env()
     plat = current()
     dist.init_process_group(
         backend=plat.backend,
         timeout=datetime.timedelta(seconds=timeout_s),
         device_id=plat.device if plat.is_cuda else None,
     )
+
+
+def init_distributed_on_store(store, rank: int, world_size: int, timeout_s: float) -> None:
+    """The default process group over ``world_size`` ranks that meet in ``store`` (a prefix of
+    the launch's store): a launch split into roles gives each role a world of its own."""
+    import datetime
+
+    import torch.distributed as dist
+
+    plat = current()
+    dist.init_process_group(backend=plat.backend, store=store, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s),
+                            device_id=plat.device if plat.is_cuda else None)
+
+
+def process_group_on_store(store, rank: int, world_size: int, timeout_s: float):
+    """A process group outside the default world (between roles), used through its own
+    methods: gloo on CPU; on GPU NCCL (written from torch's sources, untested on GPU)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if current().is_cuda:
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world_size, options)
+    return dist.ProcessGroupGloo(store, rank, world_size, timeout)
 
 
 def _free_port() -> int:

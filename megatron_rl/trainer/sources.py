@@ -6,11 +6,12 @@ DAPO's dynamic sampling refills by generating again), trains on them, then tells
 (``trained``). Its state goes into the checkpoint beside the model, so a resumed run
 neither loses nor repeats a prompt.
 
-Today's sources share the training ranks' colocated vLLM engine:
-- :class:`GroupSource`: every step, new prompts -> groups of G responses (lockstep).
+Today's sources:
+- :class:`GroupSource`: every step, new prompts -> groups of G responses (lockstep), from
+  the colocated engines or the rollout ranks (``rollout.placement``).
 - :class:`WindowSource`: T-PPO; responses cut off by the generation window are carried
-  in a :class:`WindowPool` and continued by the next step's weights.
-A disaggregated or asynchronous source implements the same three calls.
+  in a :class:`WindowPool` and continued by the next step's weights (colocated only).
+An asynchronous source implements the same three calls.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Callable
 from megatron_rl.algorithms.recipes import AlgorithmRecipe
 from megatron_rl.data import PromptBatch, PromptLoader
 from megatron_rl.rollout import RolloutEngine, Sampling
+from megatron_rl.rollout.replicas import Generate
 from megatron_rl.trainer.rollouts import TrainRows, collect_rollouts, windowed_rollouts
 from megatron_rl.trainer.rows import usable_groups
 from megatron_rl.trainer.windows import WindowPool, WindowSample
@@ -61,16 +63,17 @@ class RolloutSource(abc.ABC):
 
 
 class GroupSource(RolloutSource):
-    """Lockstep groups from the colocated engine: ``num_groups`` prompts, G responses each."""
+    """Lockstep groups: ``num_groups`` prompts, G responses each, from the colocated engines
+    or from rollout ranks of their own (whatever ``generate`` asks)."""
 
-    def __init__(self, engine: RolloutEngine, loader: PromptLoader, recipe: AlgorithmRecipe, score: Score,
+    def __init__(self, generate: Generate, loader: PromptLoader, recipe: AlgorithmRecipe, score: Score,
                  decode: Decode, num_groups: int, group_size: int, row_multiple: int):
-        self.engine, self.loader, self.recipe = engine, loader, recipe
+        self.generate, self.loader, self.recipe = generate, loader, recipe
         self.score, self.decode = score, decode
         self.num_groups, self.group_size, self.row_multiple = num_groups, group_size, row_multiple
 
     def collect(self, sampling: Sampling) -> Rollout:
-        result = collect_rollouts(self.engine, self.loader.next_batch, sampling, self.recipe, self.score,
+        result = collect_rollouts(self.generate, self.loader.next_batch, sampling, self.recipe, self.score,
                                   self.decode, self.num_groups)
         groups = result.groups[: usable_groups(len(result.groups), self.group_size, self.row_multiple)]
         metrics = {

@@ -17,6 +17,7 @@ runs inside ``critic.active()``, which switches Megatron's process groups to the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 import time
@@ -32,6 +33,7 @@ from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.algorithms.rollout_correction import CorrectionInputs, correct_rollout
 from megatron_rl.config import Config, ConfigError, dump_yaml, validate
 from megatron_rl.launch import exit_codes
+from megatron_rl.launch.roles import ROLLOUT, RoleWorld, init_roles
 from megatron_rl.launch.signals import StopSignals
 from megatron_rl.launch.slurm_env import SlurmEnv
 from megatron_rl.launch.status import write_status
@@ -61,10 +63,12 @@ ACTOR_METRICS = ("actor/pg_loss", "actor/clipfrac", "actor/entropy", "actor/grad
 class RLTrainer:
     """Everything a run needs, built once from its config; :meth:`run` trains to trainer.max_steps."""
 
-    def __init__(self, cfg: Config, stop_signals: StopSignals):
-        platform.init_distributed()
+    def __init__(self, cfg: Config, stop_signals: StopSignals, roles: Optional[RoleWorld] = None):
+        platform.init_distributed()  # (a split launch has its training world already)
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
-        self.cfg = validate(cfg, self.world)
+        self.roles = roles
+        """Disaggregated rollouts: this launch's split (vLLM runs on the rollout ranks)."""
+        self.cfg = validate(cfg, roles.roles.world if roles is not None else self.world)
         self.recipe = cfg.algorithm.build()
         self.micro = Microbatching(micro_batch_size=cfg.trainer.micro_batch_size,
                                    max_tokens=cfg.trainer.max_tokens_per_micro_batch)
@@ -137,12 +141,16 @@ class RLTrainer:
         return layout
 
     def _build_rollout(self) -> None:
-        """Prompts, the verifier, the colocated vLLM engine (from the actor's HF weights), the source."""
+        """Prompts, the verifier, vLLM (from the actor's HF weights: colocated engines, or a
+        client of the rollout ranks' engines), the source."""
         from transformers import AutoTokenizer
 
         from megatron_rl.data import PromptDataset, PromptFields, PromptLoader
         from megatron_rl.rewards import build_verifier
         from megatron_rl.rollout import EngineConfig, RolloutEngine, Sampling
+        from megatron_rl.rollout.channel import Channel
+        from megatron_rl.rollout.remote import RolloutClient
+        from megatron_rl.rollout.replicas import generate_groups
         from megatron_rl.rollout.sync import WeightSync
 
         cfg, recipe = self.cfg, self.recipe
@@ -155,7 +163,7 @@ class RLTrainer:
         loader = PromptLoader(dataset, batch_size=1 if windowed else cfg.rollout.prompts_per_step,
                               seed=cfg.trainer.seed)
         self.verifier = build_verifier(setup.verifier_name(cfg))
-        self.engine = RolloutEngine(self.base_dir, EngineConfig(
+        engine_config = EngineConfig(
             tensor_parallel_size=cfg.rollout.tensor_parallel_size,
             dtype=dtypes.long_name(cfg.model.dtype),
             max_model_len=min(self.arch.max_position_embeddings, cfg.trainer.seq_length),
@@ -163,7 +171,14 @@ class RLTrainer:
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             cpu_linear=cfg.rollout.cpu_linear, log_level=cfg.rollout.log_level, cache_dir=str(self.run_dir / "cache"),
             record_routes=self.arch.is_moe,
-        ))
+        )
+        if self.roles is None:
+            self.engine = RolloutEngine(self.base_dir, engine_config)
+            self.generate = functools.partial(generate_groups, self.engine)
+        else:
+            self.engine = RolloutClient(Channel(self.roles.bridge) if self.roles.bridge is not None else None,
+                                        engine_config, self.base_dir)
+            self.generate = self.engine.generate_groups
         self.sampling = Sampling(n=cfg.rollout.n_samples, max_tokens=cfg.rollout.max_new_tokens,
                                  temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                  stop_token_ids=(tokenizer.eos_token_id,), window=recipe.generation_window,
@@ -173,11 +188,11 @@ class RLTrainer:
                                       bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20)))
 
     def _source(self, loader, decode) -> RolloutSource:
-        """Lockstep groups, or T-PPO's window pool; both on the colocated engine."""
+        """Lockstep groups, or T-PPO's window pool (colocated engines only)."""
         cfg, recipe = self.cfg, self.recipe
         row_multiple = train_row_multiple(cfg, self.world, recipe.use_critic)
         if recipe.generation_window is None:
-            return GroupSource(self.engine, loader, recipe, self.verifier.score_batch, decode,
+            return GroupSource(self.generate, loader, recipe, self.verifier.score_batch, decode,
                                cfg.rollout.prompts_per_step, cfg.rollout.n_samples, row_multiple)
         pool = WindowPool(cfg.rollout.prompts_per_step * cfg.rollout.n_samples, cfg.rollout.n_samples, row_multiple)
         return WindowSource(self.engine, loader, pool, recipe, self.verifier.score_batch, decode)
@@ -490,6 +505,8 @@ class RLTrainer:
                          self.slurm)
         self.log.close()
         self.verifier.close()
+        if self.roles is not None:
+            self.engine.close()  # releases the rollout ranks
         summary = {"run_dir": str(self.run_dir), "steps": len(self.history), "last_step": step, "exit_code": code,
                    "error": self.error}
         # T-PPO steps in which no response finished have no reward (nan).
@@ -525,6 +542,25 @@ def train(cfg: Config) -> dict:
 
     SIGUSR1 / SIGTERM (Slurm preemption, scancel) stop the run after the current step with
     a committed checkpoint; the summary's ``exit_code`` then says "requeue me" (launch.exit_codes).
-    The handlers go in first, so that a signal during start-up is not fatal either."""
+    The handlers go in first, so that a signal during start-up is not fatal either.
+    With disaggregated rollouts the launch is split first; its rollout ranks serve the
+    training ranks' commands until the run ends (the training ranks decide when to stop)."""
     with StopSignals() as stop:
-        return RLTrainer(cfg, stop).run()
+        if cfg.rollout.placement != "disaggregated":
+            return RLTrainer(cfg, stop).run()
+        validate(cfg, platform.launch_env()[1])  # before the split: a bad config fails on every rank alike
+        roles = init_roles(cfg.rollout.num_ranks)
+        if roles.role == ROLLOUT:
+            return _serve_rollouts(roles, cfg)
+        return RLTrainer(cfg, stop, roles).run()
+
+
+def _serve_rollouts(roles: RoleWorld, cfg: Config) -> dict:
+    """A rollout rank's whole run: serve the trainer's commands; its summary (rank 0 of the
+    launch reports the run)."""
+    from megatron_rl.rollout.channel import Channel
+    from megatron_rl.rollout.remote import serve
+
+    served = serve(Channel(roles.bridge))
+    return {"run_dir": str(cfg.trainer.run_dir), "role": ROLLOUT, "commands": served,
+            "exit_code": exit_codes.DONE, "error": None}

@@ -2,7 +2,8 @@
 weight syncs for 3 steps, dense and MoE actors, with the train/inference logprob mismatch
 measured before the first update.
 
-Launches: a dense actor at TP2 with two vLLM TP1 replicas (world 2), and a MoE actor at
+Launches: a dense actor at TP2 with two vLLM TP1 replicas (world 2), the same with vLLM on
+a rollout rank of its own (world 3, disaggregated), and a MoE actor at
 TP2*EP2 with four vLLM TP1 replicas (world 4); VAPO and T-PPO (generation windows carried
 across steps, then resumed) with a dense actor and critic at world 2. Both start from a tiny supervised base built
 once for the module.
@@ -73,16 +74,46 @@ def _check(rows):
             assert key in r or not r["actor/updated"]
 
 
-def test_grpo_dense_tp2_world2_then_resume_in_dp2(tmp_path, bases):
-    rows, _ = _train(tmp_path, 2, bases["qwen3"], "grpo", "parallel.tensor_model_parallel_size=2")
+@pytest.fixture(scope="module")
+def grpo_tp2(tmp_path_factory, bases):
+    """GRPO, dense actor at TP2, two colocated vLLM replicas (world 2), prompts seeded one by
+    one (the same samples whichever engine draws them): (run root, metric rows)."""
+    root = tmp_path_factory.mktemp("grpo-tp2")
+    rows, _ = _train(root, 2, bases["qwen3"], "grpo", *GRPO_TP2)
+    return root, rows
+
+
+GRPO_TP2 = ("parallel.tensor_model_parallel_size=2", "rollout.seed_per_prompt=true")
+NOT_COMPARED = ("timing/", "throughput/", "rollout/logprob_abs_diff", "rollout/mismatch_k3_kl",
+                "rollout/parity_", "rollout/weight_check_elements")
+"""Times, and what vLLM's logprobs enter (they may differ in the last bits with the batch an
+engine runs a prompt in); everything trained on is compared exactly."""
+
+
+def test_grpo_dense_tp2_world2_then_resume_in_dp2(grpo_tp2, bases):
+    root, rows = grpo_tp2
     _check(rows)
     # Resume from the step-3 checkpoint in another layout (DP2 instead of TP2) for one more step.
-    resumed, out = _train(tmp_path, 2, bases["qwen3"], "grpo", steps=4)
+    resumed, out = _train(root, 2, bases["qwen3"], "grpo", "rollout.seed_per_prompt=true", steps=4)
     assert "step 3" in out and "resumed from" in out, out[-2000:]
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
     assert resumed[:3] == rows  # the first run's rows are kept as they were
     # vLLM sampled step 4 with the loaded weights: its logprobs match Megatron's recomputation.
     assert resumed[3]["rollout/logprob_abs_diff"] < 1e-3, resumed[3]
+
+
+def test_disaggregated_rollouts_train_what_colocated_ones_do(tmp_path, grpo_tp2, bases):
+    """The same GRPO run with vLLM on a rank of its own (world 3: TP2 training ranks + one
+    rollout rank; weights over the bridge): every trained-on number equal to the colocated
+    run's, in fp32, and the parity guard holds on the rollout rank's engine."""
+    _, colocated = grpo_tp2
+    rows, _ = _train(tmp_path, 3, bases["qwen3"], "grpo", *GRPO_TP2, "rollout.placement=disaggregated",
+                     "rollout.num_ranks=1")
+    _check(rows)
+    assert len(rows) == len(colocated)
+    for got, want in zip(rows, colocated):
+        compared = {k for k in want if not k.startswith(NOT_COMPARED)}
+        assert {k: got[k] for k in compared} == {k: want[k] for k in compared}, (got, want)
 
 
 def test_bf16_moe_ep2_world2_with_rollout_correction_then_resume_in_tp2(tmp_path, bases):

@@ -175,3 +175,29 @@ def test_the_cli_refuses_a_budget_below_seq_length_in_one_line():
     assert proc.stderr.splitlines() == [
         "megatron-rl: config error: trainer.max_tokens_per_micro_batch=40 is smaller than trainer.seq_length=48, "
         "the longest sequence a micro-batch must hold"]
+
+
+def test_disaggregated_rollouts_leave_a_training_world_the_layouts_fit():
+    """rollout.placement=disaggregated: the layouts get the launch minus rollout.num_ranks."""
+    disagg = ["rollout.placement=disaggregated", "rollout.num_ranks=2"]
+    validate(load_config(DAPO, [*disagg, "parallel.expert_model_parallel_size=2"]), 4)  # EP2 on 2 training ranks
+    with pytest.raises(ConfigError, match=r"parallel: .*world.* 2"):  # EP4 needs 4 training ranks
+        validate(load_config(DAPO, [*disagg, "parallel.expert_model_parallel_size=4"]), 4)
+    with pytest.raises(ConfigError, match=r"rollout.num_ranks=4 leaves no training rank in a launch of 4; "
+                                          r"allowed: 1..3"):
+        validate(load_config(DAPO, ["rollout.placement=disaggregated", "rollout.num_ranks=4"]), 4)
+    with pytest.raises(ConfigError, match="rollout.tensor_parallel_size=2 must divide the 3 ranks that run vLLM"):
+        validate(load_config(DAPO, ["rollout.placement=disaggregated", "rollout.num_ranks=3",
+                                    "rollout.tensor_parallel_size=2"]), 4)
+    with pytest.raises(ConfigError, match="does not carry T-PPO's generation windows"):
+        validate(load_config(DAPO, [*disagg, "algorithm.recipe=tppo", "algorithm.overrides={}"]), 4)
+
+
+def test_placement_and_rollout_ranks_are_checked_in_one_line():
+    with pytest.raises(ConfigError, match=r"rollout.placement='split' is not allowed; choose one of "
+                                          r"\['colocated', 'disaggregated'\]"):
+        load_config(DAPO, ["rollout.placement=split"])
+    with pytest.raises(ConfigError, match="rollout.num_ranks=2 only applies to rollout.placement=disaggregated"):
+        load_config(DAPO, ["rollout.num_ranks=2"])
+    with pytest.raises(ConfigError, match="placement=disaggregated needs >= 1 rank for vLLM"):
+        load_config(DAPO, ["rollout.placement=disaggregated"])

@@ -7,12 +7,15 @@ tests/distributed/test_rollout_engine.py and the whole loop in test_trainer.py. 
 all-gather of groups runs on a real one-rank gloo group.
 """
 
+import functools
+
 import pytest
 import torch.distributed as dist
 
 from megatron_rl.algorithms.recipes import get_recipe
 from megatron_rl.data import PromptBatch
 from megatron_rl.rollout import Sample, Sampling
+from megatron_rl.rollout.replicas import generate_groups
 from megatron_rl.trainer.rollouts import collect_rollouts
 
 # Each prompt is one token; each response's single token says whether it is correct.
@@ -58,7 +61,7 @@ def _score(texts, answers):
 
 def test_groups_without_reward_spread_are_dropped_and_refilled(one_rank_group):
     engine = ScriptedGeneration()
-    result = collect_rollouts(engine, _batches((10, 11), (12, 13), (14, 10)), Sampling(n=4), get_recipe("dapo"),
+    result = collect_rollouts(functools.partial(generate_groups, engine), _batches((10, 11), (12, 13), (14, 10)), Sampling(n=4), get_recipe("dapo"),
                               _score, lambda ids: str(ids[0]), num_groups=2)
     assert [g.prompt_ids for g in result.groups] == [[11], [13]]
     assert engine.calls == [[10, 11], [12, 13]]  # the second batch filled the step: no third
@@ -71,13 +74,13 @@ def test_groups_without_reward_spread_are_dropped_and_refilled(one_rank_group):
 def test_refill_stops_at_max_gen_batches(one_rank_group):
     engine = ScriptedGeneration()
     recipe = get_recipe("dapo", max_gen_batches=2)
-    result = collect_rollouts(engine, _batches((10, 12), (12, 10), (11, 13)), Sampling(n=4), recipe,
+    result = collect_rollouts(functools.partial(generate_groups, engine), _batches((10, 12), (12, 10), (11, 13)), Sampling(n=4), recipe,
                               _score, lambda ids: str(ids[0]), num_groups=2)
     assert result.groups == [] and result.generation_batches == 2 and len(engine.calls) == 2
 
 
 def test_without_dynamic_sampling_every_group_is_kept(one_rank_group):
     engine = ScriptedGeneration()
-    result = collect_rollouts(engine, _batches((10, 11)), Sampling(n=4), get_recipe("grpo"),
+    result = collect_rollouts(functools.partial(generate_groups, engine), _batches((10, 11)), Sampling(n=4), get_recipe("grpo"),
                               _score, lambda ids: str(ids[0]), num_groups=2)
     assert [g.prompt_ids for g in result.groups] == [[10], [11]] and result.generation_batches == 1
