@@ -4,9 +4,9 @@ torchrun or srun starts W processes; the last R (``rollout.num_ranks``) run vLLM
 the first W - R train. Each role gets a default process group of its own, so Megatron's
 layout spans the training ranks only and vLLM's external launcher sees the rollout ranks
 only, exactly as in a colocated launch of that size: nothing in either role needs to know
-about the other. Between them a *bridge* group joins training rank 0 (bridge rank 0) with
-every rollout rank (bridge ranks 1..R): commands, samples and weights travel there
-(:mod:`megatron_rl.rollout.channel`). All three groups meet in the launch's own store under
+about the other. Between them a *bridge* joins training rank 0 (bridge rank 0) with every
+rollout rank (bridge ranks 1..R): two groups, one per direction, for commands and weights
+down and answers up (:mod:`megatron_rl.rollout.channel`). All three groups meet in the launch's own store under
 prefixes of their own, so no second rendezvous address is needed.
 """
 
@@ -61,8 +61,8 @@ class RoleWorld:
     roles: Roles
     rank: int
     """Launch rank."""
-    bridge: Optional[object]
-    """The bridge process group (None on training ranks other than 0)."""
+    bridge: Optional[tuple[object, object]]
+    """The bridge's (down, up) process groups (None on training ranks other than 0)."""
 
     @property
     def role(self) -> str:
@@ -85,7 +85,8 @@ def init_roles(rollout_ranks: int, timeout_s: float = 1800.0) -> RoleWorld:
     bridge_rank = roles.bridge_rank(rank)
     bridge = None
     if bridge_rank is not None:
-        bridge = platform.process_group_on_store(dist.PrefixStore("bridge/", store), bridge_rank,
-                                                 rollout_ranks + 1, timeout_s)
+        bridge = tuple(platform.process_group_on_store(dist.PrefixStore(f"bridge/{direction}/", store),
+                                                       bridge_rank, rollout_ranks + 1, timeout_s)
+                       for direction in ("down", "up"))
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(roles.role_rank(rank)), str(roles.role_size(rank))
     return RoleWorld(roles, rank, bridge)

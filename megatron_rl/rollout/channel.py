@@ -1,18 +1,24 @@
 """Messages over the bridge between training rank 0 and the rollout ranks.
 
-The bridge is a process group outside either role's default world
-(:mod:`megatron_rl.launch.roles`), so it is used through the group's own methods rather
-than ``torch.distributed``'s functions (which only know groups of the default world).
-Two kinds of traffic: Python objects (commands, prompts, samples, check results), pickled
-into a byte tensor behind its length; and tensors broadcast in place (weight buckets, with
-no copy through pickle). Bridge rank 0 (training rank 0) sends every command to all
-rollout ranks; rollout rank 0 (bridge rank 1) answers.
+The bridge is two process groups outside either role's default world
+(:mod:`megatron_rl.launch.roles`), one per direction: *down* carries commands (and weight
+buckets) from training rank 0 to every rollout rank, *up* carries rollout rank 0's answers
+back. They are used through the groups' own methods rather than ``torch.distributed``'s
+functions (which only know groups of the default world).
+
+A gloo send completes only once the receiver has posted its receive, so each side keeps a
+:class:`Inbox`: a thread that always waits on its direction's group and queues what
+arrives. Neither side then blocks on a send while the other is busy (generating, or
+training), which is what lets rollouts run ahead of training. Objects travel pickled in a
+byte tensor behind their length; tensors are broadcast in place (no copy through pickle).
 """
 
 from __future__ import annotations
 
 import pickle
-from typing import Any
+import queue
+import threading
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -55,6 +61,40 @@ class Channel:
         data = torch.empty(int(length), dtype=torch.uint8)
         self.group.recv([data], src, 1).wait()
         return pickle.loads(data.numpy().tobytes())
+
+
+class Inbox:
+    """A daemon thread that runs ``receive`` until it returns a message ``is_last`` accepts,
+    queuing every message; :meth:`get` takes them in order. An exception in the thread is
+    queued too and raised by the :meth:`get` that reaches it."""
+
+    def __init__(self, receive: Callable[[], Any], is_last: Callable[[Any], bool], name: str):
+        self._queue: queue.Queue = queue.Queue()
+        self._receive, self._is_last = receive, is_last
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                message = self._receive()
+            except Exception as err:  # the group broke or timed out: tell the reader
+                self._queue.put(_Failure(err))
+                return
+            self._queue.put(message)
+            if self._is_last(message):
+                return
+
+    def get(self, timeout: Optional[float] = None) -> Any:
+        message = self._queue.get(timeout=timeout)
+        if isinstance(message, _Failure):
+            raise message.error
+        return message
+
+
+class _Failure:
+    def __init__(self, error: Exception):
+        self.error = error
 
 
 def _to_bytes(obj: Any) -> torch.Tensor:

@@ -4,17 +4,22 @@ With ``rollout.placement: disaggregated`` the engines live on the rollout ranks
 (:mod:`megatron_rl.launch.roles`). The trainer talks to them through a
 :class:`RolloutClient`, which offers what the trainer uses of a colocated engine (``config``,
 the weight-sync calls ``load_weights`` / ``check_weights`` / ``finish_weight_update``,
-``prompt_logprobs`` for the parity guard) plus ``generate_groups``. Every training rank
-makes every call, in lockstep; training rank 0 alone talks over the bridge and the results
-every rank needs are broadcast over the training world.
+``prompt_logprobs`` for the parity guard) plus ``generate_groups``, and, for rollouts that
+run ahead of training, ``submit`` / ``result``. Every training rank makes every call, in
+lockstep; training rank 0 alone talks over the bridge and the results every rank needs
+are broadcast over the training world.
 
-The rollout ranks run :func:`serve`: receive a command, run it on their engines exactly as
-a colocated launch of their size would (prompts dealt to the replicas and gathered back,
-:mod:`megatron_rl.rollout.replicas`), and rollout rank 0 answers. Weights arrive as one
-byte tensor per bucket, broadcast over the bridge from the HF-layout export the colocated
-sync loads, so the same in-place loader and weight check run on the rollout side. A
-command that fails on the rollout side is answered with its error, raised on the training
-ranks as :class:`RolloutRankError`, and ends the rollout rank's process too.
+The rollout ranks run :func:`serve`: take the next command, run it on their engines
+exactly as a colocated launch of their size would (prompts dealt to the replicas and
+gathered back, :mod:`megatron_rl.rollout.replicas`), and rollout rank 0 answers with the
+command's number. Commands run one after another in the order sent, so a generation
+submitted before a weight update samples with the old weights, one submitted after it
+with the new ones: the client counts the updates it sent (``version``), which is the
+policy version of everything generated for a command sent then. Weights arrive as one
+byte tensor per bucket, broadcast from the HF-layout export the colocated sync loads, so
+the same in-place loader and weight check run on the rollout side. A command that fails on
+the rollout side is answered with its error, raised on every training rank as
+:class:`RolloutRankError` by the next ``result``, and ends the rollout rank's process too.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 
 from megatron_rl.data import PromptBatch
-from megatron_rl.rollout.channel import ROLLOUT_LEADER, TRAINER, Channel
+from megatron_rl.rollout.channel import ROLLOUT_LEADER, TRAINER, Channel, Inbox
 from megatron_rl.rollout.engine import EngineConfig, Sample, Sampling
 
 
@@ -40,6 +45,17 @@ class Command:
     kind: str
     """start | generate | logprobs | load | check | finish | stop"""
     payload: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """What a ``generate`` command answers."""
+
+    groups: list[list[Sample]]
+    seconds: float
+    """Time the rollout ranks spent generating them."""
+    idle_s: float
+    """Time the rollout ranks waited for this command after finishing the previous one."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,12 +104,25 @@ def bucket_bytes(specs: Sequence[TensorSpec]) -> int:
 class RolloutClient:
     """The training ranks' handle on the rollout ranks' engines (see the module docstring).
 
-    ``channel``: the bridge on training rank 0, None on the other training ranks."""
+    ``bridge``: the (down, up) groups on training rank 0, None on the other training ranks."""
 
-    def __init__(self, channel: Optional[Channel], config: EngineConfig, model_dir: Path):
-        self.channel, self.config = channel, config
+    def __init__(self, bridge: Optional[tuple], config: EngineConfig, model_dir: Path):
+        self.config = config
+        self.down = self.inbox = None
+        if bridge is not None:
+            self.down, up = Channel(bridge[0]), Channel(bridge[1])
+            self.inbox = Inbox(lambda: up.recv_object(ROLLOUT_LEADER), is_last=lambda m: m[1] == "stopped",
+                               name="rollout-answers")
+        self.sent = 0
+        """Commands sent (the next command's number), counted alike on every training rank."""
+        self.version = 0
+        """Weight updates sent: the policy version of what a generate sent now samples."""
+        self._kept: set[int] = set()
+        """Commands whose answer someone will ask for (the others are read and dropped)."""
+        self._answers: dict[int, tuple[str, Any]] = {}
+        """Answers read while waiting for a later one."""
         started = time.perf_counter()
-        self._request(Command("start", (str(model_dir), config)))
+        self.result(self.submit(Command("start", (str(model_dir), config))))
         self.build_s = time.perf_counter() - started
         """Seconds until every rollout rank had its engine (the rollout side builds them)."""
 
@@ -101,90 +130,122 @@ class RolloutClient:
 
     def generate_groups(self, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:
         """``sampling.n`` samples per prompt, generated on the rollout ranks, on every training rank."""
-        return self._request(Command("generate", (prompts, sampling)))
+        return self.result(self.submit(Command("generate", (prompts, sampling)))).groups
 
     def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
-        return self._request(Command("logprobs", [list(s) for s in sequences]))
+        return self.result(self.submit(Command("logprobs", [list(s) for s in sequences])))
 
     # -- weights ----------------------------------------------------------------------
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
-        """Send one bucket to every rollout rank, which loads it (training rank 0 sends; the
-        others hold the same bucket and do nothing)."""
-        if self.channel is None:
-            return "remote"
-        return self._exchange(Command("load"), list(named_tensors))
+        """Send one bucket to every rollout rank, which loads it after the commands before it
+        (training rank 0 sends; the others hold the same bucket). Does not wait."""
+        self.submit(Command("load"), list(named_tensors), keep=False)
+        return "remote"
 
     def check_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]):
         """What the rollout ranks serve for a bucket, read back and compared with it (merged over
-        the rollout ranks), on every training rank."""
-        return self._request(Command("check"), list(named_tensors))
+        the rollout ranks), on every training rank. Waits for the commands before it."""
+        return self.result(self.submit(Command("check"), list(named_tensors)))
 
     def finish_weight_update(self) -> None:
-        self._request(Command("finish"))
+        """The update is complete: what is generated from now on samples the new version."""
+        self.submit(Command("finish"), keep=False)
+        self.version += 1
 
     def close(self) -> None:
         """Release the rollout ranks (their processes end with the launch)."""
-        if self.channel is not None:
-            self.channel.broadcast_object(Command("stop"))
+        self.submit(Command("stop"), keep=False)
+        if self.inbox is not None:
+            while self.inbox.get()[1] != "stopped":
+                pass
 
-    # -- transport --------------------------------------------------------------------
+    # -- commands ---------------------------------------------------------------------
 
-    def _request(self, command: Command, bucket: Optional[list] = None) -> Any:
-        """Training rank 0 asks, every training rank gets the answer (collective over the training world)."""
+    def submit(self, command: Command, bucket: Optional[list] = None, keep: bool = True) -> int:
+        """Send ``command`` (training rank 0; the others only count it); its number, to ask
+        :meth:`result` for (``keep=False``: nobody will; its answer is only checked for errors)."""
+        number, self.sent = self.sent, self.sent + 1
+        if keep:
+            self._kept.add(number)
+        if self.down is not None:
+            if bucket is not None:
+                specs, flat = pack_bucket(bucket)
+                command = Command(command.kind, specs)
+            self.down.broadcast_object(command)
+            if bucket is not None:
+                self.down.broadcast_tensor(flat)
+        return number
+
+    def result(self, number: int) -> Any:
+        """Command ``number``'s answer on every training rank (collective over the training
+        world); raises :class:`RolloutRankError` when it, or any command before it, failed."""
         import torch.distributed as dist
 
-        answer = [self._exchange(command, bucket) if self.channel is not None else None]
+        answer = [self._await(number) if self.inbox is not None else None]
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.broadcast_object_list(answer, src=0)
-        return answer[0]
-
-    def _exchange(self, command: Command, bucket: Optional[list] = None) -> Any:
-        if bucket is not None:
-            specs, flat = pack_bucket(bucket)
-            command = Command(command.kind, specs)
-        self.channel.broadcast_object(command)
-        if bucket is not None:
-            self.channel.broadcast_tensor(flat)
-        status, value = self.channel.recv_object(ROLLOUT_LEADER)
+        status, value = answer[0]
         if status == "error":
             raise RolloutRankError(value)
         return value
+
+    def _await(self, number: int) -> tuple[str, Any]:
+        """Read answers in order until ``number``'s, keeping the ones still to be asked for;
+        an error answers whoever is waiting."""
+        self._kept.discard(number)
+        while number not in self._answers:
+            got, status, value = self.inbox.get()
+            if status == "error":
+                return status, value
+            if got == number or got in self._kept:
+                self._answers[got] = (status, value)
+        return self._answers.pop(number)
 
 
 class RolloutServer:
     """The rollout side: one engine per rank (replicas and engine TP as in a colocated launch
     of the rollout ranks' size), driven by the trainer's commands."""
 
-    def __init__(self, channel: Channel):
+    def __init__(self, bridge: tuple):
         import torch.distributed as dist
 
-        self.channel, self.engine = channel, None
+        self.down, self.up = Channel(bridge[0]), Channel(bridge[1])
+        self.leader = self.up.rank == ROLLOUT_LEADER
+        self.engine = None
         self.rank = dist.get_rank()
-        self.served = 0
+        self.inbox = Inbox(self._receive, is_last=lambda m: m[0].kind == "stop", name="rollout-commands")
+
+    def _receive(self) -> tuple[Command, Optional[list]]:
+        command = self.down.broadcast_object(root=TRAINER)
+        bucket = None
+        if command.kind in ("load", "check"):
+            flat = torch.empty(bucket_bytes(command.payload), dtype=torch.uint8)
+            bucket = unpack_bucket(command.payload, self.down.broadcast_tensor(flat, TRAINER))
+        return command, bucket
 
     def serve(self) -> int:
-        """Run commands until ``stop``; returns how many were served."""
+        """Run commands in order until ``stop``; returns how many were served."""
+        number, idle_since = 0, time.perf_counter()
         while True:
-            command = self.channel.broadcast_object(root=TRAINER)
+            command, bucket = self.inbox.get()
             if command.kind == "stop":
-                return self.served
-            bucket = None
-            if command.kind in ("load", "check"):
-                flat = torch.empty(bucket_bytes(command.payload), dtype=torch.uint8)
-                bucket = unpack_bucket(command.payload, self.channel.broadcast_tensor(flat, TRAINER))
+                self._answer(number, "stopped", None)
+                return number
+            idle_s = time.perf_counter() - idle_since
             try:
-                value = self._run(command, bucket)
+                value = self._run(command, bucket, idle_s)
             except Exception as err:
-                if self.channel.rank == ROLLOUT_LEADER:
-                    self.channel.send_object(("error", f"rollout rank {self.rank}: {type(err).__name__}: {err}"),
-                                             TRAINER)
+                self._answer(number, "error", f"rollout rank {self.rank}: {type(err).__name__}: {err}")
                 raise
-            if self.channel.rank == ROLLOUT_LEADER:
-                self.channel.send_object(("ok", value), TRAINER)
-            self.served += 1
+            self._answer(number, "ok", value)
+            number, idle_since = number + 1, time.perf_counter()
 
-    def _run(self, command: Command, bucket: Optional[list]) -> Any:
+    def _answer(self, number: int, status: str, value: Any) -> None:
+        if self.leader:
+            self.up.send_object((number, status, value), TRAINER)
+
+    def _run(self, command: Command, bucket: Optional[list], idle_s: float) -> Any:
         kind = command.kind
         if kind == "start":
             from megatron_rl.rollout.engine import RolloutEngine
@@ -196,7 +257,9 @@ class RolloutServer:
             from megatron_rl.rollout.replicas import generate_groups
 
             prompts, sampling = command.payload
-            return generate_groups(self.engine, prompts, sampling)
+            started = time.perf_counter()
+            groups = generate_groups(self.engine, prompts, sampling)
+            return Generation(groups, time.perf_counter() - started, idle_s)
         if kind == "logprobs":
             return self.engine.prompt_logprobs(command.payload)
         if kind == "load":
@@ -222,6 +285,6 @@ class RolloutServer:
         return merged
 
 
-def serve(channel: Channel) -> int:
+def serve(bridge: tuple) -> int:
     """The whole life of a rollout rank: build the engine when told, serve until told to stop."""
-    return RolloutServer(channel).serve()
+    return RolloutServer(bridge).serve()

@@ -148,7 +148,6 @@ class RLTrainer:
         from megatron_rl.data import PromptDataset, PromptFields, PromptLoader
         from megatron_rl.rewards import build_verifier
         from megatron_rl.rollout import EngineConfig, RolloutEngine, Sampling
-        from megatron_rl.rollout.channel import Channel
         from megatron_rl.rollout.remote import RolloutClient
         from megatron_rl.rollout.replicas import generate_groups
         from megatron_rl.rollout.sync import WeightSync
@@ -176,8 +175,7 @@ class RLTrainer:
             self.engine = RolloutEngine(self.base_dir, engine_config)
             self.generate = functools.partial(generate_groups, self.engine)
         else:
-            self.engine = RolloutClient(Channel(self.roles.bridge) if self.roles.bridge is not None else None,
-                                        engine_config, self.base_dir)
+            self.engine = RolloutClient(self.roles.bridge, engine_config, self.base_dir)
             self.generate = self.engine.generate_groups
         self.sampling = Sampling(n=cfg.rollout.n_samples, max_tokens=cfg.rollout.max_new_tokens,
                                  temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
@@ -558,9 +556,8 @@ def train(cfg: Config) -> dict:
 def _serve_rollouts(roles: RoleWorld, cfg: Config) -> dict:
     """A rollout rank's whole run: serve the trainer's commands; its summary (rank 0 of the
     launch reports the run)."""
-    from megatron_rl.rollout.channel import Channel
     from megatron_rl.rollout.remote import serve
 
-    served = serve(Channel(roles.bridge))
+    served = serve(roles.bridge)
     return {"run_dir": str(cfg.trainer.run_dir), "role": ROLLOUT, "commands": served,
             "exit_code": exit_codes.DONE, "error": None}
