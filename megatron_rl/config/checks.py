@@ -58,9 +58,14 @@ def _check_placement(config: Config, world_size: int) -> int:
     if rollout.num_ranks >= world_size:
         raise ConfigError(f"rollout.num_ranks={rollout.num_ranks} leaves no training rank in a launch of "
                           f"{world_size}; allowed: 1..{world_size - 1}")
-    if config.algorithm.build().generation_window is not None:
+    recipe = config.algorithm.build()
+    if recipe.generation_window is not None:
         raise ConfigError("rollout.placement=disaggregated does not carry T-PPO's generation windows "
                           "(algorithm.recipe=tppo) yet; use rollout.placement=colocated")
+    if rollout.max_staleness and recipe.rollout_correction is None:
+        raise ConfigError(f"rollout.max_staleness={rollout.max_staleness} trains on samples of an older policy: "
+                          "set algorithm.overrides.rollout_correction (e.g. {kind: token_tis, cap: 2.0}) so the "
+                          "loss reweights them by Megatron's over vLLM's probabilities")
     return rollout.num_ranks
 
 

@@ -158,6 +158,10 @@ class RolloutConfig:
     num_ranks: int = 0
     """disaggregated: how many ranks of the launch run vLLM (a multiple of
     tensor_parallel_size); the training layout gets the rest."""
+    max_staleness: int = 0
+    """disaggregated: how many generation batches the rollout ranks run ahead of training
+    (0: synchronous). A batch trained at step s then samples policy version >= s - 1 - k;
+    the loss needs algorithm.overrides.rollout_correction to reweight such samples."""
     tensor_parallel_size: int = 1
     """vLLM's TP (may differ from training TP); must divide the ranks that run vLLM."""
     prompts_per_step: int = 16
@@ -210,6 +214,11 @@ class RolloutConfig:
         if self.placement == "colocated" and self.num_ranks:
             raise ConfigError(f"rollout.num_ranks={self.num_ranks} only applies to rollout.placement=disaggregated "
                               "(colocated: every rank generates)")
+        if self.max_staleness < 0:
+            raise ConfigError(f"rollout.max_staleness={self.max_staleness} must be >= 0 (0: synchronous)")
+        if self.placement == "colocated" and self.max_staleness:
+            raise ConfigError(f"rollout.max_staleness={self.max_staleness} needs rollout.placement=disaggregated "
+                              "(colocated engines generate only between updates)")
         if self.placement == "disaggregated" and self.num_ranks < 1:
             raise ConfigError(f"rollout.num_ranks={self.num_ranks}: rollout.placement=disaggregated needs "
                               ">= 1 rank for vLLM")

@@ -49,8 +49,11 @@ class MetricsLog:
         parts = [f"step {r['step']:>4d}/{self.total}", f"reward {r['reward/mean']:.3f}",
                  f"len {r['response_length/mean']:.1f}"]
         if "actor/pg_loss" in r:
-            parts += [f"pg {r['actor/pg_loss']:+.4f}", f"ent {r['actor/entropy']:.3f}",
-                      f"|dlogp| {r['rollout/logprob_abs_diff']:.1e}"]
+            parts += [f"pg {r['actor/pg_loss']:+.4f}", f"ent {r['actor/entropy']:.3f}"]
+        if "actor/pg_loss" in r and "rollout/logprob_abs_diff" in r:  # only tokens of the current weights
+            parts.append(f"|dlogp| {r['rollout/logprob_abs_diff']:.1e}")
+        if r.get("rollout/staleness_max"):
+            parts.append(f"stale {r['rollout/staleness_mean']:.1f}")
         parts += [f"{r['throughput/tokens_per_s']:.0f} tok/s", f"{r['timing/step_s']:.1f}s"]
         return "  ".join(parts)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -40,6 +40,30 @@ class Group:
     """Verifier score of each sample (before shaping)."""
     rewards: list[float]
     """Score plus shaping (overlong penalty): what advantages are computed from."""
+    version: int = 0
+    """Policy version (weight updates) the samples were generated with."""
+
+
+@dataclasses.dataclass
+class Drawn:
+    """One generation batch: its prompts and their samples."""
+
+    prompts: PromptBatch
+    samples: list[list[Sample]]
+    version: int = 0
+    """Policy version the samples were generated with."""
+
+
+Draw = Callable[[Sampling], Drawn]
+"""The next generation batch (new prompts, sampled), the same on every rank."""
+
+
+def lockstep_draw(next_prompts: Callable[[], PromptBatch], generate: Generate) -> Draw:
+    """Draw new prompts and generate them now (the engines have the current weights)."""
+    def draw(sampling: Sampling) -> Drawn:
+        prompts = next_prompts()
+        return Drawn(prompts, generate(prompts, sampling))
+    return draw
 
 
 @dataclasses.dataclass
@@ -76,11 +100,14 @@ class TrainRows:
         return len(self.samples)
 
     @classmethod
-    def from_groups(cls, groups: list[Group]) -> "TrainRows":
+    def from_groups(cls, groups: list[Group], version: Optional[int] = None) -> "TrainRows":
+        """``version``: the trainer's policy version; samples of an older one have no fresh
+        token (None: every sample is fresh)."""
         samples = [s for g in groups for s in g.samples]
         zeros = [0] * len(samples)
+        fresh = [0 if version is None or g.version == version else len(s.token_ids) for g in groups for s in g.samples]
         return cls(samples, [r for g in groups for r in g.rewards], [c for g in groups for c in g.correct],
-                   [i for i, g in enumerate(groups) for _ in g.samples], zeros, list(zeros),
+                   [i for i, g in enumerate(groups) for _ in g.samples], zeros, fresh,
                    [False] * len(samples))
 
     @classmethod
@@ -155,8 +182,7 @@ def windowed_rollouts(
 
 
 def collect_rollouts(
-    generate: Generate,
-    next_prompts: Callable[[], PromptBatch],
+    draw: Draw,
     sampling: Sampling,
     recipe: AlgorithmRecipe,
     score: Callable[[list[str], list[str]], tuple[list[float], dict]],
@@ -171,9 +197,9 @@ def collect_rollouts(
     all_lengths: list[int] = []
     stats_total: dict = {}
     while len(kept) < num_groups and batches < (recipe.max_gen_batches if recipe.dynamic_sampling else 1):
-        prompts = next_prompts()
+        drawn = draw(sampling)
+        prompts, samples = drawn.prompts, drawn.samples
         batches += 1
-        samples = generate(prompts, sampling)
         texts = [decode(s.token_ids) for group in samples for s in group]
         answers = [a for a, group in zip(prompts.answers, samples) for _ in group]
         scores, stats = score(texts, answers)
@@ -192,7 +218,7 @@ def collect_rollouts(
             generated += 1
             if bool(keep[cursor]) and len(kept) < num_groups:
                 kept.append(Group(list(prompts.prompt_ids[g]), prompts.answers[g], group,
-                                  scores[cursor:cursor + n], rewards[cursor:cursor + n].tolist()))
+                                  scores[cursor:cursor + n], rewards[cursor:cursor + n].tolist(), drawn.version))
             cursor += n
     return RolloutResult(
         groups=kept,

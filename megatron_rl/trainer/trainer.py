@@ -45,6 +45,7 @@ from megatron_rl.schedules import (ActorLoss, CriticLoss, Microbatching, TrainBa
                                    gathered_values, local_batch, train_step)
 from megatron_rl.trainer import setup
 from megatron_rl.trainer.advantages import estimate_advantages
+from megatron_rl.trainer.ahead import AheadGeneration
 from megatron_rl.trainer.assembly import StepBatch, assemble, routes_missing
 from megatron_rl.trainer.empty_steps import EmptyStepGuard
 from megatron_rl.trainer.hapo import hapo_token_fields
@@ -190,8 +191,10 @@ class RLTrainer:
         cfg, recipe = self.cfg, self.recipe
         row_multiple = train_row_multiple(cfg, self.world, recipe.use_critic)
         if recipe.generation_window is None:
+            ahead = (AheadGeneration(self.engine, loader, cfg.rollout.max_staleness)
+                     if self.roles is not None else None)
             return GroupSource(self.generate, loader, recipe, self.verifier.score_batch, decode,
-                               cfg.rollout.prompts_per_step, cfg.rollout.n_samples, row_multiple)
+                               cfg.rollout.prompts_per_step, cfg.rollout.n_samples, row_multiple, ahead)
         pool = WindowPool(cfg.rollout.prompts_per_step * cfg.rollout.n_samples, cfg.rollout.n_samples, row_multiple)
         return WindowSource(self.engine, loader, pool, recipe, self.verifier.score_batch, decode)
 
@@ -432,11 +435,17 @@ class RLTrainer:
 
     def step_metrics(self, metrics: dict, started: float, snapshot_waited: float, tokens: float) -> None:
         """Step time and throughput, and the stall of the checkpoint saved after the previous
-        step: the save call itself, and this step's updates waiting for its deferred host copy."""
+        step: the save call itself, and this step's updates waiting for its deferred host copy.
+        With rollout ranks of their own, timing/overlap_fraction: the share of the step in which
+        the generation of what it trained on ran beside training (generation time the training
+        ranks did not wait for)."""
         metrics["timing/step_s"] = time.perf_counter() - started
         metrics["timing/checkpoint_s"], self.last_save_s = self.last_save_s, 0.0
         metrics["timing/checkpoint_wait_s"] = self.checkpointer.snapshot_wait_seconds() - snapshot_waited
         metrics["throughput/tokens_per_s"] = tokens / metrics["timing/step_s"]
+        if "timing/generation_s" in metrics:  # rollout ranks of their own
+            hidden = metrics["timing/generation_s"] - metrics["timing/train_idle_s"]
+            metrics["timing/overlap_fraction"] = min(max(hidden / metrics["timing/step_s"], 0.0), 1.0)
 
     def agree_to_stop(self, metrics: dict) -> bool:
         """Whether the monitor declared a machine faulty (stop_on_alert); and any stop signal

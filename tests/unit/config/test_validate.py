@@ -201,3 +201,15 @@ def test_placement_and_rollout_ranks_are_checked_in_one_line():
         load_config(DAPO, ["rollout.num_ranks=2"])
     with pytest.raises(ConfigError, match="placement=disaggregated needs >= 1 rank for vLLM"):
         load_config(DAPO, ["rollout.placement=disaggregated"])
+
+
+def test_rollouts_ahead_need_their_own_ranks_and_a_rollout_correction():
+    with pytest.raises(ConfigError, match="rollout.max_staleness=1 needs rollout.placement=disaggregated"):
+        load_config(DAPO, ["rollout.max_staleness=1"])
+    with pytest.raises(ConfigError, match="rollout.max_staleness=-1 must be >= 0"):
+        load_config(DAPO, ["rollout.max_staleness=-1"])
+    ahead = ["rollout.placement=disaggregated", "rollout.num_ranks=1", "rollout.max_staleness=1"]
+    with pytest.raises(ConfigError, match=r"rollout.max_staleness=1 trains on samples of an older policy: "
+                                          r"set algorithm.overrides.rollout_correction"):
+        validate(load_config(DAPO, ahead), 2)
+    validate(load_config(DAPO, [*ahead, "algorithm.overrides={rollout_correction: {kind: token_tis, cap: 2.0}}"]), 2)

@@ -16,7 +16,7 @@ from megatron_rl.algorithms.recipes import get_recipe
 from megatron_rl.data import PromptBatch
 from megatron_rl.rollout import Sample, Sampling
 from megatron_rl.rollout.replicas import generate_groups
-from megatron_rl.trainer.rollouts import collect_rollouts
+from megatron_rl.trainer.rollouts import collect_rollouts, lockstep_draw
 
 # Each prompt is one token; each response's single token says whether it is correct.
 CORRECT, WRONG = 1, 0
@@ -55,14 +55,18 @@ def _batches(*tokens_per_batch):
     return lambda: queue.pop(0)
 
 
+def _generate(engine):
+    return functools.partial(generate_groups, engine)
+
+
 def _score(texts, answers):
     return [1.0 if text == "1" else 0.0 for text in texts], {}
 
 
 def test_groups_without_reward_spread_are_dropped_and_refilled(one_rank_group):
     engine = ScriptedGeneration()
-    result = collect_rollouts(functools.partial(generate_groups, engine), _batches((10, 11), (12, 13), (14, 10)), Sampling(n=4), get_recipe("dapo"),
-                              _score, lambda ids: str(ids[0]), num_groups=2)
+    draw = lockstep_draw(_batches((10, 11), (12, 13), (14, 10)), _generate(engine))
+    result = collect_rollouts(draw, Sampling(n=4), get_recipe("dapo"), _score, lambda ids: str(ids[0]), num_groups=2)
     assert [g.prompt_ids for g in result.groups] == [[11], [13]]
     assert engine.calls == [[10, 11], [12, 13]]  # the second batch filled the step: no third
     assert result.generation_batches == 2 and result.generated_groups == 4
@@ -74,13 +78,13 @@ def test_groups_without_reward_spread_are_dropped_and_refilled(one_rank_group):
 def test_refill_stops_at_max_gen_batches(one_rank_group):
     engine = ScriptedGeneration()
     recipe = get_recipe("dapo", max_gen_batches=2)
-    result = collect_rollouts(functools.partial(generate_groups, engine), _batches((10, 12), (12, 10), (11, 13)), Sampling(n=4), recipe,
-                              _score, lambda ids: str(ids[0]), num_groups=2)
+    draw = lockstep_draw(_batches((10, 12), (12, 10), (11, 13)), _generate(engine))
+    result = collect_rollouts(draw, Sampling(n=4), recipe, _score, lambda ids: str(ids[0]), num_groups=2)
     assert result.groups == [] and result.generation_batches == 2 and len(engine.calls) == 2
 
 
 def test_without_dynamic_sampling_every_group_is_kept(one_rank_group):
     engine = ScriptedGeneration()
-    result = collect_rollouts(functools.partial(generate_groups, engine), _batches((10, 11)), Sampling(n=4), get_recipe("grpo"),
-                              _score, lambda ids: str(ids[0]), num_groups=2)
+    draw = lockstep_draw(_batches((10, 11)), _generate(engine))
+    result = collect_rollouts(draw, Sampling(n=4), get_recipe("grpo"), _score, lambda ids: str(ids[0]), num_groups=2)
     assert [g.prompt_ids for g in result.groups] == [[10], [11]] and result.generation_batches == 1

@@ -1,0 +1,123 @@
+"""Rollouts that run ahead of training (``rollout.max_staleness: k > 0``, disaggregated).
+
+The rollout ranks run their commands in the order sent (:mod:`megatron_rl.rollout.remote`).
+:class:`AheadGeneration` keeps ``k`` generation batches submitted and not yet trained on:
+when a step takes a batch, it submits the next one at once, before the step trains, so the
+rollout ranks generate it while the training ranks update. That batch samples with the
+weights the rollout ranks had when it was submitted; the update's weights are sent after
+it and reach the engines once it is done. A batch taken at step s was submitted during
+step s - j (j <= k) and samples policy version ``version - j``: its staleness is at most k
+by construction, and a batch found staler (it cannot happen unless the order of commands
+changes) is dropped, counted in ``rollout/dropped_stale``, and drawn again.
+
+Resume: the data position saved with a checkpoint is the loader's position before the
+prompts still in flight were drawn, so a resumed run draws them again (generated then by
+the resumed weights): no prompt is lost or trained twice. ``data/prompts_drawn`` counts
+the same way (prompts of batches taken).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Any
+
+from megatron_rl.data import PromptBatch, PromptLoader
+from megatron_rl.rollout import Sampling
+from megatron_rl.rollout.remote import Command, RolloutClient
+from megatron_rl.trainer.rollouts import Drawn
+
+
+@dataclasses.dataclass
+class InFlight:
+    """A generation batch submitted and not taken yet."""
+
+    number: int
+    """The client's command number (its answer is asked for by it)."""
+    prompts: PromptBatch
+    version: int
+    """Policy version at submission: what the batch samples with."""
+    loader_state: dict
+    """The loader's position before these prompts were drawn."""
+    prompts_drawn: int
+    """The loader's count of prompts at that position."""
+
+
+class AheadGeneration:
+    """Up to ``depth`` generation batches in flight on the rollout ranks (every training rank
+    keeps the same queue; only training rank 0 sends and receives). ``depth`` 0: each batch
+    is submitted when it is needed and waited for (synchronous, the colocated run's rows)."""
+
+    def __init__(self, client: RolloutClient, loader: PromptLoader, depth: int):
+        if depth < 0:
+            raise ValueError(f"rollouts run ahead by >= 0 batches, not {depth}")
+        self.client, self.loader, self.depth = client, loader, depth
+        self.queue: collections.deque[InFlight] = collections.deque()
+        self.step_times = StepTimes()
+
+    def draw(self, sampling: Sampling) -> Drawn:
+        """The oldest batch in flight (submitted now if none is), with the queue topped up
+        again before returning; a batch staler than ``depth`` versions is dropped and redrawn."""
+        while True:
+            if not self.queue:
+                self._submit(sampling)
+            entry = self.queue.popleft()
+            waited = time.perf_counter()
+            generation = self.client.result(entry.number)
+            self.step_times.took(generation, time.perf_counter() - waited)
+            self._top_up(sampling)
+            if self.client.version - entry.version <= self.depth:
+                return Drawn(entry.prompts, generation.groups, entry.version)
+            self.step_times.dropped_stale += len(entry.prompts)
+
+    def _top_up(self, sampling: Sampling) -> None:
+        while len(self.queue) < self.depth:
+            self._submit(sampling)
+
+    def _submit(self, sampling: Sampling) -> None:
+        state, drawn = self.loader.state_dict(), self.loader.prompts_drawn
+        prompts = self.loader.next_batch()
+        number = self.client.submit(Command("generate", (prompts, sampling)))
+        self.queue.append(InFlight(number, prompts, self.client.version, state, drawn))
+
+    # -- the data position (checkpoint and metrics) ----------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position before the oldest batch in flight was drawn."""
+        return self.queue[0].loader_state if self.queue else self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.queue:
+            raise RuntimeError("a data position is loaded before any batch is in flight")
+        self.loader.load_state_dict(state)
+
+    @property
+    def prompts_drawn(self) -> int:
+        """Prompts of the batches taken so far (those in flight are not counted)."""
+        return self.queue[0].prompts_drawn if self.queue else self.loader.prompts_drawn
+
+
+@dataclasses.dataclass
+class StepTimes:
+    """What the batches taken in one step cost on either side (reset by :meth:`metrics`)."""
+
+    generation_s: float = 0.0
+    """Time the rollout ranks spent generating them."""
+    train_idle_s: float = 0.0
+    """Time the training ranks waited for them."""
+    rollout_idle_s: float = 0.0
+    """Time the rollout ranks waited for their commands."""
+    dropped_stale: int = 0
+
+    def took(self, generation, waited_s: float) -> None:
+        self.generation_s += generation.seconds
+        self.train_idle_s += waited_s
+        self.rollout_idle_s += generation.idle_s
+
+    def metrics(self) -> dict:
+        out = {"timing/generation_s": self.generation_s, "timing/train_idle_s": self.train_idle_s,
+               "timing/rollout_idle_s": self.rollout_idle_s, "rollout/dropped_stale": self.dropped_stale}
+        self.generation_s = self.train_idle_s = self.rollout_idle_s = 0.0
+        self.dropped_stale = 0
+        return out

@@ -1,0 +1,82 @@
+"""The bookkeeping of rollouts that run ahead of training (trainer/ahead.py): how many
+batches are in flight, the policy version each samples, the staleness bound, and the data
+position a checkpoint saves. The rollout ranks are a scripted stand-in here (the subject is
+the queue); the real bridge and vLLM run in tests/distributed/test_trainer.py."""
+
+import json
+
+import pytest
+
+from megatron_rl.data import PromptDataset, PromptFields, PromptLoader
+from megatron_rl.rollout import Sampling
+from megatron_rl.rollout.remote import Generation
+from megatron_rl.trainer.ahead import AheadGeneration
+
+
+class ScriptedRolloutRanks:
+    """Answers each generate with one empty group per prompt, in the order submitted."""
+
+    def __init__(self):
+        self.version, self.sent, self.submitted = 0, 0, []
+
+    def submit(self, command, bucket=None, keep=True):
+        self.submitted.append((command.payload[0].dataset_indices, self.version))
+        self.sent += 1
+        return self.sent - 1
+
+    def result(self, number):
+        return Generation([[] for _ in self.submitted[number][0]], seconds=0.5, idle_s=0.1)
+
+
+@pytest.fixture
+def loader(tmp_path, tokenizer):
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"p{i}", "answer": str(i)}) + "\n" for i in range(20)))
+    return PromptLoader(PromptDataset(path, tokenizer, fields=PromptFields(answer="answer")), batch_size=2, seed=0)
+
+
+def test_depth_one_keeps_the_next_batch_in_flight_one_version_old(loader):
+    ranks = ScriptedRolloutRanks()
+    ahead = AheadGeneration(ranks, loader, depth=1)
+    first = ahead.draw(Sampling())
+    assert first.version == 0 and len(ranks.submitted) == 2  # the next batch went out before training
+    for step in range(2, 5):
+        ranks.version += 1  # the step's update is sent after the batch in flight
+        drawn = ahead.draw(Sampling())
+        assert ranks.version - drawn.version == 1 and len(ahead.queue) == 1
+    assert [v for _, v in ranks.submitted] == [0, 0, 1, 2, 3]
+    assert ahead.step_times.metrics()["rollout/dropped_stale"] == 0
+
+
+def test_depth_zero_waits_for_each_batch(loader):
+    ranks = ScriptedRolloutRanks()
+    ahead = AheadGeneration(ranks, loader, depth=0)
+    for _ in range(3):
+        ranks.version += 1
+        assert ahead.draw(Sampling()).version == ranks.version and not ahead.queue
+    times = ahead.step_times.metrics()
+    assert times["timing/generation_s"] == pytest.approx(1.5) and times["timing/rollout_idle_s"] == pytest.approx(0.3)
+    assert ahead.step_times.metrics()["timing/generation_s"] == 0  # reset per step
+
+
+def test_a_batch_staler_than_the_bound_is_dropped_and_counted(loader):
+    ranks = ScriptedRolloutRanks()
+    ahead = AheadGeneration(ranks, loader, depth=1)
+    ahead.draw(Sampling())
+    ranks.version += 2  # two updates while one batch was in flight
+    drawn = ahead.draw(Sampling())
+    assert drawn.version == 2 and drawn.prompts.dataset_indices == ranks.submitted[2][0]
+    assert ahead.step_times.metrics()["rollout/dropped_stale"] == 2  # the 2 prompts of the stale batch
+
+
+def test_the_saved_position_is_before_the_batches_in_flight(loader):
+    reference = PromptLoader(loader.dataset, batch_size=2, seed=0)
+    expected = [reference.next_batch().dataset_indices for _ in range(4)]
+    ahead = AheadGeneration(ScriptedRolloutRanks(), loader, depth=2)
+    taken = ahead.draw(Sampling()).prompts.dataset_indices
+    assert taken == expected[0] and loader.prompts_drawn == 6 and ahead.prompts_drawn == 2
+    state = json.loads(json.dumps(ahead.state_dict()))  # what a checkpoint holds
+    resumed = AheadGeneration(ScriptedRolloutRanks(), PromptLoader(loader.dataset, batch_size=2, seed=0), depth=2)
+    resumed.load_state_dict(state)
+    assert resumed.prompts_drawn == 2
+    assert [resumed.draw(Sampling()).prompts.dataset_indices for _ in range(3)] == expected[1:]
