@@ -74,10 +74,11 @@ class Detection:
 def median_distance(rec: np.ndarray) -> np.ndarray:
     """Mean |window - cross-machine median window| per machine.
 
-    rec: [..., machines, window], NaN rows for machines to leave out -> [..., machines].
+    rec: [..., window, machines] (machines last: the median sorts contiguous rows), NaN
+    columns for machines to leave out -> [..., machines].
     """
-    med = nanmedian(rec, axis=-2, keepdims=True)
-    return np.abs(rec - med).mean(-1)  # NaN rows stay NaN
+    d = rec - nanmedian(rec, axis=-1, keepdims=True)
+    return np.abs(d, out=d).mean(-2)  # NaN columns stay NaN
 
 
 def normalise_scores(s: np.ndarray, min_machines: int) -> np.ndarray:
@@ -103,15 +104,7 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
         raise ValueError(f"grid step {grid.step_s} s differs from DetectConfig.step_s {cfg.step_s} s")
     resid, _ = normalise(grid.values, int(cfg.max_fill_s / cfg.step_s))
     win = cut_windows(resid, cfg.window, cfg.stride)  # [metrics, machines, windows, window]
-    n_k, n_m, n_w, w = win.shape
-    rec = np.full((n_k, n_w, n_m, w), np.nan, np.float32)  # machines next to last
-    for k, metric in enumerate(grid.metrics):
-        wk = win[k].transpose(1, 0, 2)  # [windows, machines, window]
-        valid = ~np.isnan(wk).any(-1)
-        if denoiser is None or metric in STEP_METRICS:  # a step value is flat: nothing to denoise
-            rec[k][valid] = wk[valid]
-        else:
-            rec[k][valid] = denoiser.reconstruct(metric, wk[valid])
+    rec = denoised_windows(win, grid.metrics, denoiser)  # [metrics, windows, window, machines]
     s = median_distance(rec).transpose(0, 2, 1)  # [metrics, machines, windows]
     z = normalise_scores(s, cfg.min_machines)
     if cfg.peer_scores:
@@ -124,6 +117,31 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
         z = np.fmax(z, peer)
     start, end = window_times(grid, cfg.window, cfg.stride)
     return Scores(z, list(grid.metrics), list(grid.machines), start, end, step_period(grid))
+
+
+def denoised_windows(win: np.ndarray, metrics: list[str],
+                     denoiser: Denoiser | WindowMedian | None) -> np.ndarray:
+    """[metrics, machines, windows, window] residual windows -> reconstructions
+    [metrics, windows, window, machines] (machines last, for the median), NaN for
+    windows with a gap.
+
+    Every window goes through the denoiser, gaps zero-filled and voided afterwards: each
+    window's reconstruction depends on that window alone, so this gives the same numbers
+    as denoising only the complete ones, without gathering and scattering them (about a
+    tenth of the denoiser's time at 1024 machines). The denoiser gets a transposed view
+    of a time-major array, which is the layout its LSTM runs in: no further copy.
+    """
+    n_k, n_m, n_w, w = win.shape
+    rec = np.empty((n_k, n_w, w, n_m), np.float32)
+    for k, metric in enumerate(metrics):
+        x = np.ascontiguousarray(win[k].transpose(2, 1, 0)).reshape(w, n_w * n_m)  # [window, batch]
+        gap = np.isnan(x).any(0)
+        x[:, gap] = 0.0
+        if denoiser is not None and metric not in STEP_METRICS:  # a step value is flat: nothing to denoise
+            x = denoiser.reconstruct(metric, x.T).T
+        rec[k] = x.reshape(w, n_w, n_m).transpose(1, 0, 2)
+        rec[k].transpose(0, 2, 1)[gap.reshape(n_w, n_m)] = np.nan
+    return rec
 
 
 def step_period(grid: Grid) -> float | None:

@@ -82,7 +82,9 @@ def fill_gaps(x: np.ndarray, max_gap: int) -> np.ndarray:
 
 def nanmedian(x: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
     """Median ignoring NaNs (NaN where all are NaN); sort-based, ~8x faster than np.nanmedian."""
-    s = np.sort(np.moveaxis(x, axis, -1), axis=-1)  # NaNs sort last
+    # Rows made contiguous first: sorting them takes ~2/3 of the time of strided ones.
+    s = np.moveaxis(x, axis, -1).copy(order="C")
+    s.sort(axis=-1)  # NaNs sort last
     if s.shape[-1] == 0:  # nothing to take a median of (e.g. a trace shorter than one window)
         med = np.full(s.shape[:-1], np.nan, np.result_type(x.dtype, np.float16))
         return np.expand_dims(med, axis) if keepdims else med
@@ -107,7 +109,7 @@ def normalise(values: np.ndarray, max_gap: int = 3, floor_frac: float = 1e-3
     resid = x - centre
     scale = np.empty(x.shape[0], np.float32)
     for k in range(x.shape[0]):
-        r = np.abs(resid[k]).ravel()[::_subsample(resid[k].size)]  # a spread needs no 10^6 samples
+        r = np.abs(resid[k].ravel()[::_subsample(resid[k].size)])  # a spread needs no 10^6 samples
         r = r[np.isfinite(r)]
         level = np.abs(centre[k]).ravel()
         level = level[np.isfinite(level)]

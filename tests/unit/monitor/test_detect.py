@@ -107,14 +107,14 @@ def test_top1_rule_and_already_declared_machines(make_grid):
 
 def test_median_distance_matches_brute_force():
     rng = np.random.default_rng(0)
-    rec = rng.normal(size=(3, 11, 8)).astype(np.float32)
-    rec[1, 4] = np.nan  # machine left out of one window
+    rec = rng.normal(size=(3, 8, 11)).astype(np.float32)  # [windows, window, machines]
+    rec[1, :, 4] = np.nan  # machine left out of one window
     got = median_distance(rec)
     for w in range(3):
-        rows = [i for i in range(11) if not np.isnan(rec[w, i, 0])]
-        med = np.median(rec[w, rows], axis=0)
+        rows = [i for i in range(11) if not np.isnan(rec[w, 0, i])]
+        med = np.median(rec[w][:, rows], axis=1)
         for i in range(11):
-            want = np.nan if i not in rows else np.abs(rec[w, i] - med).mean()
+            want = np.nan if i not in rows else np.abs(rec[w, :, i] - med).mean()
             np.testing.assert_allclose(got[w, i], want, rtol=1e-5, equal_nan=True)
 
 
