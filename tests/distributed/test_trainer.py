@@ -3,7 +3,8 @@ weight syncs for 3 steps, dense and MoE actors, with the train/inference logprob
 measured before the first update.
 
 Launches: a dense actor at TP2 with two vLLM TP1 replicas (world 2), the same with vLLM on
-a rollout rank of its own (world 3, disaggregated), and a MoE actor at
+two rollout ranks of their own (world 4, disaggregated) and one rollout rank running a batch
+ahead (world 2), and a MoE actor at
 TP2*EP2 with four vLLM TP1 replicas (world 4); VAPO and T-PPO (generation windows carried
 across steps, then resumed) with a dense actor and critic at world 2. Both start from a tiny supervised base built
 once for the module.
@@ -103,12 +104,12 @@ def test_grpo_dense_tp2_world2_then_resume_in_dp2(grpo_tp2, bases):
 
 
 def test_disaggregated_rollouts_train_what_colocated_ones_do(tmp_path, grpo_tp2, bases):
-    """The same GRPO run with vLLM on a rank of its own (world 3: TP2 training ranks + one
-    rollout rank; weights over the bridge): every trained-on number equal to the colocated
-    run's, in fp32, and the parity guard holds on the rollout rank's engine."""
+    """The same GRPO run with vLLM on ranks of their own (world 4: TP2 training ranks + two
+    rollout ranks, two vLLM replicas; weights over the bridge): every trained-on number equal
+    to the colocated run's, in fp32, and the parity guard holds on the rollout ranks' engines."""
     _, colocated = grpo_tp2
-    rows, _ = _train(tmp_path, 3, bases["qwen3"], "grpo", *GRPO_TP2, "rollout.placement=disaggregated",
-                     "rollout.num_ranks=1")
+    rows, _ = _train(tmp_path, 4, bases["qwen3"], "grpo", *GRPO_TP2, "rollout.placement=disaggregated",
+                     "rollout.num_ranks=2")
     _check(rows)
     assert len(rows) == len(colocated)
     for got, want in zip(rows, colocated):
