@@ -158,6 +158,9 @@ class RolloutConfig:
     num_ranks: int = 0
     """disaggregated: how many ranks of the launch run vLLM (a multiple of
     tensor_parallel_size); the training layout gets the rest."""
+    timeout_s: float = 3600.0
+    """disaggregated: how long the training ranks wait for an answer of the rollout ranks (a
+    whole generation batch included) before stopping with an error that names them."""
     max_staleness: int = 0
     """disaggregated: how many generation batches the rollout ranks run ahead of training
     (0: synchronous). A batch trained at step s then samples policy version >= s - 1 - k;
@@ -214,6 +217,8 @@ class RolloutConfig:
         if self.placement == "colocated" and self.num_ranks:
             raise ConfigError(f"rollout.num_ranks={self.num_ranks} only applies to rollout.placement=disaggregated "
                               "(colocated: every rank generates)")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"rollout.timeout_s={self.timeout_s} must be > 0")
         if self.max_staleness < 0:
             raise ConfigError(f"rollout.max_staleness={self.max_staleness} must be >= 0 (0: synchronous)")
         if self.placement == "colocated" and self.max_staleness:

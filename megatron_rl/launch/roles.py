@@ -68,12 +68,26 @@ class RoleWorld:
     def role(self) -> str:
         return self.roles.role(self.rank)
 
+    def describe_rollout_ranks(self) -> str:
+        """``rollout ranks 2-3 of the launch``: how errors name them."""
+        first, last = self.roles.training_ranks, self.roles.world - 1
+        return f"rollout rank {first} of the launch" if first == last else \
+            f"rollout ranks {first}-{last} of the launch"
 
-def init_roles(rollout_ranks: int, timeout_s: float = 1800.0) -> RoleWorld:
+
+BRIDGE_TIMEOUT_S = 7 * 24 * 3600.0
+"""The bridge's own timeout. Its receiving threads wait through whole training steps (and
+a gloo timeout closes the group for good), so the bridge never times out by itself: the
+trainer bounds each wait for an answer (``rollout.timeout_s``, rollout/remote.py)."""
+
+
+def init_roles(rollout_ranks: int, timeout_s: float = 3600.0) -> RoleWorld:
     """Split this launch: the default process group becomes this rank's role's world, and
-    training rank 0 and the rollout ranks join the bridge. Afterwards RANK/WORLD_SIZE name
-    the role's world (vLLM's external launcher reads them); LOCAL_RANK is left alone (it
-    picks the device)."""
+    training rank 0 and the rollout ranks join the bridge. ``timeout_s`` bounds the role
+    worlds' collectives; the training ranks other than 0 wait in one while rank 0 waits for
+    the rollout ranks, so it must exceed that wait. Afterwards RANK/WORLD_SIZE name the
+    role's world (vLLM's external launcher reads them); LOCAL_RANK is left alone (it picks
+    the device)."""
     import torch.distributed as dist
 
     rank, world = platform.launch_env()
@@ -86,7 +100,7 @@ def init_roles(rollout_ranks: int, timeout_s: float = 1800.0) -> RoleWorld:
     bridge = None
     if bridge_rank is not None:
         bridge = tuple(platform.process_group_on_store(dist.PrefixStore(f"bridge/{direction}/", store),
-                                                       bridge_rank, rollout_ranks + 1, timeout_s)
+                                                       bridge_rank, rollout_ranks + 1, BRIDGE_TIMEOUT_S)
                        for direction in ("down", "up"))
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(roles.role_rank(rank)), str(roles.role_size(rank))
     return RoleWorld(roles, rank, bridge)

@@ -27,12 +27,15 @@ TRAINER, ROLLOUT_LEADER = 0, 1
 
 
 class Channel:
-    """Object and tensor messages over one process group (gloo on CPU)."""
+    """Object and tensor messages over one process group (gloo on CPU). ``send_timeout_s``
+    bounds how long a sender waits for the receivers (a frozen peer never posts its
+    receive); None: as long as the group's own timeout."""
 
-    def __init__(self, group):
+    def __init__(self, group, send_timeout_s: Optional[float] = None):
         self.group = group
         self.rank = group.rank()
         self.size = group.size()
+        self.send_timeout_s = send_timeout_s
 
     def broadcast_tensor(self, tensor: torch.Tensor, root: int = TRAINER) -> torch.Tensor:
         """``tensor`` from ``root`` into every member's ``tensor`` (same shape and dtype)."""
@@ -40,8 +43,16 @@ class Channel:
 
         options = dist.BroadcastOptions()
         options.rootRank = root
-        self.group.broadcast([tensor], options).wait()
+        self._wait(self.group.broadcast([tensor], options), sending=self.rank == root)
         return tensor
+
+    def _wait(self, work, sending: bool) -> None:
+        import datetime
+
+        if sending and self.send_timeout_s is not None:
+            work.wait(datetime.timedelta(seconds=self.send_timeout_s))  # raises RuntimeError when it expires
+        else:
+            work.wait()
 
     def broadcast_object(self, obj: Any = None, root: int = TRAINER) -> Any:
         """``obj`` from ``root`` to every member (others pass nothing and get it back)."""
@@ -52,8 +63,8 @@ class Channel:
 
     def send_object(self, obj: Any, dst: int) -> None:
         payload = _to_bytes(obj)
-        self.group.send([torch.tensor([payload.numel()])], dst, 0).wait()
-        self.group.send([payload], dst, 1).wait()
+        self._wait(self.group.send([torch.tensor([payload.numel()])], dst, 0), sending=True)
+        self._wait(self.group.send([payload], dst, 1), sending=True)
 
     def recv_object(self, src: int) -> Any:
         length = torch.zeros(1, dtype=torch.int64)

@@ -25,6 +25,7 @@ the rollout side is answered with its error, raised on every training rank as
 from __future__ import annotations
 
 import dataclasses
+import queue
 import time
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
@@ -104,13 +105,18 @@ def bucket_bytes(specs: Sequence[TensorSpec]) -> int:
 class RolloutClient:
     """The training ranks' handle on the rollout ranks' engines (see the module docstring).
 
-    ``bridge``: the (down, up) groups on training rank 0, None on the other training ranks."""
+    ``bridge``: the (down, up) groups on training rank 0, None on the other training ranks.
+    ``answer_timeout_s``: the longest wait for one answer before the rollout ranks count as hung."""
 
-    def __init__(self, bridge: Optional[tuple], config: EngineConfig, model_dir: Path):
-        self.config = config
+    def __init__(self, bridge: Optional[tuple], config: EngineConfig, model_dir: Path,
+                 who: str = "the rollout ranks", answer_timeout_s: float = 3600.0):
+        self.config, self.who, self.answer_timeout_s = config, who, answer_timeout_s
         self.down = self.inbox = None
+        self.broken: Optional[str] = None
+        """Why the rollout ranks cannot be reached any more (training rank 0 finds out on a
+        send; every training rank learns it from the next :meth:`result`)."""
         if bridge is not None:
-            self.down, up = Channel(bridge[0]), Channel(bridge[1])
+            self.down, up = Channel(bridge[0], send_timeout_s=answer_timeout_s), Channel(bridge[1])
             self.inbox = Inbox(lambda: up.recv_object(ROLLOUT_LEADER), is_last=lambda m: m[1] == "stopped",
                                name="rollout-answers")
         self.sent = 0
@@ -156,8 +162,8 @@ class RolloutClient:
     def close(self) -> None:
         """Release the rollout ranks (their processes end with the launch)."""
         self.submit(Command("stop"), keep=False)
-        if self.inbox is not None:
-            while self.inbox.get()[1] != "stopped":
+        if self.inbox is not None and self.broken is None:
+            while self.inbox.get(timeout=self.answer_timeout_s)[1] != "stopped":
                 pass
 
     # -- commands ---------------------------------------------------------------------
@@ -168,13 +174,17 @@ class RolloutClient:
         number, self.sent = self.sent, self.sent + 1
         if keep:
             self._kept.add(number)
-        if self.down is not None:
+        if self.down is not None and self.broken is None:
             if bucket is not None:
                 specs, flat = pack_bucket(bucket)
                 command = Command(command.kind, specs)
-            self.down.broadcast_object(command)
-            if bucket is not None:
-                self.down.broadcast_tensor(flat)
+            try:
+                self.down.broadcast_object(command)
+                if bucket is not None:
+                    self.down.broadcast_tensor(flat)
+            except RuntimeError as err:  # frozen past rollout.timeout_s, or gone
+                self.broken = (f"{self.who} did not take command {number} ({command.kind}): gone, or hung "
+                               f"past rollout.timeout_s={self.answer_timeout_s:g} s ({err})")
         return number
 
     def result(self, number: int) -> Any:
@@ -182,7 +192,17 @@ class RolloutClient:
         world); raises :class:`RolloutRankError` when it, or any command before it, failed."""
         import torch.distributed as dist
 
-        answer = [self._await(number) if self.inbox is not None else None]
+        answer = [None]
+        if self.broken is not None:
+            answer[0] = ("error", self.broken)
+        elif self.inbox is not None:
+            try:
+                answer[0] = self._await(number)
+            except queue.Empty:
+                answer[0] = ("error", f"{self.who} did not answer command {number} within rollout.timeout_s="
+                                      f"{self.answer_timeout_s:g} s: hung, or slower than that")
+            except (RuntimeError, OSError) as err:  # the bridge broke: a rollout rank died
+                answer[0] = ("error", f"{self.who} stopped answering (the bridge failed: {err})")
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.broadcast_object_list(answer, src=0)
         status, value = answer[0]
@@ -195,7 +215,7 @@ class RolloutClient:
         an error answers whoever is waiting."""
         self._kept.discard(number)
         while number not in self._answers:
-            got, status, value = self.inbox.get()
+            got, status, value = self.inbox.get(timeout=self.answer_timeout_s)
             if status == "error":
                 return status, value
             if got == number or got in self._kept:

@@ -58,22 +58,54 @@ def run_script(script: Path, world_size: int, args: Sequence[str] = (), timeout_
 
 def run_process_group(cmd: Sequence[str], env: Optional[dict], timeout_s: float,
                       cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
-    """``cmd`` in a session of its own, output captured. On a timeout the whole session is
-    killed, not only its leader: a torchrun killed alone leaves its ranks (and their vLLM
-    workers) running, and those orphans slow every later test on a 2-core machine."""
+    """``cmd`` in a session of its own, output captured. On a timeout every descendant is
+    killed, not only the leader: a torchrun killed alone leaves its ranks (and their vLLM
+    workers) running, and those orphans slow every later test on a 2-core machine.
+    torchrun starts each rank in a session of its own, so killing torchrun's session is
+    not enough: the ranks are found by their parent links."""
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)
         out, err = proc.communicate()
         raise subprocess.TimeoutExpired(cmd, timeout_s, output=out, stderr=err) from None
     finally:
         if proc.poll() is None:  # interrupted (Ctrl-C): leave nothing behind
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
     _kill_leftovers(proc.pid)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children first), from /proc's parent links."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop(0)
+        found.append(child)
+        todo.extend(children.get(child, []))
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s descendants, then its session."""
+    for child in descendants(pid):
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _kill_leftovers(pid)
 
 
 def _kill_leftovers(session: int) -> None:

@@ -40,6 +40,7 @@ from megatron_rl.launch.status import write_status
 from megatron_rl.models.builder import BuildOptions
 from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.models.route_replay import RouteReplay
+from megatron_rl.rollout.remote import RolloutRankError
 from megatron_rl.parallel import initialize, initialize_alongside
 from megatron_rl.schedules import (ActorLoss, CriticLoss, Microbatching, TrainBatch, gathered_logprobs,
                                    gathered_values, local_batch, train_step)
@@ -103,6 +104,8 @@ class RLTrainer:
         self.last_save_s = 0.0
         self.stop_signal = None
         self.empty_steps = EmptyStepGuard(cfg.algorithm.max_empty_steps)
+        self.rollout_error: Optional[str] = None
+        """Why the rollout ranks ended the run (disaggregated; exit 1, which is requeued)."""
         self.error: Optional[str] = None
         """Why the run stopped without finishing, when the trainer itself stopped it (exit code 2)."""
 
@@ -176,7 +179,9 @@ class RLTrainer:
             self.engine = RolloutEngine(self.base_dir, engine_config)
             self.generate = functools.partial(generate_groups, self.engine)
         else:
-            self.engine = RolloutClient(self.roles.bridge, engine_config, self.base_dir)
+            self.engine = RolloutClient(self.roles.bridge, engine_config, self.base_dir,
+                                        who=self.roles.describe_rollout_ranks(),
+                                        answer_timeout_s=cfg.rollout.timeout_s)
             self.generate = self.engine.generate_groups
         self.sampling = Sampling(n=cfg.rollout.n_samples, max_tokens=cfg.rollout.max_new_tokens,
                                  temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
@@ -218,11 +223,18 @@ class RLTrainer:
     # ---- the step -----------------------------------------------------------------------
 
     def run(self) -> dict:
-        """Train from the step after the newest checkpoint to trainer.max_steps, or until told to stop."""
+        """Train from the step after the newest checkpoint to trainer.max_steps, or until told to
+        stop. Rollout ranks that fail or hang end the run with exit 1 (requeue) after the saves
+        in flight commit."""
         step = self.first_step - 1
-        for step in range(self.first_step, self.cfg.trainer.max_steps + 1):
-            if self.step(step):
-                break
+        try:
+            for step in range(self.first_step, self.cfg.trainer.max_steps + 1):
+                if self.step(step):
+                    break
+        except RolloutRankError as err:  # every training rank gets it (the client broadcasts it)
+            self.rollout_error = (f"{err}; the checkpoints committed before are intact "
+                                  "(a requeue resumes from the newest)")
+            return self.close(step - 1)
         return self.close(step)
 
     def step(self, step: int) -> bool:
@@ -507,15 +519,17 @@ class RLTrainer:
         code = exit_codes.DONE if step >= self.cfg.trainer.max_steps else exit_codes.STOPPED
         if self.error is not None:
             code = exit_codes.CONFIG_ERROR  # a requeue would only repeat it
+        if self.rollout_error is not None:
+            code = exit_codes.FAILED
         if self.rank == 0:
             write_status(self.run_dir, code, step, None if self.stop_signal is None else self.stop_signal.name,
                          self.slurm)
         self.log.close()
         self.verifier.close()
-        if self.roles is not None:
+        if self.roles is not None and self.rollout_error is None:
             self.engine.close()  # releases the rollout ranks
         summary = {"run_dir": str(self.run_dir), "steps": len(self.history), "last_step": step, "exit_code": code,
-                   "error": self.error}
+                   "error": self.rollout_error or self.error}
         # T-PPO steps in which no response finished have no reward (nan).
         rewards = [r["reward/mean"] for r in self.history if math.isfinite(r["reward/mean"])]
         if rewards:
@@ -556,10 +570,24 @@ def train(cfg: Config) -> dict:
         if cfg.rollout.placement != "disaggregated":
             return RLTrainer(cfg, stop).run()
         validate(cfg, platform.launch_env()[1])  # before the split: a bad config fails on every rank alike
-        roles = init_roles(cfg.rollout.num_ranks)
+        roles = init_roles(cfg.rollout.num_ranks, timeout_s=max(600.0, cfg.rollout.timeout_s + 60.0))
         if roles.role == ROLLOUT:
             return _serve_rollouts(roles, cfg)
-        return RLTrainer(cfg, stop, roles).run()
+        summary = RLTrainer(cfg, stop, roles).run()
+        if summary["exit_code"] == exit_codes.FAILED:
+            _exit_now(summary["error"], roles.rank == 0)
+        return summary
+
+
+def _exit_now(error: str, report: bool) -> None:
+    """End a training rank whose rollout ranks failed: the bridge's receiving thread still
+    waits on them, and gloo joins such a wait before a process may exit normally."""
+    import os
+
+    if report:
+        print(f"megatron-rl: error: {error}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(exit_codes.FAILED)
 
 
 def _serve_rollouts(roles: RoleWorld, cfg: Config) -> dict:

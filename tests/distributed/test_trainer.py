@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from megatron_rl.tasks.base_model import BaseModelSettings, make_tiny_base
-from megatron_rl.testing.torchrun import _free_port, run_process_group
+from megatron_rl.testing.torchrun import _free_port, descendants, kill_tree, run_process_group
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -325,3 +325,86 @@ def test_dapo_one_batch_ahead_then_resume_with_a_batch_in_flight(tmp_path, bases
     step5 = resumed[4]
     assert step5["data/prompts_drawn"] == drawn + prompts * step5["rollout/generation_batches"]
     assert step5["rollout/staleness_max"] == 0  # nothing was in flight after the resume
+
+
+def _launch_rank_pids(launcher: int, rank: int) -> list[int]:
+    """Processes below a launch started as launch rank ``rank`` (torchrun's RANK)."""
+    found = []
+    for pid in descendants(launcher):
+        try:
+            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if f"RANK={rank}".encode() in environ:
+            found.append(pid)
+    return found
+
+
+def _signal_rollout_rank_after_step_2(tmp_path, base, signum, *overrides):
+    """A disaggregated GRPO run (world 2, a checkpoint every step) whose rollout rank gets
+    ``signum`` once step 2 is logged: (exit code, output, seconds from the signal to the
+    end, steps logged, newest intact checkpoint)."""
+    import signal
+    import subprocess
+    import time
+
+    from megatron_rl.checkpoint.recovery import newest_intact_step
+
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={_free_port()}",
+           "-m", "megatron_rl", "train", "--config", "examples/grpo.yaml", f"trainer.run_dir={run_dir}",
+           f"model.hf_path={base}", f"data.source={base}/train.jsonl", "data.reward=digits",
+           "trainer.max_steps=200", "rollout.prompts_per_step=4", "rollout.n_samples=4", "trainer.micro_batch_size=2",
+           "checkpoint.save_interval=1", "rollout.placement=disaggregated", "rollout.num_ranks=1", *overrides]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 900
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before step 2"
+            time.sleep(0.5)
+        rollout = _launch_rank_pids(proc.pid, rank=1)
+        assert len(rollout) == 1, rollout
+        os.kill(rollout[0], signum)
+        signalled = time.monotonic()
+        out, _ = proc.communicate(timeout=300)
+        ended_after = time.monotonic() - signalled
+    finally:
+        kill_tree(proc.pid)
+    logged = len(metrics.read_text().splitlines())
+    return proc.returncode, out, ended_after, logged, newest_intact_step([run_dir / "checkpoints"], "fail")
+
+
+def test_a_killed_rollout_rank_ends_the_launch_and_the_checkpoints_stay(tmp_path, bases):
+    """SIGKILL of the rollout rank after step 2: the launch ends at once with a requeue-able
+    exit code and the rollout rank named, and the checkpoints committed before stay intact (a
+    requeue resumes from the newest). Who names it is a race: the trainer (its bridge
+    breaks) or torchrun (it saw the rank die first and ended the others)."""
+    import re
+    import signal
+
+    code, out, ended_after, logged, intact = _signal_rollout_rank_after_step_2(tmp_path, bases["qwen3"],
+                                                                               signal.SIGKILL)
+    assert code not in (0, 2, 75), out[-3000:]  # a failure the Slurm script may requeue
+    by_trainer = "megatron-rl: error: rollout rank 1 of the launch " in out  # its bridge broke on a send or receive
+    by_torchrun = re.search(r"Root Cause.*?rank\s*: 1 \(local_rank: 1\)\s*exitcode\s*: -9", out, re.S)
+    assert by_trainer or by_torchrun, out[-3000:]
+    assert ended_after < 120, ended_after
+    assert intact is not None and 2 <= intact <= logged, (intact, logged)
+
+
+def test_a_hung_rollout_rank_ends_the_run_with_its_name_within_the_timeout(tmp_path, bases):
+    """SIGSTOP of the rollout rank after step 2 (alive, answering nothing): the training ranks
+    stop after rollout.timeout_s with one error line naming the rollout rank, exit 1 (which
+    the Slurm script requeues), the checkpoints committed before intact."""
+    import signal
+
+    code, out, ended_after, logged, intact = _signal_rollout_rank_after_step_2(
+        tmp_path, bases["qwen3"], signal.SIGSTOP, "rollout.timeout_s=15")
+    assert code == 1, out[-3000:]
+    line = next((x for x in out.splitlines() if x.startswith("megatron-rl: error:")), out[-3000:])
+    assert line.startswith("megatron-rl: error: rollout rank 1 of the launch did not") and \
+        "rollout.timeout_s=15 s" in line, line
+    assert 15 <= ended_after < 120, ended_after
+    assert intact is not None and 2 <= intact <= logged, (intact, logged)
