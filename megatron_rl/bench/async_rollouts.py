@@ -169,13 +169,17 @@ def summarize_mode(rows: Sequence[dict], first_step: int = FIRST_STEP) -> dict:
     """One run's numbers from its metrics.jsonl rows; means over steps >= ``first_step``.
     Keys a placement does not log (colocated: no overlap, idle or staleness) are None.
     ``rollout_s`` is the step's rollout phase as the training ranks saw it (colocated: generating
-    and scoring; disaggregated: waiting for the batch and scoring it)."""
+    and scoring; disaggregated: waiting for the batch and scoring it). ``rollout_idle_s`` is
+    the trainer's metric: the rollout ranks' wait right before each generate command only (at
+    k = 0 their wait during training precedes the weight load, so it is not in it); the share of
+    the timed steps they spent generating, ``rollout_busy_fraction``, shows how idle they were."""
     timed = [r for r in rows if r["step"] >= first_step]
     if not timed:
         raise ValueError(f"no metrics rows from step {first_step} on (steps logged: {[r['step'] for r in rows]})")
     tokens = sum(r["throughput/tokens_per_s"] * r["timing/step_s"] for r in timed)
     seconds = sum(r["timing/step_s"] for r in timed)
     staleness = [r["rollout/staleness_max"] for r in timed if "rollout/staleness_max" in r]
+    generated = [r["timing/generation_s"] for r in timed if "timing/generation_s" in r]
     return {
         "steps": len(rows), "timed_steps": len(timed),
         "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
@@ -184,6 +188,7 @@ def summarize_mode(rows: Sequence[dict], first_step: int = FIRST_STEP) -> dict:
         "generation_s": _mean(timed, "timing/generation_s"),
         "overlap_fraction": _mean(timed, "timing/overlap_fraction"),
         "train_idle_s": _mean(timed, "timing/train_idle_s"), "rollout_idle_s": _mean(timed, "timing/rollout_idle_s"),
+        "rollout_busy_fraction": sum(generated) / seconds if generated else None,
         "staleness_mean": _mean(timed, "rollout/staleness_mean"), "staleness_max": max(staleness, default=None),
         "reward_curve": [r["reward/mean"] for r in rows],
     }

@@ -83,14 +83,16 @@ def test_summary_of_metrics_rows():
     # Steps 2..3 only: colocated 200 x 1 + 100 x 3 = 500 tokens in 4 s (the mean of the rates would say 150).
     assert (colocated["tokens"], colocated["seconds"], colocated["tokens_per_s"]) == (500.0, 4.0, 125.0)
     assert (colocated["step_s"], colocated["train_s"], colocated["rollout_s"]) == (2.0, 1.0, 0.5)
-    for key in ("generation_s", "overlap_fraction", "train_idle_s", "rollout_idle_s", "staleness_mean",
-                "staleness_max"):
+    for key in ("generation_s", "overlap_fraction", "train_idle_s", "rollout_idle_s", "rollout_busy_fraction",
+                "staleness_mean", "staleness_max"):
         assert colocated[key] is None, key  # colocated runs log none of them
     assert colocated["reward_curve"] == [0.1, 0.2, 0.3] and colocated["timed_steps"] == 2
     assert (k0["tokens_per_s"], k0["step_s"], k0["train_idle_s"], k0["overlap_fraction"]) == (100.0, 2.0, 0.625, 0.0)
     assert (k0["staleness_mean"], k0["staleness_max"], k0["generation_s"], k0["rollout_idle_s"]) == (0.0, 0, 0.5, 0.25)
     assert (k1["tokens_per_s"], k1["step_s"], k1["train_idle_s"], k1["overlap_fraction"]) == (200.0, 1.0, 0.0, 0.375)
     assert (k1["staleness_mean"], k1["staleness_max"], k1["reward_curve"]) == (1.0, 1, [0.1, 0.25, 0.5])
+    # 0.5 s of generation in each timed step: 1.0 s of 4 s (k0) and of 2 s (k1).
+    assert (k0["rollout_busy_fraction"], k1["rollout_busy_fraction"]) == (0.25, 0.5)
     assert (out["speedup_k1_vs_k0"], out["speedup_k0_vs_colocated"], out["speedup_k1_vs_colocated"]) == (2.0, 0.8, 1.6)
 
 
