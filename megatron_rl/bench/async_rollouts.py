@@ -39,13 +39,13 @@ import os
 import platform as host
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
 from megatron_rl.bench.args import BenchArgumentError, positive, run_checked, world_size
-from megatron_rl.bench.checkpoint_scratch import scratch_problem
 
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "grpo.yaml"
 CORRECTION = "algorithm.overrides={rollout_correction: {kind: token_tis, cap: 2.0}}"
@@ -63,7 +63,7 @@ examples:
 
 
 class LaunchFailed(RuntimeError):
-    """A trainer launch exited non-zero (its log is kept in the bench's directory)."""
+    """A trainer launch exited non-zero or timed out (its log is kept in the bench's directory)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,11 +86,16 @@ class Launch:
 
     mode: str
     world: int
+    run_dir: Path
     overrides: tuple[str, ...]
+    """Everything but trainer.run_dir."""
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.world}",
-                "-m", "megatron_rl", "train", "--config", str(RECIPE), *self.overrides]
+                "-m", "megatron_rl", "train", "--config", str(RECIPE), *self.config_overrides()]
+
+    def config_overrides(self) -> tuple[str, ...]:
+        return (f"trainer.run_dir={self.run_dir}", *self.overrides)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -118,9 +123,9 @@ def make_plan(args: argparse.Namespace, world: int) -> Plan:
     if args.steps < FIRST_STEP:
         raise BenchArgumentError(f"--steps {args.steps}: the means start at step {FIRST_STEP}; "
                                  f"pass --steps >= {FIRST_STEP}")
-    problem = scratch_problem(args.dir)
-    if problem:
-        raise BenchArgumentError(problem)
+    if args.dir.exists() and (not args.dir.is_dir() or any(args.dir.iterdir())):
+        raise BenchArgumentError(f"--dir {args.dir} exists and is not an empty directory; pass a new or empty one "
+                                 "(a trainer finding a run dir of its own there would resume from it)")
     plan = Plan(steps=args.steps, train_ranks=args.train_ranks, rollout_ranks=args.rollout_ranks,
                 prompts_per_step=args.prompts_per_step, n_samples=args.n_samples,
                 max_new_tokens=args.max_new_tokens, seed=args.seed, dir=args.dir,
@@ -136,13 +141,12 @@ def launches(plan: Plan) -> list[Launch]:
               f"rollout.max_new_tokens={plan.max_new_tokens}", CORRECTION)
     out = []
     for mode, staleness in MODES.items():
-        run_dir = f"trainer.run_dir={plan.dir / mode}"
         if staleness is None:
-            out.append(Launch(mode, plan.train_ranks, (run_dir, *common)))
+            out.append(Launch(mode, plan.train_ranks, plan.dir / mode, common))
         else:
-            out.append(Launch(mode, plan.train_ranks + plan.rollout_ranks,
-                              (run_dir, *common, "rollout.placement=disaggregated",
-                               f"rollout.num_ranks={plan.rollout_ranks}", f"rollout.max_staleness={staleness}")))
+            out.append(Launch(mode, plan.train_ranks + plan.rollout_ranks, plan.dir / mode,
+                              (*common, "rollout.placement=disaggregated", f"rollout.num_ranks={plan.rollout_ranks}",
+                               f"rollout.max_staleness={staleness}")))
     return out
 
 
@@ -153,7 +157,7 @@ def check_configs(plan: Plan) -> None:
 
     for launch in launches(plan):
         try:
-            validate(load_config(RECIPE, launch.overrides), launch.world)
+            validate(load_config(RECIPE, launch.config_overrides()), launch.world)
         except ConfigError as err:
             raise BenchArgumentError(f"{launch.mode} (world {launch.world}): {err}") from None
 
@@ -212,22 +216,23 @@ def summarize(rows_by_mode: dict[str, Sequence[dict]], first_step: int = FIRST_S
 
 def launch_one(launch: Launch, log: Path, timeout_s: float) -> tuple[list[dict], float]:
     """Run one trainer launch (one thread per rank): its metrics rows and its wall time."""
+    # The tests' launcher: on a timeout it kills the whole session, vLLM workers included.
     from megatron_rl.testing.torchrun import run_process_group
 
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     started = time.perf_counter()
-    proc = run_process_group(launch.command(), env, timeout_s)
+    try:
+        proc = run_process_group(launch.command(), env, timeout_s)
+    except subprocess.TimeoutExpired as err:
+        log.write_text((err.output or "") + (err.stderr or ""))
+        raise LaunchFailed(f"{launch.mode} did not finish in --timeout {timeout_s:.0f} s ({log})") from None
     wall = time.perf_counter() - started
     log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
         raise LaunchFailed(f"{launch.mode} exited {proc.returncode} after {wall:.0f} s ({log}): {tail[0]}")
-    metrics = Path(_run_dir(launch)) / "metrics.jsonl"
+    metrics = launch.run_dir / "metrics.jsonl"
     return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()], wall
-
-
-def _run_dir(launch: Launch) -> str:
-    return next(o.split("=", 1)[1] for o in launch.overrides if o.startswith("trainer.run_dir="))
 
 
 def run(plan: Plan) -> dict:

@@ -24,8 +24,10 @@ def test_bad_arguments_are_refused(tmp_path):
         bench.make_plan(_args(tmp_path, "--steps", "1"), world=1)
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "metrics.jsonl").write_text("{}\n")
-    with pytest.raises(BenchArgumentError, match="exists and is not empty"):
+    with pytest.raises(BenchArgumentError, match="runs exists and is not an empty directory; pass a new or empty one"):
         bench.make_plan(_args(tmp_path), world=1)
+    (tmp_path / "runs" / "metrics.jsonl").unlink()
+    assert bench.make_plan(_args(tmp_path), world=1).dir == tmp_path / "runs"  # an empty one is taken
 
 
 def test_a_run_the_trainer_would_refuse_is_refused_before_any_launch(tmp_path):
@@ -46,12 +48,13 @@ def test_the_three_launches(tmp_path):
     colocated, k0, k1 = bench.launches(plan)
     assert [(x.mode, x.world) for x in (colocated, k0, k1)] == [
         ("colocated", 2), ("disaggregated_k0", 4), ("disaggregated_k1", 4)]
-    assert colocated.overrides[0] == f"trainer.run_dir={tmp_path / 'runs' / 'colocated'}"
-    common = set(colocated.overrides[1:])
+    assert [x.run_dir for x in (colocated, k0, k1)] == [tmp_path / "runs" / m for m in bench.MODES]
+    assert colocated.config_overrides()[0] == f"trainer.run_dir={tmp_path / 'runs' / 'colocated'}"
+    common = set(colocated.overrides)
     assert {"trainer.max_steps=5", "rollout.seed_per_prompt=true", bench.CORRECTION} <= common
     for launch, k in ((k0, 0), (k1, 1)):
-        assert set(launch.overrides[1:]) == common | {"rollout.placement=disaggregated", "rollout.num_ranks=2",
-                                                      f"rollout.max_staleness={k}"}
+        assert set(launch.overrides) == common | {"rollout.placement=disaggregated", "rollout.num_ranks=2",
+                                                  f"rollout.max_staleness={k}"}
     assert k1.command()[3:5] == ["--standalone", "--nproc-per-node=4"]
     assert not (tmp_path / "runs").exists()  # planning creates nothing
 
@@ -99,3 +102,28 @@ def test_summary_of_metrics_rows():
 def test_summary_needs_rows_past_the_first_step():
     with pytest.raises(ValueError, match=r"no metrics rows from step 2 on \(steps logged: \[1\]\)"):
         bench.summarize_mode(ROWS["colocated"][:1])
+
+
+@pytest.mark.parametrize("outcome", ["exit", "timeout"])
+def test_a_failed_launch_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys, outcome):
+    """The launcher is replaced: nothing is launched, the first run 'fails' and none follows."""
+    import subprocess
+
+    from megatron_rl.testing import torchrun
+
+    calls = []
+
+    def fake(cmd, env, timeout_s):
+        calls.append(cmd)
+        if outcome == "timeout":
+            raise subprocess.TimeoutExpired(cmd, timeout_s, output="partial\n", stderr="")
+        return subprocess.CompletedProcess(cmd, 3, "step 1/8\n", "RuntimeError: boom\n")
+
+    monkeypatch.setattr(torchrun, "run_process_group", fake)
+    assert main(["async", "--dir", str(tmp_path / "runs"), "--timeout", "7"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    log = tmp_path / "runs" / "colocated.log"
+    want = ("colocated did not finish in --timeout 7 s" if outcome == "timeout"
+            else "colocated exited 3 after 0 s")
+    assert err[-1].startswith(f"megatron-rl bench async: {want}") and str(log) in err[-1], err
+    assert len(calls) == 1 and log.read_text().startswith(("partial", "step 1/8"))
