@@ -33,7 +33,7 @@ trainer, algorithm, rollout, data, checkpoint, monitor); unknown keys and bad va
 OWN_PARSERS = {
     "convert": ("megatron_rl.bridge.cli", "HF <-> Megatron checkpoints: hf-to-megatron, megatron-to-hf; see `convert --help`"),
     "ckpt": ("megatron_rl.checkpoint.cli", "inspect and verify checkpoints; see `ckpt --help`"),
-    "bench": ("megatron_rl.bench.cli", "benchmarks: mfu | weight-sync | checkpoint | mismatch; see `bench --help`"),
+    "bench": ("megatron_rl.bench.cli", "benchmarks: mfu | weight-sync | checkpoint | mismatch | packing | async; see `bench --help`"),
     "plot": ("megatron_rl.trainer.plot", "draw a run's reward/length/entropy curves to RUN_DIR/curves.png"),
     "monitor": ("megatron_rl.monitor.cli", "faulty-machine detection (Minder): detect, eval, train-denoiser, synth; see `monitor --help`"),
 }

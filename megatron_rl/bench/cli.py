@@ -21,6 +21,7 @@ BENCHES: dict[str, str] = {
     "checkpoint": "megatron_rl.bench.checkpoint",
     "mismatch": "megatron_rl.bench.mismatch",
     "packing": "megatron_rl.bench.packing",
+    "async": "megatron_rl.bench.async_rollouts",
 }
 
 
