@@ -174,9 +174,8 @@ def summarize_mode(rows: Sequence[dict], first_step: int = FIRST_STEP) -> dict:
     Keys a placement does not log (colocated: no overlap, idle or staleness) are None.
     ``rollout_s`` is the step's rollout phase as the training ranks saw it (colocated: generating
     and scoring; disaggregated: waiting for the batch and scoring it). ``rollout_idle_s`` is
-    the trainer's metric: the rollout ranks' wait right before each generate command only (at
-    k = 0 their wait during training precedes the weight load, so it is not in it); the share of
-    the timed steps they spent generating, ``rollout_busy_fraction``, shows how idle they were."""
+    the trainer's metric (the rollout ranks' waits for commands since their previous
+    generation); ``rollout_busy_fraction`` is the share of the timed steps they spent generating."""
     timed = [r for r in rows if r["step"] >= first_step]
     if not timed:
         raise ValueError(f"no metrics rows from step {first_step} on (steps logged: {[r['step'] for r in rows]})")

@@ -56,7 +56,8 @@ class Generation:
     seconds: float
     """Time the rollout ranks spent generating them."""
     idle_s: float
-    """Time the rollout ranks waited for this command after finishing the previous one."""
+    """Time the rollout ranks waited for commands since the previous generation (between
+    every two commands: before weight buckets too, not only before this one)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,18 +247,20 @@ class RolloutServer:
 
     def serve(self) -> int:
         """Run commands in order until ``stop``; returns how many were served."""
-        number, idle_since = 0, time.perf_counter()
+        number, idle_since, idle_s = 0, time.perf_counter(), 0.0
         while True:
             command, bucket = self.inbox.get()
             if command.kind == "stop":
                 self._answer(number, "stopped", None)
                 return number
-            idle_s = time.perf_counter() - idle_since
+            idle_s += time.perf_counter() - idle_since
             try:
                 value = self._run(command, bucket, idle_s)
             except Exception as err:
                 self._answer(number, "error", f"rollout rank {self.rank}: {type(err).__name__}: {err}")
                 raise
+            if command.kind == "generate":  # the idle time went into its answer
+                idle_s = 0.0
             self._answer(number, "ok", value)
             number, idle_since = number + 1, time.perf_counter()
 
