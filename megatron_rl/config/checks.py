@@ -59,9 +59,9 @@ def _check_placement(config: Config, world_size: int) -> int:
         raise ConfigError(f"rollout.num_ranks={rollout.num_ranks} leaves no training rank in a launch of "
                           f"{world_size}; allowed: 1..{world_size - 1}")
     recipe = config.algorithm.build()
-    if recipe.generation_window is not None:
-        raise ConfigError("rollout.placement=disaggregated does not carry T-PPO's generation windows "
-                          "(algorithm.recipe=tppo) yet; use rollout.placement=colocated")
+    if recipe.generation_window is not None and rollout.max_staleness:
+        raise ConfigError(f"rollout.max_staleness={rollout.max_staleness} cannot be combined with generation_window "
+                          "(tppo): its window pool is continued in step with training; use 0")
     if rollout.max_staleness and recipe.rollout_correction is None:
         raise ConfigError(f"rollout.max_staleness={rollout.max_staleness} trains on samples of an older policy: "
                           "set algorithm.overrides.rollout_correction (e.g. {kind: token_tis, cap: 2.0}) so the "

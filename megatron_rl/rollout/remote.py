@@ -44,7 +44,7 @@ class RolloutRankError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class Command:
     kind: str
-    """start | generate | logprobs | load | check | finish | stop"""
+    """start | generate | continue | logprobs | load | check | finish | stop"""
     payload: Any = None
 
 
@@ -138,6 +138,10 @@ class RolloutClient:
     def generate_groups(self, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:
         """``sampling.n`` samples per prompt, generated on the rollout ranks, on every training rank."""
         return self.result(self.submit(Command("generate", (prompts, sampling)))).groups
+
+    def continue_samples(self, samples: list[Sample], sampling: Sampling) -> list[Sample]:
+        """Every unfinished sample extended by one more window (T-PPO), on every training rank."""
+        return self.result(self.submit(Command("continue", (samples, sampling))))
 
     def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         return self.result(self.submit(Command("logprobs", [list(s) for s in sequences])))
@@ -283,6 +287,11 @@ class RolloutServer:
             started = time.perf_counter()
             groups = generate_groups(self.engine, prompts, sampling)
             return Generation(groups, time.perf_counter() - started, idle_s)
+        if kind == "continue":
+            from megatron_rl.rollout.replicas import continue_samples
+
+            samples, sampling = command.payload
+            return continue_samples(self.engine, samples, sampling)
         if kind == "logprobs":
             return self.engine.prompt_logprobs(command.payload)
         if kind == "load":

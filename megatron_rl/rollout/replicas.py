@@ -19,6 +19,8 @@ from megatron_rl.rollout.seeds import prompt_seeds
 
 Generate = Callable[[PromptBatch, Sampling], list[list[Sample]]]
 """``sampling.n`` samples per prompt, in prompt order, the same on every rank that asks."""
+Continue = Callable[[list[Sample], Sampling], list[Sample]]
+"""Every unfinished sample extended by one more window, the same on every rank that asks."""
 
 
 def generate_groups(engine: RolloutEngine, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:

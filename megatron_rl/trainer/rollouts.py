@@ -24,8 +24,8 @@ import torch
 from megatron_rl.algorithms import dynamic_sampling_keep, overlong_penalty
 from megatron_rl.algorithms.recipes import AlgorithmRecipe
 from megatron_rl.data import PromptBatch
-from megatron_rl.rollout import RolloutEngine, Sample, Sampling
-from megatron_rl.rollout.replicas import Generate, continue_samples, generate_groups
+from megatron_rl.rollout import Sample, Sampling
+from megatron_rl.rollout.replicas import Continue, Generate
 from megatron_rl.trainer.windows import StepCounts, WindowPool, WindowSample
 
 
@@ -140,7 +140,8 @@ class WindowedRollout:
 
 
 def windowed_rollouts(
-    engine: RolloutEngine,
+    generate: Generate,
+    continue_: Continue,
     pool: WindowPool,
     take_prompts: Callable[[int], PromptBatch],
     sampling: Sampling,
@@ -154,12 +155,12 @@ def windowed_rollouts(
     todo = pool.begin_step()
     batches = 0
     if todo:
-        pool.continued(continue_samples(engine, todo, sampling))
+        pool.continued(continue_(todo, sampling))
         batches += 1
     new_prompts = pool.new_prompt_count()
     if new_prompts:
         prompts = take_prompts(new_prompts)
-        for answer, group in zip(prompts.answers, generate_groups(engine, prompts, sampling)):
+        for answer, group in zip(prompts.answers, generate(prompts, sampling)):
             pool.add_group(answer, group)
         batches += 1
     entries = pool.to_score()

@@ -10,7 +10,7 @@ Today's sources:
 - :class:`GroupSource`: every step, new prompts -> groups of G responses (lockstep), from
   the colocated engines or the rollout ranks (``rollout.placement``).
 - :class:`WindowSource`: T-PPO; responses cut off by the generation window are carried
-  in a :class:`WindowPool` and continued by the next step's weights (colocated only).
+  in a :class:`WindowPool` and continued by the next step's weights (wherever vLLM runs).
 An asynchronous source implements the same three calls.
 """
 
@@ -22,8 +22,8 @@ from typing import Callable, Optional
 
 from megatron_rl.algorithms.recipes import AlgorithmRecipe
 from megatron_rl.data import PromptBatch, PromptLoader
-from megatron_rl.rollout import RolloutEngine, Sampling
-from megatron_rl.rollout.replicas import Generate
+from megatron_rl.rollout import Sampling
+from megatron_rl.rollout.replicas import Continue, Generate
 from megatron_rl.trainer.ahead import AheadGeneration
 from megatron_rl.trainer.rollouts import Group, TrainRows, collect_rollouts, lockstep_draw, windowed_rollouts
 from megatron_rl.trainer.rows import usable_groups
@@ -114,11 +114,12 @@ def staleness_metrics(groups: list[Group], version: int) -> dict:
 class WindowSource(RolloutSource):
     """T-PPO: the window pool continued by each step's weights, refilled with new prompts."""
 
-    def __init__(self, engine: RolloutEngine, loader: PromptLoader, pool: WindowPool, recipe: AlgorithmRecipe,
-                 score: Score, decode: Decode):
+    def __init__(self, generate: Generate, continue_: Continue, loader: PromptLoader, pool: WindowPool,
+                 recipe: AlgorithmRecipe, score: Score, decode: Decode):
         if loader.batch_size != 1:
             raise ValueError("the window pool refills single rows: its loader must hand out one prompt at a time")
-        self.engine, self.loader, self.pool, self.recipe = engine, loader, pool, recipe
+        self.generate, self.continue_ = generate, continue_
+        self.loader, self.pool, self.recipe = loader, pool, recipe
         self.score, self.decode = score, decode
         self._rows: list[WindowSample] = []
 
@@ -130,8 +131,8 @@ class WindowSource(RolloutSource):
                            epochs=[b.epochs[0] for b in batches], group_ids=list(range(count)))
 
     def collect(self, sampling: Sampling) -> Rollout:
-        result = windowed_rollouts(self.engine, self.pool, self._take_prompts, sampling, self.recipe,
-                                   self.score, self.decode)
+        result = windowed_rollouts(self.generate, self.continue_, self.pool, self._take_prompts, sampling,
+                                   self.recipe, self.score, self.decode)
         self._rows = self.pool.training_rows()
         rows = self._rows
         metrics = {

@@ -153,7 +153,7 @@ class RLTrainer:
         from megatron_rl.rewards import build_verifier
         from megatron_rl.rollout import EngineConfig, RolloutEngine, Sampling
         from megatron_rl.rollout.remote import RolloutClient
-        from megatron_rl.rollout.replicas import generate_groups
+        from megatron_rl.rollout.replicas import continue_samples, generate_groups
         from megatron_rl.rollout.sync import WeightSync
 
         cfg, recipe = self.cfg, self.recipe
@@ -178,11 +178,12 @@ class RLTrainer:
         if self.roles is None:
             self.engine = RolloutEngine(self.base_dir, engine_config)
             self.generate = functools.partial(generate_groups, self.engine)
+            self.continue_ = functools.partial(continue_samples, self.engine)
         else:
             self.engine = RolloutClient(self.roles.bridge, engine_config, self.base_dir,
                                         who=self.roles.describe_rollout_ranks(),
                                         answer_timeout_s=cfg.rollout.timeout_s)
-            self.generate = self.engine.generate_groups
+            self.generate, self.continue_ = self.engine.generate_groups, self.engine.continue_samples
         self.sampling = Sampling(n=cfg.rollout.n_samples, max_tokens=cfg.rollout.max_new_tokens,
                                  temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                  stop_token_ids=(tokenizer.eos_token_id,), window=recipe.generation_window,
@@ -192,7 +193,7 @@ class RLTrainer:
                                       bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20)))
 
     def _source(self, loader, decode) -> RolloutSource:
-        """Lockstep groups, or T-PPO's window pool (colocated engines only)."""
+        """Lockstep groups, or T-PPO's window pool, on the colocated engines or the rollout ranks."""
         cfg, recipe = self.cfg, self.recipe
         row_multiple = train_row_multiple(cfg, self.world, recipe.use_critic)
         if recipe.generation_window is None:
@@ -201,7 +202,7 @@ class RLTrainer:
             return GroupSource(self.generate, loader, recipe, self.verifier.score_batch, decode,
                                cfg.rollout.prompts_per_step, cfg.rollout.n_samples, row_multiple, ahead)
         pool = WindowPool(cfg.rollout.prompts_per_step * cfg.rollout.n_samples, cfg.rollout.n_samples, row_multiple)
-        return WindowSource(self.engine, loader, pool, recipe, self.verifier.score_batch, decode)
+        return WindowSource(self.generate, self.continue_, loader, pool, recipe, self.verifier.score_batch, decode)
 
     def _resume(self) -> int:
         """Load the step chosen at start (the newest intact one, any saved layout) and push its

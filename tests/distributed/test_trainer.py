@@ -173,13 +173,24 @@ def test_vapo_value_pretraining_then_policy_world2(tmp_path, bases):
     assert rows[-1]["rollout/parity_max_abs_diff"] < FP32_PARITY_MAX
 
 
-def test_tppo_windows_carry_responses_across_steps_tp2_world2_then_resume(tmp_path, bases):
+TPPO_TP2 = ("parallel.tensor_model_parallel_size=2", "algorithm.overrides={generation_window: 4}",
+            "rollout.max_new_tokens=12")
+
+
+@pytest.fixture(scope="module")
+def tppo_tp2(tmp_path_factory, bases):
+    """T-PPO, dense actor and critic at TP2, two colocated vLLM replicas (world 2): (run root, rows)."""
+    root = tmp_path_factory.mktemp("tppo-tp2")
+    rows, _ = _train(root, 2, bases["qwen3"], "tppo", *TPPO_TP2)
+    return root, rows
+
+
+def test_tppo_windows_carry_responses_across_steps_tp2_world2_then_resume(tppo_tp2, bases):
     """T-PPO: 4-token windows of a 12-token budget; cut-off responses continue at the next step
     under the updated policy, the policy loss sees only tokens no earlier step trained on, and
     the critic learns from finished responses only. A resumed run gets the in-flight responses back."""
-    tppo = ("parallel.tensor_model_parallel_size=2", "algorithm.overrides={generation_window: 4}",
-            "rollout.max_new_tokens=12")
-    rows, _ = _train(tmp_path, 2, bases["qwen3"], "tppo", *tppo)
+    tmp_path, rows = tppo_tp2
+    tppo = TPPO_TP2
     _check(rows)  # includes logprob_abs_diff (this step's windows) and the parity after the sync
     first, later = rows[0], rows[1:]
     assert first["rollout/carried_samples"] == 0 and first["rollout/new_prompts"] == 4  # 4 prompts x 4 samples
@@ -297,6 +308,19 @@ def test_recipe_runs_three_steps(tmp_path, bases, recipe, world, base, overrides
 ASYNC = ("rollout.placement=disaggregated", "rollout.num_ranks=1", "rollout.max_staleness=1",
          "rollout.seed_per_prompt=true", "checkpoint.save_interval=2",
          "algorithm.overrides={rollout_correction: {kind: token_tis, cap: 2.0}}")
+
+
+def test_tppo_windows_continued_on_rollout_ranks_train_what_colocated_ones_do(tmp_path, tppo_tp2, bases):
+    """T-PPO with vLLM on two rollout ranks of their own (world 4): the windows cut off at one
+    step are continued over the bridge at the next, and every trained-on number equals the
+    colocated run's (the same two replicas with the same seeds draw the same samples)."""
+    _, colocated = tppo_tp2
+    rows, _ = _train(tmp_path, 4, bases["qwen3"], "tppo", *TPPO_TP2, "rollout.placement=disaggregated",
+                     "rollout.num_ranks=2")
+    assert rows[1]["rollout/carried_samples"] > 0, rows[1]
+    for got, want in zip(rows, colocated, strict=True):
+        compared = {k for k in want if not k.startswith(NOT_COMPARED)}
+        assert {k: got[k] for k in compared} == {k: want[k] for k in compared}, (got, want)
 
 
 def test_dapo_one_batch_ahead_then_resume_with_a_batch_in_flight(tmp_path, bases):

@@ -189,8 +189,10 @@ def test_disaggregated_rollouts_leave_a_training_world_the_layouts_fit():
     with pytest.raises(ConfigError, match="rollout.tensor_parallel_size=2 must divide the 3 ranks that run vLLM"):
         validate(load_config(DAPO, ["rollout.placement=disaggregated", "rollout.num_ranks=3",
                                     "rollout.tensor_parallel_size=2"]), 4)
-    with pytest.raises(ConfigError, match="does not carry T-PPO's generation windows"):
-        validate(load_config(DAPO, [*disagg, "algorithm.recipe=tppo", "algorithm.overrides={}"]), 4)
+    tppo = ["algorithm.recipe=tppo", "algorithm.overrides={generation_window: 4}"]
+    validate(load_config(DAPO, [*disagg, *tppo]), 4)  # windows continue on the rollout ranks
+    with pytest.raises(ConfigError, match="rollout.max_staleness=1 cannot be combined with generation_window"):
+        validate(load_config(DAPO, [*disagg, *tppo, "rollout.max_staleness=1"]), 4)
 
 
 def test_placement_and_rollout_ranks_are_checked_in_one_line():
