@@ -1,4 +1,5 @@
-"""What every bench's command line shares: argument types, the world size, the exit codes.
+"""What every bench's command line shares: argument types, the world size, the exit codes,
+the JSON file of its result.
 
 Each bench module (:mod:`.plan` for mfu, :mod:`.weight_sync`, :mod:`.checkpoint`) exposes
 ``add_parser(sub)`` and ``run_args(args) -> exit code``; :mod:`.cli` registers them. Bad
@@ -9,9 +10,11 @@ touched, so a wrong flag under torchrun fails in well under a second on every ra
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
-from typing import Callable, TypeVar
+from pathlib import Path
+from typing import Callable, Optional, TypeVar
 
 BAD_ARGUMENTS = 2
 
@@ -47,6 +50,14 @@ def positive_list(convert: Callable[[str], float], example: str) -> Callable[[st
 def world_size() -> int:
     """The launch's world size from the launcher's environment (no process group needed)."""
     return int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
+
+
+def save_json(result: dict, path: Optional[Path]) -> None:
+    """Write a bench's result where --json said (parents created; nothing when None)."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
 
 
 def run_checked(bench: str, make_plan: Callable[[], Plan], run: Callable[[Plan], object]) -> int:

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron_rl.bench.args import BenchArgumentError, positive, run_checked, world_size
+from megatron_rl.bench.args import BenchArgumentError, positive, run_checked, save_json, world_size
 
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "grpo.yaml"
 CORRECTION = "algorithm.overrides={rollout_correction: {kind: token_tis, cap: 2.0}}"
@@ -251,9 +251,7 @@ def run(plan: Plan) -> dict:
               "machine": {"host": host.node(), "cpus": os.cpu_count(), "platform": host.platform(),
                           "python": host.python_version()}}
     print(json.dumps(result, indent=1))
-    if plan.json_path is not None:
-        plan.json_path.parent.mkdir(parents=True, exist_ok=True)
-        plan.json_path.write_text(json.dumps(result, indent=1) + "\n")
+    save_json(result, plan.json_path)
     return result
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import gc
-import json
 import os
 import platform as host
 from functools import partial
@@ -25,6 +24,7 @@ import torch.distributed as dist
 
 from megatron_rl import platform
 from megatron_rl.bench import hardware
+from megatron_rl.bench.args import save_json
 from megatron_rl.bench.plan import Case, MfuSettings
 from megatron_rl.bench.training import build_trainable, synthetic_microbatches, train_step
 from megatron_rl.models.builder import BuildOptions
@@ -196,7 +196,6 @@ def run(arch: ModelArch, settings: MfuSettings, cases: list[Case], json_path: Op
     say(f"MFU vs {_rate(peak, plat.is_cuda).strip()} per device: " + ", ".join(
         f"{r['layout']} {100 * r['mfu']:.1f}%" for r in report["cases"]))
     if rank == 0 and json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=1) + "\n")
+        save_json(report, json_path)
         say(f"wrote {json_path}")
     return report

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from megatron_rl.bench.args import BenchArgumentError, positive, run_checked, world_size
+from megatron_rl.bench.args import BenchArgumentError, positive, run_checked, save_json, world_size
 from megatron_rl.bench.presets import PRESETS, model_label, resolve_model
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.utils import dtypes
@@ -165,9 +165,7 @@ def run(plan: Plan) -> dict:
     own, replayed = result["own_routers"]["k3_kl"], result["replayed"]["k3_kl"]
     result["k3_ratio_replay_over_own"] = replayed / own if own > 0 else None
     print(json.dumps(result, indent=1))
-    if plan.json_path is not None:
-        plan.json_path.parent.mkdir(parents=True, exist_ok=True)
-        plan.json_path.write_text(json.dumps(result, indent=1) + "\n")
+    save_json(result, plan.json_path)
     return result
 
 

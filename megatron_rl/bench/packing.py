@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from megatron_rl.bench.args import BenchArgumentError, positive, run_checked, world_size
+from megatron_rl.bench.args import BenchArgumentError, positive, run_checked, save_json, world_size
 from megatron_rl.bench.presets import model_label, resolve_model
 from megatron_rl.models.hf_config import ModelArch
 
@@ -183,9 +183,7 @@ def run(plan: Plan) -> dict:
         "date": datetime.date.today().isoformat(), "host": host.node(),
     }
     print(json.dumps(result, indent=1))
-    if plan.json_path is not None:
-        plan.json_path.parent.mkdir(parents=True, exist_ok=True)
-        plan.json_path.write_text(json.dumps(result, indent=1) + "\n")
+    save_json(result, plan.json_path)
     return result
 
 

@@ -22,7 +22,6 @@ import argparse
 import dataclasses
 import datetime
 import gc
-import json
 import math
 import os
 import platform as host
@@ -32,7 +31,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from megatron_rl.bench.args import BenchArgumentError, positive, positive_list, run_checked, world_size
+from megatron_rl.bench.args import (BenchArgumentError, positive, positive_list, run_checked, save_json,
+                                    world_size)
 from megatron_rl.bench.presets import PRESETS, resolve_model
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import LayoutError, ParallelConfig
@@ -545,8 +545,7 @@ def run(plan: Plan) -> dict:
         "results": rows,
     }
     if rank == 0:
-        plan.json_path.parent.mkdir(parents=True, exist_ok=True)
-        plan.json_path.write_text(json.dumps(result, indent=1))
+        save_json(result, plan.json_path)
         print(f"wrote {plan.json_path}", flush=True)
     dist.barrier()
     return result

@@ -239,10 +239,7 @@ class RolloutEngine:
         from megatron_rl.rollout import weight_check
 
         results = self.llm.collective_rpc(weight_check.check_on_worker, args=(list(named_tensors),))
-        merged = weight_check.WeightCheckResult()
-        for result in results:
-            merged = merged.merged(result)
-        return merged
+        return weight_check.WeightCheckResult.merge_all(results)
 
     def finish_weight_update(self) -> None:
         """Drop cached prefixes (computed with the old weights) after the last bucket."""

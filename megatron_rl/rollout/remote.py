@@ -308,13 +308,9 @@ class RolloutServer:
 
         from megatron_rl.rollout.weight_check import WeightCheckResult
 
-        mine = self.engine.check_weights(bucket)
         everyone: list = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, mine)
-        merged = WeightCheckResult()
-        for result in everyone:
-            merged = merged.merged(result)
-        return merged
+        dist.all_gather_object(everyone, self.engine.check_weights(bucket))
+        return WeightCheckResult.merge_all(everyone)
 
 
 def serve(bridge: tuple) -> int:

@@ -28,7 +28,7 @@ reported as unsupported, never silently passed. Written for vLLM's CPU backend (
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 
@@ -54,6 +54,14 @@ class WeightCheckResult:
     def merged(self, other: "WeightCheckResult") -> "WeightCheckResult":
         return WeightCheckResult(self.compared_elements + other.compared_elements,
                                  self.mismatches + other.mismatches, self.unsupported + other.unsupported)
+
+    @classmethod
+    def merge_all(cls, results: Iterable["WeightCheckResult"]) -> "WeightCheckResult":
+        """Several workers' or ranks' results as one."""
+        merged = cls()
+        for result in results:
+            merged = merged.merged(result)
+        return merged
 
     def describe(self, limit: int = 3) -> str:
         """``model.layers.1.mlp.experts.w2_weight (2047 of 8192 elements differ), ...``"""

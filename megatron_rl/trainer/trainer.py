@@ -570,7 +570,6 @@ def train(cfg: Config) -> dict:
     with StopSignals() as stop:
         if cfg.rollout.placement != "disaggregated":
             return RLTrainer(cfg, stop).run()
-        validate(cfg, platform.launch_env()[1])  # before the split: a bad config fails on every rank alike
         roles = init_roles(cfg.rollout.num_ranks, timeout_s=max(600.0, cfg.rollout.timeout_s + 60.0))
         if roles.role == ROLLOUT:
             return _serve_rollouts(roles, cfg)
