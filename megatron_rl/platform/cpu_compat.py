@@ -254,12 +254,15 @@ _CPU_STREAM = _DummyStream()
 # torch.cuda attributes that Megatron calls on the paths we run; inside the scope they act
 # on the CPU. Measured necessary (tests/unit/platform): current_device (rotary, p2p,
 # mappings, router, param_and_grad_buffer...), current_stream and Stream (MoE alltoall
-# dispatcher's device-to-host split transfer). Others Megatron names (Event, stream,
-# synchronize, empty_cache) are not reached or already harmless on the CPU build.
+# dispatcher's device-to-host split transfer), synchronize (the pipeline's shape exchange
+# before each send when micro-batches differ in length: p2p_communication's
+# `_communicate_shapes` under `variable_seq_lengths`; CPU work is synchronous, so a no-op).
+# Others Megatron names (Event, stream, empty_cache) are not reached or already harmless.
 _CUDA_ATTRIBUTES: dict[str, object] = {
     "current_device": lambda: CPU,
     "current_stream": lambda *a, **k: _CPU_STREAM,
     "Stream": _DummyStream,
+    "synchronize": lambda *a, **k: None,
 }
 
 

@@ -13,9 +13,15 @@ Placement (`Microbatching`): sequences go to DP ranks in equal numbers with the 
 load balanced (longest first, to the least-loaded rank with room; every rank computes the
 same split from the lengths it holds), then to micro-batches, as few as fit with their loads balanced. Every
 DP rank runs the same number of micro-batches (expert-parallel all-to-alls and pipeline
-schedules pair them up), the short ones padded with empty micro-batches whose loss is 0. A packed row is padded only to the layout's multiple (TP under sequence
-parallelism), or, under PP, to the longest row of the call: Megatron-Core 0.16.1's
-pipeline schedules exchange one activation shape per call.
+schedules pair them up), the short ones padded with empty micro-batches whose loss is 0.
+A packed row is padded only to the layout's multiple (TP under sequence parallelism). Under
+PP every micro-batch keeps its own length too: the runner turns on Megatron-Core's
+`variable_seq_lengths`, so the stages exchange each activation's shape before it. The
+interleaved schedule (VPP) is the exception: every row of a call is padded to the longest
+(`uniform_length`): with shapes exchanged, Megatron-Core 0.16.1's interleaved schedule
+deadlocked at PP2 x VPP2 on gloo (measured). Its shape exchange posts the receives from
+the previous and the next stage in one fixed order, and at PP=2 both are the same peer, so
+a forward shape can meet a backward receive.
 """
 
 from __future__ import annotations
@@ -192,8 +198,9 @@ class Microbatching:
     """How a mini-batch becomes each DP rank's micro-batches.
 
     `max_tokens` None: contiguous DP slices of padded rows, `micro_batch_size` rows each
-    (the padded path). Else packed micro-batches of at most `max_tokens` tokens, padded to
-    `multiple`, and under `uniform_length` (pipeline parallelism) to the call's longest.
+    (the padded path). Else packed micro-batches of at most `max_tokens` tokens, each
+    padded to `multiple`, and under `uniform_length` (the interleaved pipeline schedule)
+    to the call's longest.
     """
 
     micro_batch_size: int = 1
@@ -243,26 +250,23 @@ class Microbatching:
         lengths = local.sequence_lengths().tolist()
         return balanced_bins(lengths, range(local.num_rows), self.max_tokens)
 
-    def packed_length(self, local: TrainBatch, bins: list[list[int]]) -> int:
-        """The longest packed row of these bins (layout padding included)."""
-        return max(self.row_lengths(local, bins) + [self.multiple])
-
     def row_lengths(self, local: TrainBatch, bins: list[list[int]]) -> list[int]:
         """Each bin's packed row: its tokens rounded up to the multiple (an empty bin: one
-        multiple). Under pipeline parallelism the call pads every row to their maximum."""
+        multiple; under `uniform_length` every row is padded to their maximum)."""
         lengths = local.sequence_lengths().tolist()
-        return [_round_up(max(sum(lengths[i] for i in b), 1), self.multiple) for b in bins]
+        rows = [_round_up(max(sum(lengths[i] for i in b), 1), self.multiple) for b in bins]
+        return [max(rows)] * len(rows) if self.uniform_length and rows else rows
 
     def micro_batches(self, local: TrainBatch, bins: list[list[int]], count: int,
                       length: Optional[int] = None) -> list[Union[TrainBatch, PackedMicroBatch]]:
         """The bins as micro-batches, padded with empty ones to `count` (packed only);
-        `length`: every packed row padded to it (pipeline parallelism)."""
+        `length` (uniform_length): the row length all DP ranks agreed on."""
         if not self.packed:
             return [local.select(torch.tensor(b, dtype=torch.long)) for b in bins]
         bins = bins + [[] for _ in range(count - len(bins))]
         return [self._packed(local, b, length) for b in bins]
 
-    def cost(self, batch: TrainBatch, dp_size: int, multiple: int = 1, uniform_length: bool = False) -> dict:
+    def cost(self, batch: TrainBatch, dp_size: int, multiple: int = 1) -> dict:
         """What one pass over `batch` computes, without running it (the runner's placement):
         real and computed tokens (padding included) over all DP ranks, micro-batches per rank,
         the largest micro-batch in tokens."""
@@ -276,7 +280,7 @@ class Microbatching:
                     "micro_batches": count, "tokens_per_micro_batch_max": max(sizes)}
         rows = [micro.row_lengths(local, b + [[]] * (count - len(b))) for local, b in zip(locals_, bins)]
         longest = max(max(r) for r in rows)
-        sizes = [longest if uniform_length else n for r in rows for n in r]
+        sizes = [longest if self.uniform_length else n for r in rows for n in r]
         return {"real_tokens": int(batch.sequence_lengths().sum()), "computed_tokens": sum(sizes),
                 "micro_batches": count, "tokens_per_micro_batch_max": max(sizes)}
 

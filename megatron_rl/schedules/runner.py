@@ -21,6 +21,7 @@ with the default DDP config (average_in_collective either way).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from functools import partial
@@ -254,20 +255,21 @@ def _microbatching(micro: Optional[Micro]) -> Microbatching:
 
 def _microbatches(local: TrainBatch, micro: Optional[Micro], groups, config) -> tuple[list, list]:
     """This rank's micro-batches and each one's local rows. Packed: as many on every DP
-    rank (empty ones appended); rows a multiple of TP under sequence parallelism; one row
-    length per call under PP (the pipeline schedules exchange one activation shape)."""
+    rank (empty ones appended); rows a multiple of TP under sequence parallelism; under the
+    interleaved pipeline schedule one row length per call (see schedules.packing)."""
     micro = _microbatching(micro)
     if not micro.packed:
         bins = micro.bins(local)
         return micro.micro_batches(local, bins, len(bins)), bins
     tp = groups.tp.size() if config is not None and config.sequence_parallel else 1
-    micro = dataclasses.replace(micro, multiple=math.lcm(micro.multiple, tp))
+    interleaved = config is not None and (config.virtual_pipeline_model_parallel_size or 1) > 1
+    micro = dataclasses.replace(micro, multiple=math.lcm(micro.multiple, tp), uniform_length=interleaved)
     bins = micro.bins(local)
-    agreed = torch.tensor([len(bins), micro.packed_length(local, bins)], device=platform.current().device)
+    agreed = torch.tensor([len(bins), max(micro.row_lengths(local, bins) + [micro.multiple])],
+                          device=platform.current().device)
     if groups.dp.size() > 1:
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=groups.dp)
-    length = int(agreed[1]) if groups.pp.size() > 1 else None
-    count = int(agreed[0])
+    count, length = int(agreed[0]), (int(agreed[1]) if interleaved else None)
     return micro.micro_batches(local, bins, count, length), bins + [[] for _ in range(count - len(bins))]
 
 
@@ -303,7 +305,7 @@ def _run(model_chunks, microbatches: list, loss_func: Callable, forward_only: bo
 
     chunks = list(model_chunks)
     first = microbatches[0]
-    with platform.megatron_scope():
+    with platform.megatron_scope(), _shapes_per_micro_batch(chunks, microbatches):
         return get_forward_backward_func()(
             forward_step_func=partial(_forward_step, loss_func),
             data_iterator=[iter(microbatches) for _ in chunks] if len(chunks) > 1 else iter(microbatches),
@@ -313,6 +315,25 @@ def _run(model_chunks, microbatches: list, loss_func: Callable, forward_only: bo
             micro_batch_size=first.tokens.shape[0],
             forward_only=forward_only,
         )
+
+
+@contextlib.contextmanager
+def _shapes_per_micro_batch(chunks, microbatches: list):
+    """Packed micro-batches differ in length. Megatron-Core's pipeline schedules send
+    activations of the one shape given per call unless the model config's
+    `variable_seq_lengths` is on, which exchanges each tensor's shape first (three int64
+    per send). Turned on for this call only when the lengths really differ, so padded
+    batches, PP=1 and the interleaved schedule (one length per call) keep the plain exchange."""
+    from megatron.core.utils import get_model_config
+
+    config = get_model_config(chunks[0])
+    varying = len({mb.tokens.shape[1] for mb in microbatches}) > 1
+    before = config.variable_seq_lengths
+    config.variable_seq_lengths = before or varying
+    try:
+        yield
+    finally:
+        config.variable_seq_lengths = before
 
 
 def _forward_only(model_chunks, batch: TrainBatch, micro: Micro, collect: Callable,

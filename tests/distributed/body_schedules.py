@@ -241,10 +241,14 @@ def actor_case(kind, layout, recipe_name, micro, whole_batch_per_rank=False):
 
 
 def packing_report(micro, local):
-    """How many sequences the fullest packed micro-batch of any rank held (0: padded rows)."""
+    """How many sequences the fullest packed micro-batch of any rank held (0: padded rows),
+    and how many different row lengths one rank's packed micro-batches had (under PP each
+    keeps its own: the stages exchange shapes)."""
     if not isinstance(micro, Microbatching):
-        return {"max_sequences_per_micro_batch": 0}
-    return {"max_sequences_per_micro_batch": max_over_world(max(len(b) for b in micro.bins(local)))}
+        return {"max_sequences_per_micro_batch": 0, "row_lengths_per_rank": 0}
+    bins = micro.bins(local)
+    return {"max_sequences_per_micro_batch": max_over_world(max(len(b) for b in bins)),
+            "row_lengths_per_rank": max_over_world(len(set(micro.row_lengths(local, bins))))}
 
 
 def ref_dp(chunks):

@@ -107,6 +107,21 @@ def test_unknown_patch_name_is_refused():
     cpu_compat.install()
 
 
+def test_synchronize_is_a_no_op_inside_scope_only():
+    """The pipeline's shape exchange (variable_seq_lengths) calls torch.cuda.synchronize."""
+    with platform.megatron_scope():
+        torch.cuda.synchronize()
+    with pytest.raises((RuntimeError, AssertionError), match="CUDA"):
+        torch.cuda.synchronize()
+    cpu_compat.install(exclude=("cuda.synchronize",))
+    try:
+        with pytest.raises((RuntimeError, AssertionError), match="CUDA"):
+            with platform.megatron_scope():
+                torch.cuda.synchronize()
+    finally:
+        cpu_compat.install()
+
+
 def _smoke_step(exclude: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, MEGATRON_RL_CPU_PATCHES_EXCLUDE=exclude, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "megatron_rl", "train", "--config", "examples/smoke.yaml",

@@ -87,8 +87,9 @@ def test_microbatching_rank_rows_bins_and_padding_to_count():
     mbs = micro.micro_batches(local, bins, count=3)
     assert [m.num_rows for m in mbs] == [1, 2, 0]  # one empty micro-batch to match a DP peer
     assert [m.padded_length for m in mbs] == [8, 4, 2]  # 3 + 1 rounded up to 2; empty: 2
-    assert micro.packed_length(local, bins) == 8
-    assert [m.padded_length for m in micro.micro_batches(local, bins, 2, length=8)] == [8, 8]
+    uniform = Microbatching(max_tokens=8, multiple=2, uniform_length=True)  # interleaved PP
+    assert uniform.row_lengths(local, bins) == [8, 8]
+    assert [m.padded_length for m in uniform.micro_batches(local, bins, 3, length=10)] == [10, 10, 10]
 
 
 def test_padded_microbatching_is_the_contiguous_split():
@@ -117,8 +118,9 @@ def test_cost_counts_padding_and_empty_micro_batches():
     # rank 0: [8], [3+1 -> 4]; rank 1: [7 -> 8], [3+2 -> 6]: 26 computed tokens
     assert packed.cost(batch, 2) == {"real_tokens": 24, "computed_tokens": 26, "micro_batches": 2,
                                      "tokens_per_micro_batch_max": 8}
-    # under PP every row of the call is padded to the longest (8): 4 x 8
-    assert packed.cost(batch, 2, uniform_length=True)["computed_tokens"] == 32
+    # the interleaved schedule pads every row of the call to the longest (8): 4 x 8
+    uniform = Microbatching(max_tokens=8, multiple=2, uniform_length=True)
+    assert uniform.cost(batch, 2)["computed_tokens"] == 32
     padded = Microbatching(micro_batch_size=1)
     assert padded.cost(batch, 2) == {"real_tokens": 24, "computed_tokens": 48, "micro_batches": 3,
                                      "tokens_per_micro_batch_max": 8}
