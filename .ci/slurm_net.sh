@@ -7,7 +7,8 @@
 #
 # No default route inside the namespaces: they reach 10.77.0.0/24 and nothing else.
 # /etc/netns/mrl-nK/hosts names the nodes and the controller: slurm_up.sh bind-mounts it over
-# /etc/hosts for the node's slurmd (and so its jobs); `ip netns exec mrl-nK CMD` does the same. Drills: `ip link set mrlvK down` cuts node K off the bridge.
+# /etc/hosts for the node's slurmd (and so its jobs); `ip netns exec mrl-nK CMD` does the same.
+# Drills: `ip link set mrlvK down` cuts node K off the bridge.
 
 NET_PREFIX=10.77.0
 NET_BRIDGE=mrlbr0

@@ -9,7 +9,7 @@
 #   export SLURM_CONF=STATE_DIR/slurm.conf      (tests/slurm find it there by default)
 #   .ci/slurm_down.sh [STATE_DIR]
 #
-# --install apt-gets Debian's slurmctld/slurmd/slurm-client/munge when they are missing
+# --install apt-gets Debian's slurmctld/slurmd/slurm-client/munge and iproute2 when missing
 # (needs root). Exit 0: every node is idle and takes jobs. Exit 3: a Slurm controller already
 # runs on this machine, or the namespace nodes are in use (one per machine: the daemons are
 # started as root, the tests assume they own the nodes, the network names are fixed).
@@ -25,18 +25,18 @@ dir="${1:-/tmp/megatron-rl-slurm}"
 
 say() { echo "slurm_up: $*" >&2; }
 
-if [[ $install == 1 ]] && ! command -v slurmctld >/dev/null; then
+if [[ $install == 1 ]] && ! { command -v slurmctld && command -v ip; } >/dev/null; then
     if [[ $(id -u) != 0 ]]; then say "not root, cannot apt-get install slurm"; exit 1; fi
     if ! command -v apt-get >/dev/null; then say "no apt-get on this machine"; exit 1; fi
     t0=$(date +%s)
     if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-            --no-install-recommends slurmctld slurmd slurm-client munge; } >"/tmp/slurm_apt.$$.log" 2>&1; then
+            --no-install-recommends slurmctld slurmd slurm-client munge iproute2; } >"/tmp/slurm_apt.$$.log" 2>&1; then
         tail -5 "/tmp/slurm_apt.$$.log" >&2; say "apt-get install failed"; exit 1
     fi
     rm -f "/tmp/slurm_apt.$$.log"
     say "installed slurm + munge in $(( $(date +%s) - t0 )) s"
 fi
-for bin in munged slurmctld slurmd sinfo; do
+for bin in munged slurmctld slurmd sinfo ip nsenter unshare; do
     command -v "$bin" >/dev/null || { say "$bin not found (run with --install as root)"; exit 1; }
 done
 if [[ $(id -u) != 0 ]]; then say "the daemons run as root here (SlurmUser=root); run as root"; exit 1; fi
@@ -56,6 +56,8 @@ fi
 net_down  # what a crashed run may have left: nothing runs in it
 
 # From here on a failure stops whatever was started (slurm_down.sh is safe on a half-built cluster).
+set -o errtrace
+trap 'say "failed: $BASH_COMMAND"' ERR
 trap 'rc=$?; if [[ $rc != 0 ]]; then "$here/slurm_down.sh" "$dir"; fi; exit $rc' EXIT
 rm -rf "$dir"
 mkdir -p "$dir"/{munge,state,spool,log}
@@ -105,7 +107,9 @@ NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
 # Never runs jobs: lets tests check that exclude lists reach Slurm without losing the real node.
 NodeName=mrl-spare NodeAddr=127.0.0.2 CPUs=1 RealMemory=100 State=FUTURE
 # The namespace nodes share this machine's CPUs: oversubscribed on purpose.
-$(for n in "${NET_NODES[@]}"; do echo "NodeName=$n NodeAddr=$(net_addr "$n") CPUs=$cpus RealMemory=$node_mem_mb State=UNKNOWN"; done)
+$(for n in "${NET_NODES[@]}"; do
+    echo "NodeName=$n NodeAddr=$(net_addr "$n") CPUs=$cpus RealMemory=$node_mem_mb State=UNKNOWN"
+done)
 PartitionName=debug Nodes=$host,mrl-spare Default=YES MaxTime=INFINITE State=UP
 PartitionName=nodes Nodes=$(IFS=,; echo "${NET_NODES[*]}") MaxTime=INFINITE State=UP
 EOF

@@ -41,7 +41,8 @@ def test_srun_on_two_nodes_sees_two_hostnames(nodes_env):
 
 def test_gloo_all_reduce_across_two_nodes(nodes_env, tmp_path):
     """sbatch on two nodes, one task each: MASTER_ADDR is the first node's name, resolved
-    inside the namespaces; the tasks see different hostnames and addresses and reduce."""
+    inside the namespaces; the tasks see different hostnames and addresses, reduce, and
+    megatron_rl's same-host test says they are on different hosts."""
     log = tmp_path / "job.log"
     script = ('export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)'
               ' MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 40000 )); '
@@ -56,3 +57,4 @@ def test_gloo_all_reduce_across_two_nodes(nodes_env, tmp_path):
     assert [t["hostname"] for t in tasks] == [t["node"] for t in tasks], text
     assert len({t["hostname"] for t in tasks}) == 2 and len({t["addr"] for t in tasks}) == 2, text
     assert all(t["addr"].startswith("10.77.0.") for t in tasks), text
+    assert [t["same_host"] for t in tasks] == [False, False], text  # bridge/host_arena.py tells the nodes apart
