@@ -58,7 +58,15 @@ net_down  # what a crashed run may have left: nothing runs in it
 # From here on a failure stops whatever was started (slurm_down.sh is safe on a half-built cluster).
 set -o errtrace
 trap 'say "failed: $BASH_COMMAND"' ERR
-trap 'rc=$?; if [[ $rc != 0 ]]; then "$here/slurm_down.sh" "$dir"; fi; exit $rc' EXIT
+on_exit() {
+    local rc=$? f
+    if [[ $rc != 0 ]]; then
+        for f in "$dir"/log/*.log; do [[ -s $f ]] && { say "last lines of $f:"; tail -5 "$f" >&2; }; done
+        "$here/slurm_down.sh" "$dir"
+    fi
+    exit $rc
+}
+trap on_exit EXIT
 rm -rf "$dir"
 mkdir -p "$dir"/{munge,state,spool,log}
 chmod 755 "$dir"
@@ -145,5 +153,5 @@ for _ in $(seq 1 100); do
     fi
     sleep 0.2
 done
-say "nodes not all idle after 20 s: ${states//$'\n'/, }; logs under $dir/log"
+say "nodes not all idle after 20 s: ${states//$'\n'/, }"
 exit 1
