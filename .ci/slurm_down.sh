@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Stop the cluster .ci/slurm_up.sh started: each daemon by its pid file (never by name),
-# then remove the state dir.   .ci/slurm_down.sh [STATE_DIR]
+# then whatever still runs in the namespace nodes, the network (.ci/slurm_net.sh) and the
+# state dir. Safe on a half-started cluster and when run twice.   .ci/slurm_down.sh [STATE_DIR]
 set -uo pipefail
+here=$(dirname "$0")
+source "$here/slurm_net.sh"
 dir="${1:-/tmp/megatron-rl-slurm}"
 [[ -f "$dir/slurm.conf" ]] || { echo "slurm_down: no cluster in $dir" >&2; exit 0; }
 
@@ -16,8 +19,16 @@ stop() {  # stop PIDFILE NAME: TERM, then KILL after 10 s
 }
 export SLURM_CONF="$dir/slurm.conf"
 # Jobs first, so that no step outlives its slurmd.
-scancel --full --quiet --partition=debug 2>/dev/null || true
-stop "$dir/slurmd.pid" slurmd
+for part in debug nodes; do scancel --full --quiet --partition="$part" 2>/dev/null || true; done
+for pidfile in "$dir"/slurmd.*.pid; do
+    [[ -e $pidfile ]] && stop "$pidfile" "$(basename "$pidfile" .pid)"
+done
 stop "$dir/slurmctld.pid" slurmctld
 stop "$dir/munge/munged.pid" munged
+# A step whose slurmd died before it (a drill) would keep its namespace alive.
+for n in "${NET_NODES[@]}"; do
+    pids=$(ip netns pids "$n" 2>/dev/null | xargs)
+    if [[ -n $pids ]]; then echo "slurm_down: killing what still runs on $n: $pids" >&2; kill -9 $pids 2>/dev/null; fi
+done
+net_down
 rm -rf "$dir"

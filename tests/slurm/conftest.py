@@ -2,7 +2,8 @@
 why) on a developer machine and fail in CI (``CI=true``), where the cluster must be there.
 
 Only that cluster is used, never whatever Slurm a machine may belong to: the tests rely on
-its short requeue delay (cred_expire=10), its 2-CPU node and its spare FUTURE node.
+its short requeue delay (cred_expire=10), its 2-CPU node and its spare FUTURE node (partition
+`debug`), and its namespace nodes mrl-n1..mrl-n3 (partition `nodes`).
 """
 
 from __future__ import annotations
