@@ -59,6 +59,12 @@ class ExportPlan:
         return [(h, self.tmap.hf_shapes[h], dtype or u.dtype) for u in self.units for h in u.hf]
 
 
+TRANSPORTS = ("local", "shared_arena", "broadcast")
+"""How a bucketed export gathers: one rank copies its own pieces; every rank on one CPU host
+writes into a shared arena; otherwise (ranks on several hosts, a GPU, /dev/shm too small,
+``MEGATRON_RL_GATHER=broadcast``) one broadcast per decoder layer and owner."""
+
+
 def _root(module: torch.nn.Module) -> torch.nn.Module:
     while hasattr(module, "module"):
         module = module.module
@@ -76,6 +82,8 @@ class ExportPlans:
 
     def __init__(self) -> None:
         self._models: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+        self.transport: Optional[str] = None
+        """How the last :func:`iter_hf_buckets` call gathered: one of :data:`TRANSPORTS`."""
 
     def _of(self, chunks: Sequence[torch.nn.Module]) -> dict:
         return self._models.setdefault(_root(chunks[0]), {})
@@ -312,6 +320,7 @@ def iter_hf_buckets(
     device = platform.current().device
     local = plans.local_pieces(chunks)
     shared = _shared_arena(gather, buffers, layout.nbytes, device)
+    plans.transport = "local" if gather.world == 1 else "shared_arena" if shared is not None else "broadcast"
     arena = shared
     if arena is None:
         arena = buffers.get("arena")

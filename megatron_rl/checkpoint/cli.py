@@ -68,6 +68,11 @@ def inspect(path: Path, step: Optional[int] = None, tensors: bool = False, verif
         + ", ".join(f"{f} {_size(n)}" for f, n in sorted(files.items())),
         f"  rng states: {len(meta.rng)} ranks; extra keys: {sorted(meta.extra)}",
     ]
+    if meta.hosts:
+        by_host: dict[str, list[str]] = {}
+        for rank, host in sorted(meta.hosts.items(), key=lambda kv: int(kv[0])):
+            by_host.setdefault(host, []).append(rank)
+        lines.append("  written on: " + ", ".join(f"{h} (ranks {','.join(r)})" for h, r in by_host.items()))
     if tensors:
         for name, entry in meta.tensors.items():
             lines.append(f"    {name}  {entry.dtype} {entry.shape}  {len(entry.chunks)} chunk(s)  {_size(_nbytes(entry))}")

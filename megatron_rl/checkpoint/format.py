@@ -4,8 +4,10 @@
       latest                  text: the newest committed step (for people; loading scans)
       step_<N>/               one committed checkpoint
         COMMIT                JSON {step, metadata_crc32}: written last; no COMMIT, no checkpoint
-        metadata.json         every tensor's chunks (file, byte range, checksums) + state
-        data_<rank>.bin       raw tensor bytes, row-major, no pickle
+        metadata.json         every tensor's chunks (file, byte range, checksums) + state,
+                              and the host of each saving rank
+        data_<rank>.bin       raw tensor bytes, row-major, no pickle (each rank writes its own,
+                              on its own node: the root must be storage every node shares)
       .tmp_step_<N>/          a save in progress (or one that died): never read
 
 Tensor names are the canonical, parallelism-free names of ``megatron_rl.parallel.shards``;
@@ -103,6 +105,10 @@ class Metadata:
     """Per saving rank (str key): RNG states, see :mod:`.rng`."""
     optimizer: Optional[dict] = None
     """Non-tensor optimizer state: param groups (with step) and grad scaler."""
+    hosts: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Per saving rank (str key): the host it ran on, whose writer wrote its ``data_<rank>.bin``
+    if it had chunks to write (information only; empty in checkpoints written before it was
+    recorded)."""
     format: str = FORMAT
 
     def to_json(self) -> str:

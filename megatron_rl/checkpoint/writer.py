@@ -20,6 +20,7 @@ import json
 import os
 import queue
 import shutil
+import socket
 import threading
 import time
 import zlib
@@ -89,7 +90,7 @@ def _as_bytes(tensor: torch.Tensor) -> memoryview:
 
 
 def write_rank(tmp: Path, rank: int, items: list[Item], tensors: list[torch.Tensor], record: dict) -> None:
-    """Write this rank's chunks and its record (what it wrote, RNG, optimizer groups)."""
+    """Write this rank's chunks and its record (what it wrote, where, RNG, optimizer groups)."""
     chunks = []
     if items:
         name = fmt.data_file_name(rank)
@@ -107,7 +108,7 @@ def write_rank(tmp: Path, rank: int, items: list[Item], tensors: list[torch.Tens
                 offset += len(data)
             f.flush()
             os.fsync(f.fileno())
-    record = dict(record, chunks=chunks)
+    record = dict(record, chunks=chunks, host=socket.gethostname())
     fmt.write_durably(tmp / f"rank_{rank}.json", json.dumps(record, separators=(",", ":")).encode())
 
 
@@ -163,6 +164,7 @@ def merged_metadata(step: int, records: list[dict], header: dict) -> fmt.Metadat
         layout=header["layout"],
         rng={str(r): rec["rng"] for r, rec in enumerate(records)},
         optimizer=merge_common_states([rec.get("optimizer") for rec in records]),
+        hosts={str(r): rec["host"] for r, rec in enumerate(records)},
     )
 
 

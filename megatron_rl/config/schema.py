@@ -192,7 +192,7 @@ class RolloutConfig:
     the uninterrupted run would have. Off: each vLLM replica's own generator (faster on GPU,
     where vLLM samples seeded requests one by one). Not with T-PPO windows."""
     kv_cache_gib: float = 1.0
-    """CPU only: vLLM's KV cache size."""
+    """CPU only: vLLM's KV cache size, whole GiB (>= 1)."""
     cpu_linear: str = "packed"
     """CPU only: how vLLM keeps linear weights: packed (oneDNN, vLLM's default: faster
     decode, each sync re-packs) or plain (torch's linear: a sync is a copy)."""
@@ -219,6 +219,10 @@ class RolloutConfig:
                               "(colocated: every rank generates)")
         if not self.timeout_s > 0:
             raise ConfigError(f"rollout.timeout_s={self.timeout_s} must be > 0")
+        if not (float(self.kv_cache_gib).is_integer() and self.kv_cache_gib >= 1):
+            # Refused here, not only when the engine starts: a fault there is requeued by Slurm.
+            raise ConfigError(f"rollout.kv_cache_gib={self.kv_cache_gib} must be a whole number >= 1 "
+                              "(vLLM's CPU backend takes whole GiB)")
         if self.max_staleness < 0:
             raise ConfigError(f"rollout.max_staleness={self.max_staleness} must be >= 0 (0: synchronous)")
         if self.placement == "colocated" and self.max_staleness:

@@ -47,6 +47,8 @@ class SyncStats:
     largest_bucket_bytes: int
     weight_check: Optional["WeightCheckResult"] = None
     """What reading the weights back found (only when the sync was asked to check)."""
+    transport: str = "local"
+    """How the gather moved the pieces between ranks (:data:`megatron_rl.bridge.export.TRANSPORTS`)."""
 
     @property
     def gb_per_s(self) -> float:
@@ -132,7 +134,8 @@ class WeightSync:
         seconds = time.perf_counter() - start - check_seconds
         if check_weights:
             require_weights_match(checked)
-        return SyncStats(seconds, moved, count, n_buckets, largest, checked if check_weights else None)
+        return SyncStats(seconds, moved, count, n_buckets, largest, checked if check_weights else None,
+                         self.plans.transport)
 
 
 def require_weights_match(result: "WeightCheckResult") -> None:

@@ -433,6 +433,8 @@ class RLTrainer:
         if metrics.get("actor/updated"):
             stats = self.weight_sync.sync(check_weights=guard)
             metrics["timing/weight_sync_s"] = stats.seconds
+            # 1: gloo broadcasts (ranks on several hosts), 0: this host's shared arena or one rank
+            metrics["rollout/weight_sync_broadcast"] = float(stats.transport == "broadcast")
             if stats.weight_check is not None:
                 metrics["rollout/weight_check_elements"] = stats.weight_check.compared_elements
         else:

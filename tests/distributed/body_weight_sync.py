@@ -152,18 +152,19 @@ def transports_case(layout):
     _, arch, _ = setup()
     try:
         chunks = perturbed_actor(layout, "c")
-        gathered, plans = {}, ExportPlans()
+        gathered, used, plans = {}, {}, ExportPlans()
         for transport in ("auto", "broadcast"):
             os.environ[TRANSPORT_ENV] = transport
             gathered[transport] = [[(n, t.clone()) for n, t in bucket]
                                    for bucket in iter_hf_buckets(chunks, arch, BUCKET, plans=plans)]
+            used[transport] = plans.transport
         os.environ.pop(TRANSPORT_ENV)
         shared, broadcast = gathered["auto"], gathered["broadcast"]
         assert [[n for n, _ in b] for b in shared] == [[n for n, _ in b] for b in broadcast]
         unequal = [n for bs, bb in zip(shared, broadcast) for (n, a), (_, b) in zip(bs, bb) if not torch.equal(a, b)]
         assert not unequal, unequal[:5]
         return {"buckets": len(shared), "same_host": plans.gather_plan(chunks, arch, by_layer=True).same_host,
-                "shared_arena": "shared_arena" in plans.buffers(chunks, arch, PER_EXPERT)}
+                "shared_arena": "shared_arena" in plans.buffers(chunks, arch, PER_EXPERT), "used": used}
     finally:
         destroy()
 

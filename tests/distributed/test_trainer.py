@@ -86,9 +86,10 @@ def grpo_tp2(tmp_path_factory, bases):
 
 GRPO_TP2 = ("parallel.tensor_model_parallel_size=2", "rollout.seed_per_prompt=true")
 NOT_COMPARED = ("timing/", "throughput/", "rollout/logprob_abs_diff", "rollout/mismatch_k3_kl",
-                "rollout/parity_", "rollout/weight_check_elements")
-"""Times, and what vLLM's logprobs enter (they may differ in the last bits with the batch an
-engine runs a prompt in); everything trained on is compared exactly."""
+                "rollout/parity_", "rollout/weight_check_elements", "rollout/weight_sync_broadcast")
+"""Times, how the weight sync gathered, and what vLLM's logprobs enter (they may differ in
+the last bits with the batch an engine runs a prompt in); everything trained on is compared
+exactly."""
 
 
 def test_grpo_dense_tp2_world2_then_resume_in_dp2(grpo_tp2, bases):

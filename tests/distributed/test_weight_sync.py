@@ -90,3 +90,4 @@ def test_shared_arena_and_broadcasts_gather_the_same_buckets(setup):
     assert outcome["ok"], outcome["error"]
     r = outcome["result"]
     assert r["same_host"] and r["shared_arena"] and r["buckets"] > 1, r
+    assert r["used"] == {"auto": "shared_arena", "broadcast": "broadcast"}, r  # what the sync reports

@@ -3,6 +3,7 @@ checksums, retention, confined paths, the inspect CLI, and a writer killed mid-w
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -316,6 +317,8 @@ def test_inspect_cli(tmp_path, capsys, ckpt):
     out = capsys.readouterr().out
     assert "committed steps: [5]" in out and ".tmp_step_6" in out
     assert "w  float32 [4, 4]  2 chunk(s)" in out and "matched its checksums" in out
+    assert f"written on: {socket.gethostname()} (ranks 0)" in out  # each rank's host is recorded
+    assert fmt.read_metadata(tmp_path, 5).hosts == {"0": socket.gethostname()}
     assert cli.main(["inspect", str(tmp_path / "step_5")]) == 0  # one step directory
     assert "step 5 (" in capsys.readouterr().out
 
