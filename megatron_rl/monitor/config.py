@@ -53,8 +53,9 @@ class DetectConfig:
     (monitor/period.py): with steps longer than level_span_s / 2, per-second metrics are
     averaged over one step before machines are compared, and every metric's continuity is
     at least continuity_steps steps. Short steps keep the default time constants."""
-    continuity_steps: float = 3.0
-    """With follow_step, a run needs max(continuity_s, this many steps) of candidacy."""
+    continuity_steps: float = 4.0
+    """With follow_step, a run needs max(continuity_s, this many steps) of candidacy
+    (chosen on the tuning seeds with 40-90 s steps among 2-5; docs/monitor.md)."""
 
     def __post_init__(self):
         checks = [

@@ -18,7 +18,9 @@ What follows the step period P (`time_scales`):
   and the section times) already hold one value per step and are left as they are.
 - **Continuity** for every metric is max(continuity_s, continuity_steps x P): a run of
   candidacy has to span several steps, not one odd step (with short steps this is
-  continuity_s: 3 x 12 s < 120 s).
+  continuity_s: 4 x 12 s < 120 s). Step averaging makes a transient slowdown last a step
+  longer and, noise averaged away, stand out more; several steps of candidacy is what
+  still tells it from a fault.
 - **Intermittency span**: its slices must outlast one step-averaged transient
   (60 s plus the step), so each slice is stretched by P when step averaging is on.
 

@@ -14,14 +14,18 @@ METRICS = ["cpu_util", "gpu_duty_cycle", "gpu_power"]
 def stepping_grid(period=60.0, machines=16, duration=900, duty=0.7, stages=1, noise=3.0, seed=0,
                   jitter=0.05) -> Grid:
     """Machines running one compute/communicate step every `period` s (duty cycle `duty`),
-    split into `stages` pipeline stages that start the step 1/stages of a step apart; step
-    lengths jitter together on every machine (a random walk of time), Gaussian noise."""
+    read once a second as the average over that second, split into `stages` pipeline
+    stages that start the step 1/stages of a step apart; step lengths jitter together on
+    every machine (a random walk of time); Gaussian noise."""
     rng = np.random.default_rng(seed)
     t = np.arange(duration, dtype=np.float64)
     warp = np.cumsum(rng.normal(0, jitter, duration))
     stage = (np.arange(machines) * stages // machines) / stages
     u = (t[None] + warp[None] + stage[:, None] * period + rng.uniform(0, 1, (machines, 1))) / period
-    busy = (np.mod(u, 1.0) < duty).astype(np.float64)
+    # Each reading is the busy share of the second before it (NVML and psutil average over
+    # their sample interval): ten sub-second points per reading.
+    sub = u[..., None] - np.arange(10) / (10 * period)
+    busy = (np.mod(sub, 1.0) < duty).mean(-1)
     values = np.stack([20 + 10 * (1 - busy), 35 + 60 * busy, 150 + 500 * busy])
     values = values + rng.normal(0, noise, values.shape)
     return Grid(values.astype(np.float32), list(METRICS), [f"node{i:02d}" for i in range(machines)], 0.0)
@@ -69,10 +73,11 @@ def test_long_steps_average_one_step_and_need_several_steps_of_continuity():
     cfg = DetectConfig()
     s = time_scales(cfg, 60.0)
     assert s.average_s == 60.0
-    assert s.continuity_s == max(cfg.continuity_s, 3 * 60.0) == 180.0
+    assert s.continuity_s == max(cfg.continuity_s, cfg.continuity_steps * 60.0) == 240.0
     assert s.intermittency_span_s == 180.0 + 3 * 60.0  # each slice outlasts a step-averaged transient
     assert s.step_continuity_s == max(cfg.continuity_s, cfg.straggler_steps * 60.0)
-    assert time_scales(cfg, 30.0).continuity_s == 120.0  # max(120 s, 3 steps of 30 s)
+    assert time_scales(cfg, 30.0).continuity_s == 120.0  # max(120 s, 4 steps of 30 s)
+    assert time_scales(cfg, 30.0).average_s == 30.0  # > level_span_s / 2: averaged
     off = time_scales(DetectConfig(follow_step=False), 60.0)
     assert (off.average_s, off.continuity_s, off.step_continuity_s) == (0.0, 120.0, 180.0)
     with pytest.raises(ValueError, match="continuity_steps"):
@@ -96,3 +101,26 @@ def test_a_step_average_leaves_step_metrics_alone_and_voids_partial_steps():
     out = step_average(values, 60, 3, ["cpu_util", "step_time"])
     assert np.array_equal(out[1], values[1])
     assert np.isnan(out[0, 1, 100:170]).any() and not np.isnan(out[0, 0, 60:]).any()
+
+
+@pytest.mark.parametrize("stages", [2, 3, 8])
+def test_pipeline_stages_tens_of_seconds_apart_do_not_alarm(stages):
+    from megatron_rl.monitor.detect import detect
+
+    grid = stepping_grid(period=60.0, machines=16, stages=stages, seed=2)
+    grid.values[1, 3, :] = np.nan  # and a machine without one sensor, as on real clusters
+    det = detect(grid, DetectConfig())
+    assert det.scores.step_period_s == pytest.approx(60.0, rel=0.04)
+    assert det.scores.scales.average_s == det.scores.step_period_s
+    assert det.alerts == []
+
+
+def test_a_machine_at_80_percent_is_found_after_continuity_steps_steps():
+    from megatron_rl.monitor.detect import detect
+
+    grid = stepping_grid(period=60.0, machines=16, stages=4, seed=3)
+    grid.values[1:, 9, 300:] *= 0.8  # GPU duty and power at 80 % from 300 s
+    alerts = detect(grid, DetectConfig()).alerts
+    assert [a.machine for a in alerts] == ["node09"]
+    assert alerts[0].declared_at - alerts[0].first_seen >= 4 * 60.0 * 0.96
+    assert alerts[0].declared_at <= 300 + 60 + 4 * 60 + 2 * 8  # one step to show, four to declare
