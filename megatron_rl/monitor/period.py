@@ -157,18 +157,32 @@ def step_average(values: np.ndarray, span: int, max_gap: int, metrics: list[str]
     than `min_present` of its span is NaN, since a mean over part of a step depends on
     the phase again. The first span - 1 samples are NaN: no whole step yet.
     """
-    out = values.copy()
     if span <= 1:
-        return out
+        return values.copy()
     rows = [k for k, m in enumerate(metrics) if m not in STEP_METRICS]
     x = fill_gaps(values[rows], max_gap)
-    ok = ~np.isnan(x)
-    total = np.cumsum(np.where(ok, x, 0.0), -1, dtype=np.float64)
-    count = np.cumsum(ok, -1, dtype=np.int64)
-    total[..., span:] -= total[..., :-span].copy()
-    count[..., span:] -= count[..., :-span].copy()
-    count[..., : span - 1] = 0  # no whole step yet
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(count >= min_present * span, total / np.maximum(count, 1), np.nan)
-    out[rows] = mean.astype(values.dtype)
+    n_t = x.shape[-1]
+    mean = np.full(x.shape, np.nan, values.dtype)  # the first span - 1 samples stay NaN: no whole step yet
+    if n_t >= span:
+        gap = np.isnan(x)
+        # Running sums with a leading zero (float64: metrics in bytes/s reach 1e10); a
+        # window's sum is the difference of two of them, written straight into float32.
+        run = np.zeros(x.shape[:-1] + (n_t + 1,), np.float64)
+        np.cumsum(np.where(gap, 0.0, x), -1, out=run[..., 1:])
+        np.subtract(run[..., span:], run[..., :-span], out=mean[..., span - 1:], casting="same_kind")
+        mean[..., span - 1:] /= span
+        rows_t = mean.reshape(-1, n_t)  # a view: `mean` is contiguous
+        holed = np.flatnonzero(gap.reshape(-1, n_t).any(-1))  # long gaps survive filling: few rows
+        if holed.size:
+            missing = np.zeros((holed.size, n_t + 1), np.int32)
+            np.cumsum(gap.reshape(-1, n_t)[holed], -1, out=missing[:, 1:])
+            count = span - (missing[:, span:] - missing[:, :-span])
+            sums = run.reshape(-1, n_t + 1)[holed]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                m = (sums[:, span:] - sums[:, :-span]) / count
+            rows_t[holed, span - 1:] = np.where(count >= min_present * span, m, np.nan)
+    if len(rows) == values.shape[0]:
+        return mean
+    out = values.copy()
+    out[rows] = mean
     return out

@@ -100,7 +100,10 @@ def test_a_step_average_leaves_step_metrics_alone_and_voids_partial_steps():
     values[0, 1, 100:120] = np.nan  # 20 s gap: longer than a fill, so the steps around it are partial
     out = step_average(values, 60, 3, ["cpu_util", "step_time"])
     assert np.array_equal(out[1], values[1])
-    assert np.isnan(out[0, 1, 100:170]).any() and not np.isnan(out[0, 0, 60:]).any()
+    # Means over fewer than 90 % of a step (> 6 of 60 s missing) end at 106 ... 172 s.
+    assert np.isnan(out[0, 1, 106:173]).all() and not np.isnan(out[0, 1, 173:]).any()
+    assert not np.isnan(out[0, 0, 59:]).any() and np.isnan(out[0, :, :59]).all()
+    assert np.allclose(out[0, 0, 59:], 1.0)
 
 
 @pytest.mark.parametrize("stages", [2, 3, 8])
