@@ -32,7 +32,7 @@ import numpy as np
 from .config import DetectConfig
 from .denoise import Denoiser, WindowMedian
 from .peers import intermittency_scores, level_scores, window_means
-from .period import TimeScales, estimate_period, step_average, time_scales
+from .period import TimeScales, estimate_period, reported_period, step_average, time_scales
 from .trace import STEP_METRICS, Trace
 from .windows import Grid, cut_windows, nanmedian, normalise, to_grid, window_times
 
@@ -108,7 +108,9 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     """
     if abs(grid.step_s - cfg.step_s) > 1e-9:
         raise ValueError(f"grid step {grid.step_s} s differs from DetectConfig.step_s {cfg.step_s} s")
-    scales = time_scales(cfg, estimate_period(grid))
+    # The step period from the trace (without follow_step only a reported one, for the
+    # step metrics' continuity: then this is the detector with fixed time constants).
+    scales = time_scales(cfg, estimate_period(grid) if cfg.follow_step else reported_period(grid))
     max_fill = int(cfg.max_fill_s / cfg.step_s)
     values = grid.values
     if scales.average_s:  # long steps: compare step means, where stage phases cancel

@@ -132,13 +132,9 @@ class TimeScales:
 def time_scales(cfg: DetectConfig, period_s: float | None) -> TimeScales:
     """Time constants for a job whose step takes `period_s` (None: the defaults)."""
     p = period_s or 0.0
-    if not cfg.follow_step:
-        p_cont = 0.0
-        average = 0.0
-    else:
-        p_cont = p
-        average = p if p > cfg.level_span_s / 2 else 0.0
-    continuity = max(cfg.continuity_s, cfg.continuity_steps * p_cont)
+    followed = p if cfg.follow_step else 0.0  # without follow_step: the fixed time constants
+    average = followed if followed > cfg.level_span_s / 2 else 0.0
+    continuity = max(cfg.continuity_s, cfg.continuity_steps * followed)
     return TimeScales(
         period_s=period_s,
         average_s=average,
