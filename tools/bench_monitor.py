@@ -1,7 +1,7 @@
 """Time one detection call: machines x 7 metrics x 15 min at 1 Hz, on one CPU core.
 
     python tools/bench_monitor.py [--machines 64,256,1024] [--repeats 5] [--model DIR|none]
-        [--step-metrics] [--json FILE]
+        [--step-metrics] [--step-period 40,90] [--json FILE]
 
 A call is what the online detector runs each time: normalise, window, denoise (the
 packaged LSTM-VAEs unless --model none), score and declare, on an already resampled grid.
@@ -28,9 +28,10 @@ from megatron_rl.monitor.synth import SynthConfig, generate  # noqa: E402
 from megatron_rl.monitor.windows import to_grid  # noqa: E402
 
 
-def bench(machines: int, repeats: int, denoiser, cfg: DetectConfig, step_metrics: bool = False) -> dict:
+def bench(machines: int, repeats: int, denoiser, cfg: DetectConfig, step_metrics: bool = False,
+          step_period: tuple[float, float] = (6.0, 12.0)) -> dict:
     st = generate(SynthConfig(machines=machines, seed=1, fault="gpu_drop", duration_s=900,
-                              step_metrics=step_metrics))
+                              step_metrics=step_metrics, step_period_s=step_period))
     calls, cpu = [], []
     for _ in range(repeats):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -55,6 +56,8 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="denoiser dir or 'none' (default: packaged)")
     ap.add_argument("--step-metrics", action="store_true",
                     help="add the trainer's step and section times (4 more metrics, not denoised)")
+    ap.add_argument("--step-period", default="6,12",
+                    help="range of the job's step length in s (40,90: RL-like steps, averaged per step)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -63,7 +66,8 @@ def main() -> None:
     print(f"denoiser: {path or 'none'}; torch threads: {torch.get_num_threads()}")
     results = []
     for n in (int(x) for x in args.machines.split(",")):
-        r = bench(n, args.repeats, denoiser, DetectConfig(), args.step_metrics)
+        period = tuple(float(x) for x in args.step_period.split(","))
+        r = bench(n, args.repeats, denoiser, DetectConfig(), args.step_metrics, period)
         results.append(r)
         print(f"{n:5d} machines x {r['metrics']} metrics x {r['seconds']} s: detection call "
               f"{r['call_median_s']:.3f} s median ({r['call_min_s']:.3f} min of {args.repeats}, "

@@ -48,6 +48,14 @@ class DetectConfig:
     """A machine that is the candidate on a step metric (step or section time, one value
     per training step) needs this many of the job's steps as well as continuity_s: with
     steps of minutes, continuity_s alone would declare one slow step."""
+    follow_step: bool = True
+    """Make the time scales follow the job's step period, estimated from the trace
+    (monitor/period.py): with steps longer than level_span_s / 2, per-second metrics are
+    averaged over one step before machines are compared, and every metric's continuity is
+    at least continuity_steps steps. Short steps keep the default time constants."""
+    continuity_steps: float = 4.0
+    """With follow_step, a run needs max(continuity_s, this many steps) of candidacy
+    (chosen on the tuning seeds with 40-90 s steps among 2-5; docs/monitor.md)."""
 
     def __post_init__(self):
         checks = [
@@ -60,6 +68,7 @@ class DetectConfig:
              "continuity_s, max_gap_s and max_fill_s must be >= 0"),
             (0 < self.min_fraction <= 1, "min_fraction must be in (0, 1]"),
             (self.straggler_steps >= 1, "straggler_steps must be >= 1"),
+            (self.continuity_steps >= 0, "continuity_steps must be >= 0"),
             (self.min_machines >= 3, "min_machines must be >= 3 (two machines cannot outvote each other)"),
         ]
         for ok, msg in checks:

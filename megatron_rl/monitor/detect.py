@@ -32,6 +32,7 @@ import numpy as np
 from .config import DetectConfig
 from .denoise import Denoiser, WindowMedian
 from .peers import intermittency_scores, level_scores, window_means
+from .period import TimeScales, estimate_period, reported_period, step_average, time_scales
 from .trace import STEP_METRICS, Trace
 from .windows import Grid, cut_windows, nanmedian, normalise, to_grid, window_times
 
@@ -59,8 +60,13 @@ class Scores:
     machines: list[str]
     win_start: np.ndarray
     win_end: np.ndarray
-    step_period_s: float | None = None
-    """The job's typical step length (median step time), if the trace has step metrics."""
+    scales: TimeScales | None = None
+    """The time constants used (they follow the job's step period, `period.py`)."""
+
+    @property
+    def step_period_s(self) -> float | None:
+        """The job's step length as estimated from the trace (None if unknown)."""
+        return self.scales.period_s if self.scales else None
 
 
 @dataclass
@@ -102,13 +108,20 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     """
     if abs(grid.step_s - cfg.step_s) > 1e-9:
         raise ValueError(f"grid step {grid.step_s} s differs from DetectConfig.step_s {cfg.step_s} s")
-    resid, _ = normalise(grid.values, int(cfg.max_fill_s / cfg.step_s))
+    # The step period from the trace (without follow_step only a reported one, for the
+    # step metrics' continuity: then this is the detector with fixed time constants).
+    scales = time_scales(cfg, estimate_period(grid) if cfg.follow_step else reported_period(grid))
+    max_fill = int(cfg.max_fill_s / cfg.step_s)
+    values = grid.values
+    if scales.average_s:  # long steps: compare step means, where stage phases cancel
+        values = step_average(values, int(round(scales.average_s / cfg.step_s)), max_fill, grid.metrics)
+    resid, _ = normalise(values, max_fill)
     win = cut_windows(resid, cfg.window, cfg.stride)  # [metrics, machines, windows, window]
     rec = denoised_windows(win, grid.metrics, denoiser)  # [metrics, windows, window, machines]
     s = median_distance(rec).transpose(0, 2, 1)  # [metrics, machines, windows]
     z = normalise_scores(s, cfg.min_machines)
     if cfg.peer_scores:
-        peer = peer_scores(win, cfg)
+        peer = peer_scores(win, cfg, scales.intermittency_span_s)
         # Step metrics: the window score alone. A step value is already a step's average;
         # averaging it again (level) or counting its abnormal windows (intermittency)
         # stretches a transient slowdown well past the steps it slowed, and on the tuning
@@ -116,7 +129,7 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
         peer[[m in STEP_METRICS for m in grid.metrics]] = np.nan
         z = np.fmax(z, peer)
     start, end = window_times(grid, cfg.window, cfg.stride)
-    return Scores(z, list(grid.metrics), list(grid.machines), start, end, step_period(grid))
+    return Scores(z, list(grid.metrics), list(grid.machines), start, end, scales)
 
 
 def denoised_windows(win: np.ndarray, metrics: list[str],
@@ -145,20 +158,17 @@ def denoised_windows(win: np.ndarray, metrics: list[str],
 
 
 def step_period(grid: Grid) -> float | None:
-    """Median `step_time` over machines and seconds (else the sum of the section medians):
-    how long one training step takes, to count continuity in steps."""
-    have = {m: k for k, m in enumerate(grid.metrics) if m in STEP_METRICS}
-    names = ["step_time"] if "step_time" in have else [m for m in have]
-    medians = [np.nanmedian(grid.values[have[m]]) for m in names if np.isfinite(grid.values[have[m]]).any()]
-    return float(sum(medians)) if medians else None
+    """The job's step length in seconds (`period.estimate_period`)."""
+    return estimate_period(grid)
 
 
-def peer_scores(win: np.ndarray, cfg: DetectConfig) -> np.ndarray:
+def peer_scores(win: np.ndarray, cfg: DetectConfig, intermittency_span_s: float | None = None) -> np.ndarray:
     """max(level, intermittency) score [metrics, machines, windows] from residual windows."""
     means = window_means(win)
     span = lambda sec: max(1, int(round(sec / (cfg.stride_s))))  # noqa: E731
     level = level_scores(means, span(cfg.level_span_s), cfg.min_machines)
-    inter = intermittency_scores(means, span(cfg.intermittency_span_s), cfg.abnormal_z, cfg.min_machines)
+    inter = intermittency_scores(means, span(intermittency_span_s or cfg.intermittency_span_s),
+                                 cfg.abnormal_z, cfg.min_machines)
     return np.fmax(level, inter)
 
 
@@ -228,13 +238,12 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
 
 
 def continuity(scores: Scores, cfg: DetectConfig) -> np.ndarray:
-    """Seconds of candidacy needed per metric: continuity_s, and for step metrics also
-    `straggler_steps` steps of the job (one value per step: seconds alone could mean a
-    single slow step)."""
-    need = np.full(len(scores.metrics), cfg.continuity_s)
-    if scores.step_period_s:
-        steps = [k for k, m in enumerate(scores.metrics) if m in STEP_METRICS]
-        need[steps] = max(cfg.continuity_s, cfg.straggler_steps * scores.step_period_s)
+    """Seconds of candidacy needed per metric: continuity_s, with `follow_step` at least
+    `continuity_steps` steps of the job, and for step metrics also `straggler_steps`
+    steps (one value per step: seconds alone could mean a single slow step)."""
+    scales = time_scales(cfg, scores.step_period_s)  # declare's cfg: a sweep may change continuity_s
+    need = np.full(len(scores.metrics), scales.continuity_s)
+    need[[m in STEP_METRICS for m in scores.metrics]] = scales.step_continuity_s
     return need
 
 

@@ -16,7 +16,10 @@ def build_grid(machines: int = 16, duration: int = 600, seed: int = 0,
     (machine, metric, start_s, end_s, offset) added to that machine's metric."""
     rng = np.random.default_rng(seed)
     t = np.arange(duration)
-    common = 50 + 10 * np.sin(2 * np.pi * t / 97)  # machines move together
+    # Machines move together, slowly: a cycle longer than a third of any grid here, so
+    # the detector's step-period estimate (period.py) sees no training step in it and
+    # keeps its default time scales. (With a 97 s cycle it would take 97 s steps.)
+    common = 50 + 10 * np.sin(2 * np.pi * t / 1000)
     values = np.empty((len(metrics), machines, duration), np.float32)
     for k in range(len(metrics)):
         values[k] = common[None] * (k + 1) + rng.normal(0, noise, (machines, duration))

@@ -1,5 +1,7 @@
 """Step and section times: recorded by the trainer, forward-filled per second, counted in steps."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -65,8 +67,12 @@ def test_continuity_counts_steps_only_for_step_metrics():
     assert scores.step_period_s == pytest.approx(60.0, rel=0.1)
     extra = Grid(np.ones((1, 16, 1200), np.float32), ["gpu_power"], grid.machines, 0.0)
     scores.metrics = scores.metrics + extra.metrics
-    need = continuity(scores, DetectConfig(straggler_steps=3))
+    need = continuity(scores, DetectConfig(straggler_steps=3, follow_step=False))
     assert need[:4] == pytest.approx(3 * scores.step_period_s) and need[4] == 120.0
+    # Following the step (the default), per-second metrics need continuity_steps steps too.
+    need = continuity(scores, DetectConfig(straggler_steps=3, continuity_steps=4))
+    assert need[:4] == pytest.approx(3 * scores.step_period_s)
+    assert need[4] == pytest.approx(4 * scores.step_period_s)
     with pytest.raises(ValueError, match="straggler_steps"):
         DetectConfig(straggler_steps=0)
 
@@ -97,5 +103,9 @@ def test_a_run_mixing_step_and_per_second_metrics_needs_the_step_continuity():
     cpu = (30 + rng.normal(0, 1, (1, 16, 1200))).astype(np.float32)
     cpu[0, 3, 400:430] += 30  # then half a minute of high CPU on the same machine
     grid = Grid(np.concatenate([cpu, steps.values]), ["cpu_util"] + steps.metrics, steps.machines, 0.0)
-    assert detect(grid, DetectConfig()).alerts == []  # ~165 s in all (with the 32 s CPU level): < 3 steps
-    assert [a.machine for a in detect(grid, DetectConfig(straggler_steps=2)).alerts] == ["node03"]
+    # The mixing rule alone, without step averaging: with it (the default) the 30 s of
+    # high CPU are averaged over a 60 s step, their footprint grows by a step, and the
+    # joined run then does span 3 steps.
+    fixed = DetectConfig(follow_step=False)
+    assert detect(grid, fixed).alerts == []  # ~165 s in all (with the 32 s CPU level): < 3 steps
+    assert [a.machine for a in detect(grid, replace(fixed, straggler_steps=2)).alerts] == ["node03"]

@@ -1,0 +1,184 @@
+"""The job's step period, estimated from the trace, and the time scales that follow it.
+
+The detector's default time constants (8 s windows, a 32 s level, 120 s continuity)
+assume training steps of seconds: then a window or two already spans a step, and the
+per-second comparison across machines sees the same phase of the step everywhere except
+for small sampler offsets. RL steps take minutes, and pipeline stages run the same step
+tens of seconds apart, so at any second different machines sit in different phases of
+the step and their per-second metrics differ for no fault at all.
+
+What follows the step period P (`time_scales`):
+- **Step averaging.** When P is longer than the level span covers twice
+  (`P > level_span_s / 2`, 16 s by default), each machine's per-second metric is first
+  replaced by its mean over the last P seconds (one whole step). The mean of a periodic
+  signal over one full period does not depend on its phase, so pipeline-stage offsets
+  and sampler phases cancel before machines are compared; a fault that changes a
+  machine's work still changes its step mean. The 8 s windows then slide over step
+  means, i.e. every window covers at least one whole step. Step metrics (`step_time`
+  and the section times) already hold one value per step and are left as they are.
+- **Continuity** for every metric is max(continuity_s, continuity_steps x P): a run of
+  candidacy has to span several steps, not one odd step (with short steps this is
+  continuity_s: 4 x 12 s < 120 s). Step averaging makes a transient slowdown last a step
+  longer and, noise averaged away, stand out more; several steps of candidacy is what
+  still tells it from a fault.
+- **Intermittency span**: its slices must outlast one step-averaged transient
+  (60 s plus the step), so each slice is stretched by P when step averaging is on.
+
+Estimating P (`estimate_period`): the median `step_time` when the trainer reports it
+(else the sum of the section medians), else the dominant period of the machines' own
+per-second metrics: the autocorrelation of each machine's series (so pipeline-stage
+offsets between machines do not matter), averaged over machines and metrics, and its
+highest peak after the first trough. No clear peak: None, and the default time scales.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import DetectConfig
+from .trace import STEP_METRICS
+from .windows import Grid, fill_gaps
+
+
+def reported_period(grid: Grid) -> float | None:
+    """Median `step_time` over machines and seconds (else the sum of the section
+    medians): how long one training step takes, as the trainer reports it."""
+    have = {m: k for k, m in enumerate(grid.metrics) if m in STEP_METRICS}
+    names = ["step_time"] if "step_time" in have else list(have)
+    medians = [np.nanmedian(grid.values[have[m]]) for m in names if np.isfinite(grid.values[have[m]]).any()]
+    return float(sum(medians)) if medians else None
+
+
+def autocorrelation_period(values: np.ndarray, max_machines: int = 64, min_lag: int = 2,
+                           max_frac: float = 1 / 3, min_prominence: float = 0.05) -> float | None:
+    """Dominant period (in samples) of per-machine series; values: [metrics, machines, T].
+
+    Each series (a metric of one machine) is centred and its autocorrelation normalised
+    to 1 at lag 0; they are averaged with equal weight. At most `max_machines` machines,
+    spread evenly over the list, are used: the period is the job's, and 64 machines'
+    worth of series is plenty (and keeps the cost to a few ms at any cluster size).
+    The period is the highest peak after the first trough, between `min_lag` and
+    `max_frac` of the trace (at least three periods in view), and only if that peak
+    rises `min_prominence` above the trough; else None. An earlier peak that rises at
+    least 80 % as high is taken instead (the highest can be a multiple of the period).
+    """
+    n_k, n_m, n_t = values.shape
+    if n_t < 3 * min_lag + 3:
+        return None
+    pick = np.unique(np.linspace(0, n_m - 1, min(n_m, max_machines)).round().astype(int))
+    x = values[:, pick].reshape(-1, n_t).astype(np.float64)
+    ok = np.isfinite(x)
+    mean = np.where(ok, x, 0).sum(-1, keepdims=True) / np.maximum(ok.sum(-1, keepdims=True), 1)
+    x = np.where(ok, x - mean, 0.0)  # a missing sample counts as the series' mean
+    spec = np.fft.rfft(x, 2 * n_t)
+    acf = np.fft.irfft(spec.real ** 2 + spec.imag ** 2, 2 * n_t)[:, :n_t]
+    live = acf[:, 0] > 0
+    if not live.any():
+        return None
+    acf = (acf[live] / acf[live, :1]).mean(0)
+    hi = int(n_t * max_frac)
+    if hi <= min_lag + 2:
+        return None
+    d = np.diff(acf[: hi + 1])
+    troughs = np.flatnonzero((d[:-1] < 0) & (d[1:] >= 0)) + 1
+    troughs = troughs[troughs >= min_lag]
+    if troughs.size == 0:
+        return None
+    first = int(troughs[0])
+    best = first + int(np.argmax(acf[first: hi + 1]))
+    rise = acf[best] - acf[first]
+    if best >= hi or rise < min_prominence:  # still rising at the edge, or flat
+        return None
+    # The earliest peak nearly as high as the highest: sampled at whole seconds, a period
+    # of 6.5 s peaks lower at lag 6-7 than its double does at lag 13 (an octave error).
+    peaks = np.flatnonzero((d[:-1] > 0) & (d[1:] <= 0)) + 1
+    peaks = peaks[(peaks > first) & (peaks <= best) & (acf[peaks] - acf[first] >= 0.8 * rise)]
+    peak = int(peaks[0]) if peaks.size else best
+    # Parabolic interpolation of the peak: sub-sample precision for short periods.
+    a, b, c = acf[peak - 1], acf[peak], acf[peak + 1]
+    shift = 0.5 * (a - c) / (a - 2 * b + c) if (a - 2 * b + c) < 0 else 0.0
+    return float(peak + shift)
+
+
+def estimate_period(grid: Grid) -> float | None:
+    """The job's step period in seconds: reported step times, else autocorrelation."""
+    reported = reported_period(grid)
+    if reported is not None:
+        return reported
+    per_second = [k for k, m in enumerate(grid.metrics) if m not in STEP_METRICS]
+    lag = autocorrelation_period(grid.values[per_second]) if per_second else None
+    return None if lag is None else lag * grid.step_s
+
+
+@dataclass(frozen=True)
+class TimeScales:
+    """The detector's time constants for one call, in seconds (see the module docstring)."""
+
+    period_s: float | None
+    """The estimated step period (None: not known)."""
+    average_s: float
+    """Per-second metrics are averaged over this trailing span first (0: not averaged)."""
+    continuity_s: float
+    """Candidacy a run needs on a per-second metric."""
+    step_continuity_s: float
+    """Candidacy a run needs on a step metric: continuity_s and `straggler_steps` steps
+    (a run on both kinds of metric needs the longer)."""
+    intermittency_span_s: float
+    """Span of the intermittency score (three slices)."""
+
+
+def time_scales(cfg: DetectConfig, period_s: float | None) -> TimeScales:
+    """Time constants for a job whose step takes `period_s` (None: the defaults)."""
+    p = period_s or 0.0
+    followed = p if cfg.follow_step else 0.0  # without follow_step: the fixed time constants
+    average = followed if followed > cfg.level_span_s / 2 else 0.0
+    continuity = max(cfg.continuity_s, cfg.continuity_steps * followed)
+    return TimeScales(
+        period_s=period_s,
+        average_s=average,
+        continuity_s=continuity,
+        step_continuity_s=max(cfg.continuity_s, cfg.straggler_steps * p),
+        intermittency_span_s=cfg.intermittency_span_s + 3 * average,
+    )
+
+
+def step_average(values: np.ndarray, span: int, max_gap: int, metrics: list[str],
+                 min_present: float = 0.9) -> np.ndarray:
+    """Trailing mean over `span` samples of every per-second metric (step metrics are
+    copied as they are); values: [metrics, machines, T].
+
+    Short gaps are forward-filled first (as `windows.normalise` does); a mean over fewer
+    than `min_present` of its span is NaN, since a mean over part of a step depends on
+    the phase again. The first span - 1 samples are NaN: no whole step yet.
+    """
+    if span <= 1:
+        return values.copy()
+    rows = [k for k, m in enumerate(metrics) if m not in STEP_METRICS]
+    x = fill_gaps(values[rows], max_gap)
+    n_t = x.shape[-1]
+    mean = np.full(x.shape, np.nan, values.dtype)  # the first span - 1 samples stay NaN: no whole step yet
+    if n_t >= span:
+        gap = np.isnan(x)
+        # Running sums with a leading zero (float64: metrics in bytes/s reach 1e10); a
+        # window's sum is the difference of two of them, written straight into float32.
+        run = np.zeros(x.shape[:-1] + (n_t + 1,), np.float64)
+        np.cumsum(np.where(gap, 0.0, x), -1, out=run[..., 1:])
+        np.subtract(run[..., span:], run[..., :-span], out=mean[..., span - 1:], casting="same_kind")
+        mean[..., span - 1:] /= span
+        rows_t = mean.reshape(-1, n_t)  # a view: `mean` is contiguous
+        holed = np.flatnonzero(gap.reshape(-1, n_t).any(-1))  # long gaps survive filling: few rows
+        if holed.size:
+            missing = np.zeros((holed.size, n_t + 1), np.int32)
+            np.cumsum(gap.reshape(-1, n_t)[holed], -1, out=missing[:, 1:])
+            count = span - (missing[:, span:] - missing[:, :-span])
+            sums = run.reshape(-1, n_t + 1)[holed]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                m = (sums[:, span:] - sums[:, :-span]) / count
+            rows_t[holed, span - 1:] = np.where(count >= min_present * span, m, np.nan)
+    if len(rows) == values.shape[0]:
+        return mean
+    out = values.copy()
+    out[rows] = mean
+    return out
