@@ -22,9 +22,12 @@ lists, the same on every rank.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from megatron_rl.rollout.engine import Sample
+from megatron_rl.rollout.engine import RolloutEngine, Sample, Sampling
+
+if TYPE_CHECKING:
+    from megatron_rl.data import PromptBatch
 
 
 def with_versions(before: Optional[Sample], after: Sample, version: int) -> Sample:
@@ -54,8 +57,8 @@ def fresh_start(sample: Sample, version: int) -> int:
     return sum(v < version for v in sample.versions or [])
 
 
-def generate_in_chunks(engine, prompts, sampling, chunk_tokens: int, version: int,
-                       between_chunks: Callable[[], int]) -> list[list[Sample]]:
+def generate_in_chunks(engine: RolloutEngine, prompts: PromptBatch, sampling: Sampling, chunk_tokens: int,
+                       version: int, between_chunks: Callable[[], int]) -> list[list[Sample]]:
     """``sampling.n`` samples per prompt (as :func:`generate_groups`), ``chunk_tokens`` at a
     time; ``between_chunks`` runs what must run before the next chunk (new weights) and
     returns the policy version the next chunk samples. Collective over the engine's world."""
