@@ -1,9 +1,11 @@
-"""Rollouts ahead of training: colocated vs disaggregated at max_staleness 0 and 1.
+"""Rollouts ahead of training: colocated vs disaggregated at max_staleness 0, 1 and 1 with
+partial rollouts.
 
     python tools/bench_async.py                                   # 1 training + 1 rollout rank
+    python tools/bench_async.py --task digits_max_steps --max-new-tokens 32   # longer answers
     python tools/bench_async.py --train-ranks 2 --rollout-ranks 2 --dir runs/bench-async-w4
 
-Runs `megatron-rl bench async` in its own process (it launches the three trainer runs with
+Runs `megatron-rl bench async` in its own process (it launches one trainer run per mode with
 torchrun) and prints a markdown table (docs/benchmarks.md keeps the measured one).
 """
 
@@ -13,7 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-MODES = ("colocated", "disaggregated_k0", "disaggregated_k1")
 
 
 def _fmt(value, spec: str) -> str:
@@ -27,12 +28,18 @@ def main() -> int:
     p.add_argument("--rollout-ranks", default="1")
     p.add_argument("--prompts-per-step", default="64")
     p.add_argument("--n-samples", default="8")
+    p.add_argument("--max-new-tokens", default="16")
+    p.add_argument("--task", default="digits_max")
+    p.add_argument("--partial-chunk-tokens", default="4")
+    p.add_argument("--modes", default="colocated,disaggregated_k0,disaggregated_k1,disaggregated_k1_partial")
     p.add_argument("--dir", default="runs/bench-async")
     p.add_argument("--json", default="bench_async.json")
     args = p.parse_args()
     cmd = [sys.executable, "-m", "megatron_rl", "bench", "async", "--steps", args.steps,
            "--train-ranks", args.train_ranks, "--rollout-ranks", args.rollout_ranks,
            "--prompts-per-step", args.prompts_per_step, "--n-samples", args.n_samples,
+           "--max-new-tokens", args.max_new_tokens, "--task", args.task,
+           "--partial-chunk-tokens", args.partial_chunk_tokens, "--modes", args.modes,
            "--dir", args.dir, "--json", args.json]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -45,9 +52,9 @@ def main() -> int:
 def print_table(result: dict) -> None:
     print(f"{result['recipe']}, {result['date']}, {result['machine']['cpus']} CPUs")
     print("| mode | world | tokens/s | step s | train s | rollout s | generation s | overlap | rollout busy "
-          "| train idle s | rollout idle s | staleness mean / max | reward step 1 -> N |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for mode in MODES:
+          "| train idle s | rollout idle s | staleness mean / max | partial samples | length | reward step 1 -> N |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for mode in result["modes"]:
         m, world = result["modes"][mode], result["runs"][mode]["world"]
         curve = m["reward_curve"]
         print(f"| {mode} | {world} | {m['tokens_per_s']:.0f} | {m['step_s']:.2f} | {m['train_s']:.2f} | "
@@ -55,9 +62,11 @@ def print_table(result: dict) -> None:
               f"{_fmt(m['rollout_busy_fraction'], '.2f')} | "
               f"{_fmt(m['train_idle_s'], '.2f')} | {_fmt(m['rollout_idle_s'], '.2f')} | "
               f"{_fmt(m['staleness_mean'], '.1f')} / {_fmt(m['staleness_max'], 'd')} | "
+              f"{_fmt(m['partial_samples'], '.1f')} | {_fmt(m['response_length'], '.1f')} | "
               f"{curve[0]:.3f} -> {curve[-1]:.3f} |")
-    print(f"speedup k1 vs k0: {result['speedup_k1_vs_k0']:.2f}x; k0 vs colocated: "
-          f"{result['speedup_k0_vs_colocated']:.2f}x; k1 vs colocated: {result['speedup_k1_vs_colocated']:.2f}x")
+    speedups = [f"{k.removeprefix('speedup_').replace('_vs_', ' vs ')}: {v:.2f}x"
+                for k, v in result.items() if k.startswith("speedup_")]
+    print("speedup " + "; ".join(speedups))
 
 
 if __name__ == "__main__":

@@ -1,19 +1,23 @@
 """Rollouts ahead of training: the same GRPO run colocated, disaggregated in lockstep
-(``rollout.max_staleness=0``) and disaggregated one batch ahead (``max_staleness=1``).
+(``rollout.max_staleness=0``), disaggregated one batch ahead (``max_staleness=1``), and one
+batch ahead with partial rollouts (``rollout.partial``).
 
-The bench is not launched under torchrun: it launches the trainer three times itself, one
+The bench is not launched under torchrun: it launches the trainer once per mode itself, one
 torchrun each, every run in a run directory of its own under ``--dir``, with the same recipe
 (examples/grpo.yaml: GRPO on the embedded digit task, the tiny MoE actor, each run building
 the same warmed-up base), the same seed, the same step count and per-prompt sampling seeds
-(``rollout.seed_per_prompt=true``, so all three sample alike):
+(``rollout.seed_per_prompt=true``, so all sample alike; ``--task`` picks a task with longer
+answers, so that generation is a larger share of a step):
 
 - ``colocated``: world = training ranks; every rank generates, then trains.
 - ``disaggregated_k0``: world = training + rollout ranks; the rollout ranks generate while
   the training ranks wait, then the reverse.
 - ``disaggregated_k1``: the same launch, the next batch generated while the training ranks
   update (samples one policy version old).
+- ``disaggregated_k1_partial``: the same, generating ``--partial-chunk-tokens`` at a time, so
+  a batch still generating when the update's weights arrive goes on under them.
 
-All three use token TIS (cap 2), which k > 0 needs, so the three losses are the same
+All use token TIS (cap 2), which k > 0 needs, so the losses are the same
 function; at k = 0 its weights are ~1. Each rank runs one thread (OMP_NUM_THREADS=1): with
 one training and one rollout rank on two cores, each side has a core of its own, and what
 k = 1 can gain is the rollout core's time that lockstep leaves idle.
@@ -50,8 +54,9 @@ from megatron_rl.bench.args import BenchArgumentError, positive, run_checked, sa
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "grpo.yaml"
 CORRECTION = "algorithm.overrides={rollout_correction: {kind: token_tis, cap: 2.0}}"
 """What max_staleness > 0 requires; every mode uses it, so all train with the same loss."""
-MODES = {"colocated": None, "disaggregated_k0": 0, "disaggregated_k1": 1}
-"""mode -> rollout.max_staleness (None: colocated)."""
+MODES = {"colocated": None, "disaggregated_k0": (0, False), "disaggregated_k1": (1, False),
+         "disaggregated_k1_partial": (1, True)}
+"""mode -> (rollout.max_staleness, rollout.partial) (None: colocated)."""
 FIRST_STEP = 2
 """Steps before this one are left out of the means (one-time costs; k = 1 has nothing in flight)."""
 EPILOG = """\
@@ -74,6 +79,9 @@ class Plan:
     prompts_per_step: int
     n_samples: int
     max_new_tokens: int
+    task: str
+    partial_chunk_tokens: int
+    modes: tuple[str, ...]
     seed: int
     dir: Path
     json_path: Optional[Path]
@@ -99,7 +107,8 @@ class Launch:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("async", help="colocated vs disaggregated rollouts at max_staleness 0 and 1 (launches torchrun)",
+    p = sub.add_parser("async", help="colocated vs disaggregated rollouts at max_staleness 0 and 1, and 1 with "
+                                     "partial rollouts (launches torchrun)",
                        description=__doc__.split("\n\n")[0], epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=positive, default=8, help="training steps of each run (means over steps 2..N)")
@@ -108,9 +117,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--prompts-per-step", type=positive, default=64, help="rollout.prompts_per_step")
     p.add_argument("--n-samples", type=positive, default=8, help="rollout.n_samples (GRPO's group size)")
     p.add_argument("--max-new-tokens", type=positive, default=16, help="rollout.max_new_tokens")
-    p.add_argument("--seed", type=int, default=1234, help="trainer.seed of all three runs")
+    p.add_argument("--task", default="digits_max", help="the synthetic task (data.source=task:NAME); "
+                   "digits_max_steps answers in more tokens")
+    p.add_argument("--partial-chunk-tokens", type=positive, default=4, help="rollout.partial_chunk_tokens")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {', '.join(MODES)}")
+    p.add_argument("--seed", type=int, default=1234, help="trainer.seed of every run")
     p.add_argument("--dir", type=Path, default=Path("runs/bench-async"),
-                   help="the three run directories go here (must not exist or be empty; kept)")
+                   help="the run directories go here (must not exist or be empty; kept)")
     p.add_argument("--timeout", type=positive, default=1800, help="seconds one launch may take")
     p.add_argument("--json", default=None, help="write the result here")
     return p
@@ -126,27 +139,34 @@ def make_plan(args: argparse.Namespace, world: int) -> Plan:
     if args.dir.exists() and (not args.dir.is_dir() or any(args.dir.iterdir())):
         raise BenchArgumentError(f"--dir {args.dir} exists and is not an empty directory; pass a new or empty one "
                                  "(a trainer finding a run dir of its own there would resume from it)")
+    modes = tuple(m for m in args.modes.split(",") if m)
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise BenchArgumentError(f"--modes {args.modes!r}: choose from {', '.join(MODES)}")
     plan = Plan(steps=args.steps, train_ranks=args.train_ranks, rollout_ranks=args.rollout_ranks,
                 prompts_per_step=args.prompts_per_step, n_samples=args.n_samples,
-                max_new_tokens=args.max_new_tokens, seed=args.seed, dir=args.dir,
+                max_new_tokens=args.max_new_tokens, task=args.task, partial_chunk_tokens=args.partial_chunk_tokens,
+                modes=modes, seed=args.seed, dir=args.dir,
                 json_path=Path(args.json) if args.json else None, timeout_s=float(args.timeout))
     check_configs(plan)
     return plan
 
 
 def launches(plan: Plan) -> list[Launch]:
-    """The three runs, in the order they are launched."""
+    """The runs of ``plan.modes``, in the order they are launched."""
     common = (f"trainer.max_steps={plan.steps}", f"trainer.seed={plan.seed}", "rollout.seed_per_prompt=true",
               f"rollout.prompts_per_step={plan.prompts_per_step}", f"rollout.n_samples={plan.n_samples}",
-              f"rollout.max_new_tokens={plan.max_new_tokens}", CORRECTION)
+              f"rollout.max_new_tokens={plan.max_new_tokens}", f"data.source=task:{plan.task}", CORRECTION)
     out = []
-    for mode, staleness in MODES.items():
-        if staleness is None:
+    for mode in plan.modes:
+        if MODES[mode] is None:
             out.append(Launch(mode, plan.train_ranks, plan.dir / mode, common))
-        else:
-            out.append(Launch(mode, plan.train_ranks + plan.rollout_ranks, plan.dir / mode,
-                              (*common, "rollout.placement=disaggregated", f"rollout.num_ranks={plan.rollout_ranks}",
-                               f"rollout.max_staleness={staleness}")))
+            continue
+        staleness, partial = MODES[mode]
+        extra = ("rollout.partial=true", f"rollout.partial_chunk_tokens={plan.partial_chunk_tokens}") if partial else ()
+        out.append(Launch(mode, plan.train_ranks + plan.rollout_ranks, plan.dir / mode,
+                          (*common, "rollout.placement=disaggregated", f"rollout.num_ranks={plan.rollout_ranks}",
+                           f"rollout.max_staleness={staleness}", *extra)))
     return out
 
 
@@ -193,19 +213,22 @@ def summarize_mode(rows: Sequence[dict], first_step: int = FIRST_STEP) -> dict:
         "train_idle_s": _mean(timed, "timing/train_idle_s"), "rollout_idle_s": _mean(timed, "timing/rollout_idle_s"),
         "rollout_busy_fraction": sum(generated) / seconds if generated else None,
         "staleness_mean": _mean(timed, "rollout/staleness_mean"), "staleness_max": max(staleness, default=None),
+        "partial_samples": _mean(timed, "rollout/partial_samples"),
+        "response_length": _mean(timed, "response_length/mean"),
         "reward_curve": [r["reward/mean"] for r in rows],
     }
 
 
 def summarize(rows_by_mode: dict[str, Sequence[dict]], first_step: int = FIRST_STEP) -> dict:
-    """Per-mode numbers and the tokens/s ratios between modes."""
+    """Per-mode numbers and the tokens/s ratios between the modes run (``speedup_<a>_vs_<b>``)."""
     modes = {mode: summarize_mode(rows, first_step) for mode, rows in rows_by_mode.items()}
     rate = {mode: m["tokens_per_s"] for mode, m in modes.items()}
+    pairs = [("k1", "k0"), ("k1_partial", "k0"), ("k1_partial", "k1"), ("k0", "colocated"), ("k1", "colocated")]
+    name = {"colocated": "colocated", **{m.removeprefix("disaggregated_"): m for m in MODES if m != "colocated"}}
     return {
         "modes": modes,
-        "speedup_k1_vs_k0": rate["disaggregated_k1"] / rate["disaggregated_k0"],
-        "speedup_k0_vs_colocated": rate["disaggregated_k0"] / rate["colocated"],
-        "speedup_k1_vs_colocated": rate["disaggregated_k1"] / rate["colocated"],
+        **{f"speedup_{a}_vs_{b}": rate[name[a]] / rate[name[b]] for a, b in pairs
+           if name[a] in rate and name[b] in rate},
         "tokens_per_s_is": f"sum over steps {first_step}..N of throughput/tokens_per_s x timing/step_s "
                            "(generated + trained tokens) / sum of timing/step_s",
     }

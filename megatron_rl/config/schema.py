@@ -165,6 +165,15 @@ class RolloutConfig:
     """disaggregated: how many generation batches the rollout ranks run ahead of training
     (0: synchronous). A batch trained at step s then samples policy version >= s - 1 - k;
     the loss needs algorithm.overrides.rollout_correction to reweight such samples."""
+    partial: bool = False
+    """disaggregated, max_staleness >= 1: a generation in flight when new weights arrive is
+    continued under them (partial rollouts): the rollout ranks generate
+    ``partial_chunk_tokens`` at a time and load waiting weights between chunks; every token
+    keeps the policy version that sampled it. Off: a generation finishes under the weights
+    it started with."""
+    partial_chunk_tokens: int = 4
+    """partial: new tokens per sample between two looks for new weights (smaller: fresher
+    tokens, more vLLM calls)."""
     tensor_parallel_size: int = 1
     """vLLM's TP (may differ from training TP); must divide the ranks that run vLLM."""
     prompts_per_step: int = 16
@@ -228,6 +237,12 @@ class RolloutConfig:
         if self.placement == "colocated" and self.max_staleness:
             raise ConfigError(f"rollout.max_staleness={self.max_staleness} needs rollout.placement=disaggregated "
                               "(colocated engines generate only between updates)")
+        if self.partial and (self.placement != "disaggregated" or self.max_staleness < 1):
+            raise ConfigError(f"rollout.partial=true needs rollout.placement=disaggregated and rollout.max_staleness "
+                              f">= 1 (got {self.placement}, {self.max_staleness}): only a generation running "
+                              "beside training can receive new weights")
+        if self.partial_chunk_tokens < 1:
+            raise ConfigError(f"rollout.partial_chunk_tokens={self.partial_chunk_tokens} must be >= 1")
         if self.placement == "disaggregated" and self.num_ranks < 1:
             raise ConfigError(f"rollout.num_ranks={self.num_ranks}: rollout.placement=disaggregated needs "
                               ">= 1 rank for vLLM")

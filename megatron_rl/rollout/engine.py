@@ -93,6 +93,10 @@ class Sample:
     """MoE with ``EngineConfig.record_routes``: [P + R - 1, layers, top_k] int16, the experts
     each layer routed the token at each input position to (-1: not computed by vLLM, e.g.
     a prefix-cache hit; dense layers)."""
+    versions: Optional[list[int]] = None
+    """Partial rollouts: the policy version (weight updates) that sampled each response
+    token (:mod:`megatron_rl.rollout.partial`); None: every token of one version, the one
+    the generation ran under."""
 
     @property
     def finished(self) -> bool:

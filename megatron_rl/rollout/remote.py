@@ -15,7 +15,10 @@ gathered back, :mod:`megatron_rl.rollout.replicas`), and rollout rank 0 answers 
 command's number. Commands run one after another in the order sent, so a generation
 submitted before a weight update samples with the old weights, one submitted after it
 with the new ones: the client counts the updates it sent (``version``), which is the
-policy version of everything generated for a command sent then. Weights arrive as one
+policy version of everything generated for a command sent then. A partial generation
+(``rollout.partial``, :mod:`megatron_rl.rollout.partial`) is the exception: it runs the
+weight updates sent after it between its chunks, and its samples record the version of
+every token. Weights arrive as one
 byte tensor per bucket, broadcast from the HF-layout export the colocated sync loads, so
 the same in-place loader and weight check run on the rollout side. A command that fails on
 the rollout side is answered with its error, raised on every training rank as
@@ -24,6 +27,7 @@ the rollout side is answered with its error, raised on every training rank as
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import queue
 import time
@@ -46,6 +50,17 @@ class Command:
     kind: str
     """start | generate | continue | logprobs | load | check | finish | stop"""
     payload: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateRequest:
+    """What a ``generate`` command asks for."""
+
+    prompts: PromptBatch
+    sampling: Sampling
+    chunk_tokens: Optional[int] = None
+    """Partial rollouts: generate this many tokens per sample at a time and run the weight
+    updates that arrive meanwhile between chunks (None: the whole batch under one version)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +152,7 @@ class RolloutClient:
 
     def generate_groups(self, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:
         """``sampling.n`` samples per prompt, generated on the rollout ranks, on every training rank."""
-        return self.result(self.submit(Command("generate", (prompts, sampling)))).groups
+        return self.result(self.submit(Command("generate", GenerateRequest(prompts, sampling)))).groups
 
     def continue_samples(self, samples: list[Sample], sampling: Sampling) -> list[Sample]:
         """Every unfinished sample extended by one more window (T-PPO), on every training rank."""
@@ -216,8 +231,9 @@ class RolloutClient:
         return value
 
     def _await(self, number: int) -> tuple[str, Any]:
-        """Read answers in order until ``number``'s, keeping the ones still to be asked for;
-        an error answers whoever is waiting."""
+        """Read answers until ``number``'s, keeping the ones still to be asked for (a partial
+        generation answers the commands it ran between its chunks before itself); an error
+        answers whoever is waiting."""
         self._kept.discard(number)
         while number not in self._answers:
             got, status, value = self.inbox.get(timeout=self.answer_timeout_s)
@@ -228,9 +244,20 @@ class RolloutClient:
         return self._answers.pop(number)
 
 
+BETWEEN_CHUNKS = ("load", "check", "finish", "logprobs")
+"""Commands a partial generation runs between two of its chunks: they use the engine only
+between its calls (a weight update, its read-back, the parity guard's prompt logprobs)."""
+
+
 class RolloutServer:
     """The rollout side: one engine per rank (replicas and engine TP as in a colocated launch
-    of the rollout ranks' size), driven by the trainer's commands."""
+    of the rollout ranks' size), driven by the trainer's commands.
+
+    Commands are numbered in the order sent and run in that order, with one exception: a
+    partial generation (:mod:`megatron_rl.rollout.partial`) runs the :data:`BETWEEN_CHUNKS`
+    commands waiting at the head of the queue between two chunks (a weight update always
+    to its ``finish``), so their answers can come before the generation's; the client reads
+    answers by number."""
 
     def __init__(self, bridge: tuple):
         import torch.distributed as dist
@@ -240,6 +267,16 @@ class RolloutServer:
         self.engine = None
         self.rank = dist.get_rank()
         self.inbox = Inbox(self._receive, is_last=lambda m: m[0].kind == "stop", name="rollout-commands")
+        self.pending: collections.deque = collections.deque()
+        """(number, command, bucket) taken from the inbox and not run yet, in order."""
+        self.taken = 0
+        """Commands taken from the inbox (the next one's number)."""
+        self.version = 0
+        """Weight updates finished: the policy version the engines serve (the client's count)."""
+        self.idle_s = 0.0
+        """Time spent waiting for commands since the previous generation."""
+        self.between_s = 0.0
+        """Time the current generation spent running other commands between its chunks."""
 
     def _receive(self) -> tuple[Command, Optional[list]]:
         command = self.down.broadcast_object(root=TRAINER)
@@ -249,30 +286,46 @@ class RolloutServer:
             bucket = unpack_bucket(command.payload, self.down.broadcast_tensor(flat, TRAINER))
         return command, bucket
 
+    def _fetch(self, block: bool) -> bool:
+        """Move the next command of the inbox to ``pending`` (waiting for one when ``block``)."""
+        waited = time.perf_counter()
+        try:
+            command, bucket = self.inbox.get(timeout=None if block else 0)
+        except queue.Empty:
+            return False
+        finally:
+            self.idle_s += time.perf_counter() - waited
+        self.pending.append((self.taken, command, bucket))
+        self.taken += 1
+        return True
+
+    def _take(self) -> tuple[int, Command, Optional[list]]:
+        if not self.pending:
+            self._fetch(block=True)
+        return self.pending.popleft()
+
     def serve(self) -> int:
         """Run commands in order until ``stop``; returns how many were served."""
-        number, idle_since, idle_s = 0, time.perf_counter(), 0.0
         while True:
-            command, bucket = self.inbox.get()
+            number, command, bucket = self._take()
             if command.kind == "stop":
                 self._answer(number, "stopped", None)
                 return number
-            idle_s += time.perf_counter() - idle_since
-            try:
-                value = self._run(command, bucket, idle_s)
-            except Exception as err:
-                self._answer(number, "error", f"rollout rank {self.rank}: {type(err).__name__}: {err}")
-                raise
-            if command.kind == "generate":  # the idle time went into its answer
-                idle_s = 0.0
-            self._answer(number, "ok", value)
-            number, idle_since = number + 1, time.perf_counter()
+            self._serve_one(number, command, bucket)
+
+    def _serve_one(self, number: int, command: Command, bucket: Optional[list]) -> None:
+        try:
+            value = self._run(command, bucket)
+        except Exception as err:
+            self._answer(number, "error", f"rollout rank {self.rank}: {type(err).__name__}: {err}")
+            raise
+        self._answer(number, "ok", value)
 
     def _answer(self, number: int, status: str, value: Any) -> None:
         if self.leader:
             self.up.send_object((number, status, value), TRAINER)
 
-    def _run(self, command: Command, bucket: Optional[list], idle_s: float) -> Any:
+    def _run(self, command: Command, bucket: Optional[list]) -> Any:
         kind = command.kind
         if kind == "start":
             from megatron_rl.rollout.engine import RolloutEngine
@@ -281,12 +334,7 @@ class RolloutServer:
             self.engine = RolloutEngine(model_dir, config)
             return None
         if kind == "generate":
-            from megatron_rl.rollout.replicas import generate_groups
-
-            prompts, sampling = command.payload
-            started = time.perf_counter()
-            groups = generate_groups(self.engine, prompts, sampling)
-            return Generation(groups, time.perf_counter() - started, idle_s)
+            return self._generate(command.payload)
         if kind == "continue":
             from megatron_rl.rollout.replicas import continue_samples
 
@@ -299,8 +347,47 @@ class RolloutServer:
         if kind == "check":
             return self._merged_check(bucket)
         if kind == "finish":
-            return self.engine.finish_weight_update()
+            self.engine.finish_weight_update()
+            self.version += 1
+            return None
         raise ValueError(f"unknown rollout command {kind!r}")
+
+    def _generate(self, request: GenerateRequest) -> Generation:
+        """The batch, whole or in chunks; its time excludes the commands run between chunks."""
+        from megatron_rl.rollout.partial import generate_in_chunks
+        from megatron_rl.rollout.replicas import generate_groups
+
+        idle, self.idle_s = self.idle_s, 0.0
+        started, self.between_s = time.perf_counter(), 0.0
+        if request.chunk_tokens is None:
+            groups = generate_groups(self.engine, request.prompts, request.sampling)
+        else:
+            groups = generate_in_chunks(self.engine, request.prompts, request.sampling, request.chunk_tokens,
+                                        self.version, self._between_chunks)
+        return Generation(groups, time.perf_counter() - started - self.between_s, idle)
+
+    def _between_chunks(self) -> int:
+        """Run the :data:`BETWEEN_CHUNKS` commands every rollout rank has waiting at the head
+        of its queue, and the rest of a weight update they begin (it is sent whole: the
+        engines never sample with half of one); the version the next chunk samples."""
+        started = time.perf_counter()
+        while self._fetch(block=False):
+            pass
+        ready = 0
+        for _, command, _ in self.pending:
+            if command.kind not in BETWEEN_CHUNKS:
+                break
+            ready += 1
+        ready = _fewest_over_ranks(ready)  # the rollout ranks' inboxes fill at their own pace
+        updating = False
+        while ready > 0 or updating:
+            number, command, bucket = self._take()
+            if command.kind not in BETWEEN_CHUNKS:
+                raise RuntimeError(f"command {number} ({command.kind}) arrived inside a weight update")
+            self._serve_one(number, command, bucket)
+            updating, ready = command.kind in ("load", "check"), ready - 1
+        self.between_s += time.perf_counter() - started
+        return self.version
 
     def _merged_check(self, bucket: list):
         """Every rollout rank reads back its own engine; the results merged over the rollout world."""
@@ -311,6 +398,17 @@ class RolloutServer:
         everyone: list = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, self.engine.check_weights(bucket))
         return WeightCheckResult.merge_all(everyone)
+
+
+def _fewest_over_ranks(count: int) -> int:
+    """The smallest ``count`` over the rollout ranks (their default world)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return count
+    value = torch.tensor([count])
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return int(value)
 
 
 def serve(bridge: tuple) -> int:

@@ -14,6 +14,11 @@ Resume: the data position saved with a checkpoint is the loader's position befor
 prompts still in flight were drawn, so a resumed run draws them again (generated then by
 the resumed weights): no prompt is lost or trained twice. ``data/prompts_drawn`` counts
 the same way (prompts of batches taken).
+
+Partial rollouts (``chunk_tokens``, :mod:`megatron_rl.rollout.partial`): a batch still
+generating when the update's weights arrive continues under them, so its later tokens are
+fresher; its oldest tokens are still those of the version it was submitted at, and the
+staleness bound is judged on them.
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Optional
 
 from megatron_rl.data import PromptBatch, PromptLoader
 from megatron_rl.rollout import Sampling
-from megatron_rl.rollout.remote import Command, RolloutClient
+from megatron_rl.rollout.partial import oldest_version
+from megatron_rl.rollout.remote import Command, GenerateRequest, RolloutClient
 from megatron_rl.trainer.rollouts import Drawn
 
 
@@ -49,10 +55,13 @@ class AheadGeneration:
     keeps the same queue; only training rank 0 sends and receives). ``depth`` 0: each batch
     is submitted when it is needed and waited for (synchronous, the colocated run's rows)."""
 
-    def __init__(self, client: RolloutClient, loader: PromptLoader, depth: int):
+    def __init__(self, client: RolloutClient, loader: PromptLoader, depth: int,
+                 chunk_tokens: Optional[int] = None):
         if depth < 0:
             raise ValueError(f"rollouts run ahead by >= 0 batches, not {depth}")
         self.client, self.loader, self.depth = client, loader, depth
+        self.chunk_tokens = chunk_tokens
+        """Partial rollouts: tokens per sample between two looks for new weights (None: off)."""
         self.queue: collections.deque[InFlight] = collections.deque()
         self.step_times = StepTimes()
 
@@ -67,8 +76,10 @@ class AheadGeneration:
             generation = self.client.result(entry.number)
             self.step_times.took(generation, time.perf_counter() - waited)
             self._top_up(sampling)
-            if self.client.version - entry.version <= self.depth:
-                return Drawn(entry.prompts, generation.groups, entry.version)
+            oldest = oldest_version([s for g in generation.groups for s in g])
+            version = entry.version if oldest is None else oldest
+            if self.client.version - version <= self.depth:
+                return Drawn(entry.prompts, generation.groups, version)
             self.step_times.dropped_stale += len(entry.prompts)
 
     def _top_up(self, sampling: Sampling) -> None:
@@ -78,7 +89,7 @@ class AheadGeneration:
     def _submit(self, sampling: Sampling) -> None:
         state, drawn = self.loader.state_dict(), self.loader.prompts_drawn
         prompts = self.loader.next_batch()
-        number = self.client.submit(Command("generate", (prompts, sampling)))
+        number = self.client.submit(Command("generate", GenerateRequest(prompts, sampling, self.chunk_tokens)))
         self.queue.append(InFlight(number, prompts, self.client.version, state, drawn))
 
     # -- the data position (checkpoint and metrics) ----------------------------------------

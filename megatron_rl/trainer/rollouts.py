@@ -25,6 +25,7 @@ from megatron_rl.algorithms import dynamic_sampling_keep, overlong_penalty
 from megatron_rl.algorithms.recipes import AlgorithmRecipe
 from megatron_rl.data import PromptBatch
 from megatron_rl.rollout import Sample, Sampling
+from megatron_rl.rollout.partial import fresh_start
 from megatron_rl.rollout.replicas import Continue, Generate
 from megatron_rl.trainer.windows import StepCounts, WindowPool, WindowSample
 
@@ -41,7 +42,8 @@ class Group:
     rewards: list[float]
     """Score plus shaping (overlong penalty): what advantages are computed from."""
     version: int = 0
-    """Policy version (weight updates) the samples were generated with."""
+    """Policy version (weight updates) the samples were generated with (partial rollouts:
+    their oldest token's; ``Sample.versions`` has every token's)."""
 
 
 @dataclasses.dataclass
@@ -101,11 +103,11 @@ class TrainRows:
 
     @classmethod
     def from_groups(cls, groups: list[Group], version: Optional[int] = None) -> "TrainRows":
-        """``version``: the trainer's policy version; samples of an older one have no fresh
-        token (None: every sample is fresh)."""
+        """``version``: the trainer's policy version; tokens of an older one are not fresh
+        (None: every sample is fresh). A partial rollout's tokens carry their versions."""
         samples = [s for g in groups for s in g.samples]
         zeros = [0] * len(samples)
-        fresh = [0 if version is None or g.version == version else len(s.token_ids) for g in groups for s in g.samples]
+        fresh = [_fresh_start(s, g.version, version) for g in groups for s in g.samples]
         return cls(samples, [r for g in groups for r in g.rewards], [c for g in groups for c in g.correct],
                    [i for i, g in enumerate(groups) for _ in g.samples], zeros, fresh,
                    [False] * len(samples))
@@ -115,6 +117,16 @@ class TrainRows:
         return cls([r.sample for r in rows], [r.reward if r.finished else 0.0 for r in rows],
                    [r.correct if r.finished else 0.0 for r in rows], [r.prompt_key for r in rows],
                    [r.trained for r in rows], [r.fresh for r in rows], [not r.finished for r in rows])
+
+
+def _fresh_start(sample: Sample, generated: int, version: Optional[int]) -> int:
+    """Response tokens of ``sample`` (of a group ``generated`` at that version) sampled
+    before the trainer's ``version``."""
+    if version is None:
+        return 0
+    if sample.versions is not None:
+        return fresh_start(sample, version)
+    return 0 if generated == version else len(sample.token_ids)
 
 
 def shaped_rewards(recipe: AlgorithmRecipe, scores: list[float], lengths: torch.Tensor) -> torch.Tensor:

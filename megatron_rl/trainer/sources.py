@@ -23,6 +23,7 @@ from typing import Callable, Optional
 from megatron_rl.algorithms.recipes import AlgorithmRecipe
 from megatron_rl.data import PromptBatch, PromptLoader
 from megatron_rl.rollout import Sampling
+from megatron_rl.rollout.partial import spans_versions
 from megatron_rl.rollout.replicas import Continue, Generate
 from megatron_rl.trainer.ahead import AheadGeneration
 from megatron_rl.trainer.rollouts import Group, TrainRows, collect_rollouts, lockstep_draw, windowed_rollouts
@@ -105,10 +106,13 @@ class GroupSource(RolloutSource):
 
 
 def staleness_metrics(groups: list[Group], version: int) -> dict:
-    """How many policy versions behind ``version`` the kept groups were generated."""
+    """How many policy versions behind ``version`` the kept groups were generated (their
+    oldest tokens), and how many of their samples a partial rollout continued under newer
+    weights (tokens of more than one version)."""
     lags = [version - g.version for g in groups]
     return {"rollout/staleness_mean": sum(lags) / len(lags) if lags else 0.0,
-            "rollout/staleness_max": max(lags, default=0)}
+            "rollout/staleness_max": max(lags, default=0),
+            "rollout/partial_samples": sum(spans_versions(s) for g in groups for s in g.samples)}
 
 
 class WindowSource(RolloutSource):

@@ -197,7 +197,8 @@ class RLTrainer:
         cfg, recipe = self.cfg, self.recipe
         row_multiple = train_row_multiple(cfg, self.world, recipe.use_critic)
         if recipe.generation_window is None:
-            ahead = (AheadGeneration(self.engine, loader, cfg.rollout.max_staleness)
+            chunk = cfg.rollout.partial_chunk_tokens if cfg.rollout.partial else None
+            ahead = (AheadGeneration(self.engine, loader, cfg.rollout.max_staleness, chunk)
                      if self.roles is not None else None)
             return GroupSource(self.generate, loader, recipe, self.verifier.score_batch, decode,
                                cfg.rollout.prompts_per_step, cfg.rollout.n_samples, row_multiple, ahead)

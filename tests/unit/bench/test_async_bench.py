@@ -1,5 +1,5 @@
 """The async-rollouts benchmark without launching anything: arguments refused in one line with
-exit code 2, the three launches it would run, and the JSON summary of hand-made metrics rows
+exit code 2, the launches it would run, and the JSON summary of hand-made metrics rows
 against numbers computed by hand."""
 
 import argparse
@@ -43,20 +43,28 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys):
     assert err.startswith("megatron-rl bench async: error: --steps 1") and err.count("\n") == 1
 
 
-def test_the_three_launches(tmp_path):
-    plan = bench.make_plan(_args(tmp_path, "--train-ranks", "2", "--rollout-ranks", "2", "--steps", "5"), world=1)
-    colocated, k0, k1 = bench.launches(plan)
-    assert [(x.mode, x.world) for x in (colocated, k0, k1)] == [
-        ("colocated", 2), ("disaggregated_k0", 4), ("disaggregated_k1", 4)]
-    assert [x.run_dir for x in (colocated, k0, k1)] == [tmp_path / "runs" / m for m in bench.MODES]
+def test_the_launches(tmp_path):
+    plan = bench.make_plan(_args(tmp_path, "--train-ranks", "2", "--rollout-ranks", "2", "--steps", "5",
+                                 "--task", "digits_max_steps", "--partial-chunk-tokens", "3"), world=1)
+    colocated, k0, k1, partial = bench.launches(plan)
+    assert [(x.mode, x.world) for x in (colocated, k0, k1, partial)] == [
+        ("colocated", 2), ("disaggregated_k0", 4), ("disaggregated_k1", 4), ("disaggregated_k1_partial", 4)]
+    assert [x.run_dir for x in (colocated, k0, k1, partial)] == [tmp_path / "runs" / m for m in bench.MODES]
     assert colocated.config_overrides()[0] == f"trainer.run_dir={tmp_path / 'runs' / 'colocated'}"
     common = set(colocated.overrides)
-    assert {"trainer.max_steps=5", "rollout.seed_per_prompt=true", bench.CORRECTION} <= common
+    assert {"trainer.max_steps=5", "rollout.seed_per_prompt=true", "data.source=task:digits_max_steps",
+            bench.CORRECTION} <= common
+    disaggregated = {"rollout.placement=disaggregated", "rollout.num_ranks=2"}
     for launch, k in ((k0, 0), (k1, 1)):
-        assert set(launch.overrides) == common | {"rollout.placement=disaggregated", "rollout.num_ranks=2",
-                                                  f"rollout.max_staleness={k}"}
+        assert set(launch.overrides) == common | disaggregated | {f"rollout.max_staleness={k}"}
+    assert set(partial.overrides) == common | disaggregated | {
+        "rollout.max_staleness=1", "rollout.partial=true", "rollout.partial_chunk_tokens=3"}
     assert k1.command()[3:5] == ["--standalone", "--nproc-per-node=4"]
     assert not (tmp_path / "runs").exists()  # planning creates nothing
+    chosen = bench.make_plan(_args(tmp_path, "--modes", "disaggregated_k0,disaggregated_k1_partial"), world=1)
+    assert [x.mode for x in bench.launches(chosen)] == ["disaggregated_k0", "disaggregated_k1_partial"]
+    with pytest.raises(BenchArgumentError, match="--modes 'k1': choose from colocated, disaggregated_k0"):
+        bench.make_plan(_args(tmp_path, "--modes", "k1"), world=1)
 
 
 def _row(step, tokens_per_s, step_s, reward, **timing):
@@ -97,6 +105,13 @@ def test_summary_of_metrics_rows():
     # 0.5 s of generation in each timed step: 1.0 s of 4 s (k0) and of 2 s (k1).
     assert (k0["rollout_busy_fraction"], k1["rollout_busy_fraction"]) == (0.25, 0.5)
     assert (out["speedup_k1_vs_k0"], out["speedup_k0_vs_colocated"], out["speedup_k1_vs_colocated"]) == (2.0, 0.8, 1.6)
+    assert "speedup_k1_partial_vs_k0" not in out  # not run
+    partial = [{**r, "rollout/partial_samples": 2 * r["step"]} for r in ROWS["disaggregated_k1"]]
+    partial[2]["timing/step_s"] = 2.0  # 150 tokens/s x 2 s: 550 tokens in 3 s
+    out = bench.summarize({"disaggregated_k0": ROWS["disaggregated_k0"], "disaggregated_k1_partial": partial})
+    assert out["modes"]["disaggregated_k1_partial"]["partial_samples"] == 5.0  # steps 2, 3: 4 and 6
+    assert out["speedup_k1_partial_vs_k0"] == pytest.approx(550 / 3 / 100)
+    assert set(k for k in out if k.startswith("speedup")) == {"speedup_k1_partial_vs_k0"}
 
 
 def test_summary_needs_rows_past_the_first_step():

@@ -215,3 +215,17 @@ def test_rollouts_ahead_need_their_own_ranks_and_a_rollout_correction():
                                           r"set algorithm.overrides.rollout_correction"):
         validate(load_config(DAPO, ahead), 2)
     validate(load_config(DAPO, [*ahead, "algorithm.overrides={rollout_correction: {kind: token_tis, cap: 2.0}}"]), 2)
+
+
+def test_partial_rollouts_need_rollouts_running_ahead_on_their_own_ranks():
+    needs = "rollout.partial=true needs rollout.placement=disaggregated and rollout.max_staleness >= 1"
+    with pytest.raises(ConfigError, match=needs + r" \(got colocated, 0\)"):
+        load_config(DAPO, ["rollout.partial=true"])
+    disagg = ["rollout.placement=disaggregated", "rollout.num_ranks=1"]
+    with pytest.raises(ConfigError, match=needs + r" \(got disaggregated, 0\)"):
+        load_config(DAPO, [*disagg, "rollout.partial=true"])
+    ahead = [*disagg, "rollout.max_staleness=1", "rollout.partial=true",
+             "algorithm.overrides={rollout_correction: {kind: token_tis, cap: 2.0}}"]
+    with pytest.raises(ConfigError, match="rollout.partial_chunk_tokens=0 must be >= 1"):
+        load_config(DAPO, [*ahead, "rollout.partial_chunk_tokens=0"])
+    validate(load_config(DAPO, ahead), 2)

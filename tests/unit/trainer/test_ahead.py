@@ -8,7 +8,7 @@ import json
 import pytest
 
 from megatron_rl.data import PromptDataset, PromptFields, PromptLoader
-from megatron_rl.rollout import Sampling
+from megatron_rl.rollout import Sample, Sampling
 from megatron_rl.rollout.remote import Generation
 from megatron_rl.trainer.ahead import AheadGeneration
 
@@ -17,10 +17,11 @@ class ScriptedRolloutRanks:
     """Answers each generate with one empty group per prompt, in the order submitted."""
 
     def __init__(self):
-        self.version, self.sent, self.submitted = 0, 0, []
+        self.version, self.sent, self.submitted, self.commands = 0, 0, [], []
 
     def submit(self, command, bucket=None, keep=True):
-        self.submitted.append((command.payload[0].dataset_indices, self.version))
+        self.commands.append(command)
+        self.submitted.append((command.payload.prompts.dataset_indices, self.version))
         self.sent += 1
         return self.sent - 1
 
@@ -80,3 +81,26 @@ def test_the_saved_position_is_before_the_batches_in_flight(loader):
     resumed.load_state_dict(state)
     assert resumed.prompts_drawn == 2
     assert [resumed.draw(Sampling()).prompts.dataset_indices for _ in range(3)] == expected[1:]
+
+
+def test_partial_batches_are_judged_by_their_oldest_token(loader):
+    """A partial rollout's batch (token versions recorded) is as stale as its oldest token,
+    whatever version its later tokens came from; the generate command asks for chunks."""
+    ranks = ScriptedRolloutRanks()
+    answers = {}
+    ranks.result = lambda number: answers.get(number, Generation([], 0.0, 0.0))
+    ahead = AheadGeneration(ranks, loader, depth=1, chunk_tokens=3)
+
+    def partial(oldest, newest):
+        return Generation([[Sample([1], [5, 6], [-1.0, -1.0], "stop", versions=[oldest, newest])]], 0.1, 0.0)
+
+    answers[0] = partial(0, 0)
+    assert ahead.draw(Sampling()).version == 0
+    ranks.version = 1
+    answers[1] = partial(0, 1)  # continued under version 1 after its first token
+    assert ahead.draw(Sampling()).version == 0
+    ranks.version = 3
+    answers[2], answers[3] = partial(1, 3), partial(3, 3)  # 2 behind at its oldest token: dropped
+    assert ahead.draw(Sampling()).version == 3
+    assert ahead.step_times.metrics()["rollout/dropped_stale"] == 2
+    assert all(command.payload.chunk_tokens == 3 for command in ranks.commands)
