@@ -68,11 +68,11 @@ def _train(cfg: Config, stop: StopSignals) -> dict:
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    platform.init_distributed()
+    platform.init_distributed(cfg.trainer.dist_timeout_s)
     world = dist.get_world_size()
     validate(cfg, world)
     arch = model_arch(cfg)
-    ctx = initialize(cfg.parallel, seed=cfg.trainer.seed, model=arch.shape())
+    ctx = initialize(cfg.parallel, seed=cfg.trainer.seed, model=arch.shape(), timeout_s=cfg.trainer.dist_timeout_s)
     options = BuildOptions(dtype=cfg.model.dtype, moe_token_dispatcher_type=cfg.model.moe_token_dispatcher_type)
     chunks = build_model("actor", arch, cfg.parallel, options)
     config = chunks[0].config
