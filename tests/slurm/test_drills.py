@@ -28,6 +28,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEPS, SAVE_INTERVAL = 40, 10
 DIST_TIMEOUT_S = 20
 """trainer.dist_timeout_s of the drills: how long a rank waits for a peer that went silent."""
+OUTAGE_AFTER_FAILURE_S = 15
+"""Drill 2 keeps the link down this long after the ranks have failed: longer than the cut
+node's slurmstepd tries to report its task's exit to srun (~11 s), the outage after which
+srun alone would wait forever."""
 NODE = "mrl-n3"
 SBATCH = ["-p", "nodes", "-N2", f"--nodelist={NODE}", "--ntasks-per-node=1"]
 ENV = {"MRL_NPROC_PER_NODE": "1", "MRL_SRUN_WATCH_S": "3"}
@@ -106,8 +110,9 @@ def test_kill_9_of_a_node_requeues_and_loses_nothing_committed(slurm_env, tmp_pa
 def test_network_cut_fails_within_the_timeout_names_the_rank_and_requeues(slurm_env, tmp_path):
     """Drill 2: mrl-n3's link to the bridge goes down mid-run. The ranks' collectives give up
     after trainer.dist_timeout_s, each failing with one line naming its rank and node; the
-    link comes back once that line is in the job log, and the job requeues (srun, which never
-    hears from the cut task, is stopped by the launch watcher) and resumes."""
+    link comes back OUTAGE_AFTER_FAILURE_S later, and the job requeues (srun, which never
+    hears from the cut task, is stopped by the launch watcher once the step has ended) and
+    resumes on the same nodes."""
     veth = "mrlv" + NODE.removeprefix("mrl-n")
     job = Job(slurm_env, "train_torchrun.sbatch", tmp_path / "cut", SBATCH, ENV, overrides=OVERRIDES, timeout_s=240)
     committed, _ = _past_a_checkpoint(job)
@@ -119,13 +124,14 @@ def test_network_cut_fails_within_the_timeout_names_the_rank_and_requeues(slurm_
         failure = job.wait_for("the rank's timeout error", lambda: pattern.search(job.text()), DIST_TIMEOUT_S + 40)
         failed_after = time.time() - cut_at
         before = job.rows()
+        time.sleep(OUTAGE_AFTER_FAILURE_S)  # the outage itself, not a wait for something
     finally:
         subprocess.run(["ip", "link", "set", veth, "up"], check=True)
     assert failed_after < DIST_TIMEOUT_S + 30, failed_after
     assert failure.group(2).startswith("mrl-n"), failure.group(0)
     recovery = _first_resumed_step(job, cut_at, 180)
     start = _nothing_lost(job, before, committed)
-    watcher = "stopping it" in job.text()
+    assert re.search(r"srun \(pid \d+\) still waits \d+ s after its step of job \d+ ended", job.text()), job.text()
     print(f"drill network cut {NODE}: '{failure.group(0)}' {failed_after:.1f} s after the cut (committed step "
-          f"{committed}), srun stopped by the watcher: {watcher}, resumed at {start}; recovery {recovery:.1f} s; "
-          f"job {job.seconds:.1f} s")
+          f"{committed}), link up {OUTAGE_AFTER_FAILURE_S} s later, srun stopped by the watcher, resumed at {start}; "
+          f"recovery {recovery:.1f} s; job {job.seconds:.1f} s")
