@@ -26,6 +26,7 @@ import torch.distributed as dist
 from megatron_rl import checkpoint, platform
 from megatron_rl.config import Config, dump_yaml, model_arch, validate
 from megatron_rl.launch import exit_codes
+from megatron_rl.launch.exclude import ExcludeWatch
 from megatron_rl.launch.resume import continue_metrics
 from megatron_rl.launch.signals import StopSignals
 from megatron_rl.launch.slurm_env import SlurmEnv
@@ -59,7 +60,7 @@ def run(cfg: Config) -> dict:
     loss, the step reached and the exit code (launch.exit_codes: DONE, or STOPPED on a signal).
 
     The stop handlers go in first, so that a signal during start-up is not fatal either."""
-    with StopSignals() as stop:
+    with StopSignals(exclude=ExcludeWatch.in_job(cfg.trainer.run_dir)) as stop:
         return _train(cfg, stop)
 
 

@@ -33,6 +33,7 @@ from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.algorithms.rollout_correction import CorrectionInputs, correct_rollout
 from megatron_rl.config import Config, ConfigError, dump_yaml, validate
 from megatron_rl.launch import exit_codes
+from megatron_rl.launch.exclude import ExcludeWatch
 from megatron_rl.launch.roles import ROLLOUT, RoleWorld, init_roles
 from megatron_rl.launch.signals import StopSignals
 from megatron_rl.launch.slurm_env import SlurmEnv
@@ -570,7 +571,7 @@ def train(cfg: Config) -> dict:
     The handlers go in first, so that a signal during start-up is not fatal either.
     With disaggregated rollouts the launch is split first; its rollout ranks serve the
     training ranks' commands until the run ends (the training ranks decide when to stop)."""
-    with StopSignals() as stop:
+    with StopSignals(exclude=ExcludeWatch.in_job(cfg.trainer.run_dir)) as stop:
         if cfg.rollout.placement != "disaggregated":
             return RLTrainer(cfg, stop).run()
         roles = init_roles(cfg.rollout.num_ranks, timeout_s=max(600.0, cfg.rollout.timeout_s + 60.0))

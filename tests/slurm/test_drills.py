@@ -135,3 +135,69 @@ def test_network_cut_fails_within_the_timeout_names_the_rank_and_requeues(slurm_
     print(f"drill network cut {NODE}: '{failure.group(0)}' {failed_after:.1f} s after the cut (committed step "
           f"{committed}), link up {OUTAGE_AFTER_FAILURE_S} s later, srun stopped by the watcher, resumed at {start}; "
           f"recovery {recovery:.1f} s; job {job.seconds:.1f} s")
+
+
+def _declare_faulty(host: str, peers: list[str], run_dir: Path) -> list[str]:
+    """The monitor's offline detector (`megatron-rl monitor detect`, the real command) on a
+    made-up trace where ``host`` draws 9 W less than its peers for 350 s (as the monitor's own
+    tests inject faults); it writes the alert and appends to the run's exclude file."""
+    import numpy as np
+
+    from megatron_rl.monitor.cli import main as monitor
+    from megatron_rl.monitor.trace import Trace, write_trace
+
+    machines = [host] + [p for p in peers if p != host] + [f"spare{i}" for i in range(5)]
+    metrics, duration = ["cpu_util", "gpu_duty_cycle", "gpu_power"], 400
+    rng = np.random.default_rng(0)
+    common = 50 + 10 * np.sin(2 * np.pi * np.arange(duration) / 97)
+    values = np.stack([common[None] * (k + 1) + rng.normal(0, 1.0, (len(machines), duration)) for k in range(3)])
+    values[2, 0, 50:] -= 9.0
+    k, i, t = np.nonzero(np.ones_like(values, dtype=bool))
+    trace = run_dir.parent / "trace.csv"
+    write_trace(Trace(t.astype(float), i.astype(np.int32), k.astype(np.int32), values[k, i, t].astype(float),
+                      machines, metrics), trace)
+    exclude = run_dir / "monitor" / "exclude_hosts.txt"
+    assert monitor(["detect", "--trace", str(trace), "--out", str(run_dir / "monitor" / "alerts.jsonl"),
+                    "--model", "none", "--continuity-s", "120", "--threshold", "5", "--exclude-file", str(exclude)]) == 0
+    return exclude.read_text().split()
+
+
+def _hostnames(node_list: str, env: dict) -> list[str]:
+    out = subprocess.run(["scontrol", "show", "hostnames", node_list], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return out.split()
+
+
+def test_a_node_the_monitor_declares_faulty_is_left_out_on_requeue(slurm_env, tmp_path):
+    """Drill 3: while the job runs on two of the three namespace nodes, the monitor declares one
+    of them faulty (mrl-n3 when the job has it, else its second node). Every rank sees its
+    node in the exclude file at its next step; the ranks stop together after a checkpoint,
+    the batch script requeues the job with the node in ExcNodeList, and the run resumes on
+    the two others at exactly the step it stopped at."""
+    run_dir = tmp_path / "faulty"
+    job = Job(slurm_env, "train_torchrun.sbatch", run_dir, ["-p", "nodes", "-N2", "--ntasks-per-node=1"], ENV,
+              overrides=OVERRIDES)
+    first = re.search(r"restart 0 on (\S+) ", job.wait_for("the first attempt's nodes",
+                                                           lambda: "restart 0 on" in job.text() and job.text()))
+    nodes = _hostnames(first.group(1), slurm_env)
+    faulty = NODE if NODE in nodes else nodes[1]
+    _past_a_checkpoint(job)
+    declared_at = time.time()
+    assert _declare_faulty(faulty, nodes, run_dir) == [faulty]
+    recovery = _first_resumed_step(job, declared_at)
+    assert job.finish() == 0, job.text()
+    log = job.text()
+    assert f"this node ({faulty}) is listed in {run_dir / 'monitor' / 'exclude_hosts.txt'}" in log, log
+    stopped = re.search(r"trainer status 75 at step (\d+): stopped after a checkpoint, requeue", log)
+    assert stopped, log
+    stop_step = int(stopped.group(1))
+    restart = re.search(r"restart 1 on (\S+) .*ExcNodeList=(\S+)", log)
+    assert restart and restart.group(2) == faulty, log
+    assert faulty not in _hostnames(restart.group(1), slurm_env), restart.group(0)
+    assert f"resumed from {run_dir / 'checkpoints'} at step {stop_step} (restart 1)" in log, log
+    rows = job.rows()
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), [r["step"] for r in rows]
+    assert [r["slurm/restart_count"] for r in rows] == [0] * stop_step + [1] * (STEPS - stop_step)
+    assert rows[-1]["lm_loss"] < rows[0]["lm_loss"] - 1.0, (rows[0], rows[-1])
+    print(f"drill monitor declares {faulty} faulty (job on {nodes}): stopped after step {stop_step}, requeued on "
+          f"{restart.group(1)} excluding {faulty}; recovery {recovery:.1f} s; job {job.seconds:.1f} s")
