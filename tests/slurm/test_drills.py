@@ -103,6 +103,9 @@ def test_kill_9_of_a_node_requeues_and_loses_nothing_committed(slurm_env, tmp_pa
     assert "python" in victims.values(), victims  # the rank itself (torchrun shows as pt_elastic)
     recovery = _first_resumed_step(job, failed_at)
     start = _nothing_lost(job, before, committed)
+    # The rank left alive says which node it lost (gloo names the address, resolved to the node).
+    assert re.search(r"megatron-rl: rank 0 on mrl-n\d failed: lost the connection to peer 10\.77\.0\.3 \(mrl-n3\)",
+                     job.text()), job.text()
     print(f"drill kill -9 {NODE}: killed {sorted(victims.values())} after committed step {committed}, "
           f"resumed at {start}; recovery {recovery:.1f} s; job {job.seconds:.1f} s")
 
