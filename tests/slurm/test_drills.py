@@ -74,25 +74,28 @@ def _nothing_lost(job: Job, before: list[dict], committed: int) -> int:
     return start
 
 
-def _node_processes(node: str) -> dict[int, str]:
-    """pid -> command name of every process in the node's network namespace."""
+def _job_processes(node: str, job_id: str) -> dict[int, str]:
+    """pid -> command name of the job's processes in the node's network namespace (those whose
+    environment holds its SLURM_JOB_ID: other jobs sharing the node are left alone)."""
     out = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True, check=True).stdout
     names = {}
     for pid in map(int, out.split()):
         try:
-            names[pid] = Path(f"/proc/{pid}/comm").read_text().strip()
-        except FileNotFoundError:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if f"SLURM_JOB_ID={job_id}".encode() in environ:
+                names[pid] = Path(f"/proc/{pid}/comm").read_text().strip()
+        except (FileNotFoundError, ProcessLookupError):
             continue
     return names
 
 
 def test_kill_9_of_a_node_requeues_and_loses_nothing_committed(slurm_env, tmp_path):
-    """Drill 1: SIGKILL to every process of the job on mrl-n3 (its torchrun, its rank, the task's
-    shell). Slurm's own daemons there stay: slurmd, and the step's slurmstepd, without which
-    srun waits for the task's exit report forever (measured on Slurm 22.05; docs/platform.md)."""
+    """Drill 1: SIGKILL to every process of the job on mrl-n3 (its torchrun and its rank), mid-run.
+    Slurm's own daemons there stay: slurmd, and the step's slurmstepd, without which srun
+    waits for the task's exit report until cancelled (Slurm 22.05; docs/platform.md)."""
     job = Job(slurm_env, "train_torchrun.sbatch", tmp_path / "kill", SBATCH, ENV, overrides=OVERRIDES)
     committed, _ = _past_a_checkpoint(job)
-    victims = {p: n for p, n in _node_processes(NODE).items() if n not in ("slurmd", "slurmstepd")}
+    victims = {p: n for p, n in _job_processes(NODE, job.job_id).items() if n != "slurmstepd"}
     failed_at = time.time()
     for pid in victims:
         try:
