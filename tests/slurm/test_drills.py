@@ -164,7 +164,8 @@ def _declare_faulty(host: str, peers: list[str], run_dir: Path) -> list[str]:
                       machines, metrics), trace)
     exclude = run_dir / "monitor" / "exclude_hosts.txt"
     assert monitor(["detect", "--trace", str(trace), "--out", str(run_dir / "monitor" / "alerts.jsonl"),
-                    "--model", "none", "--continuity-s", "120", "--threshold", "5", "--exclude-file", str(exclude)]) == 0
+                    "--model", "none", "--continuity-s", "120", "--threshold", "5",
+                    "--exclude-file", str(exclude)]) == 0
     return exclude.read_text().split()
 
 

@@ -12,15 +12,11 @@ computed again exactly as the killed attempt had, and the data position continue
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 import signal
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
@@ -66,7 +62,8 @@ def test_usr1_checkpoints_requeues_and_resumes_exactly(slurm_env, reference, tmp
     # The monitor has declared a (spare, never used) node faulty: the requeue must exclude it.
     (run_dir / "monitor").mkdir(parents=True)
     (run_dir / "monitor" / "exclude_hosts.txt").write_text("# from the monitor\nmrl-spare\n")
-    job = Job(slurm_env, "train_torchrun.sbatch", run_dir, ["--ntasks-per-node=1"], {"MRL_NPROC_PER_NODE": "2"}, overrides=SMOKE)
+    job = Job(slurm_env, "train_torchrun.sbatch", run_dir, ["--ntasks-per-node=1"], {"MRL_NPROC_PER_NODE": "2"},
+              overrides=SMOKE)
     job.wait_for("step 3 in metrics.jsonl", lambda: len(job.rows()) >= 3)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job.job_id], env=job.env, check=True)
     assert job.finish() == 0, job.text()

@@ -64,5 +64,6 @@ def test_names_rank_node_and_cause_of_a_gloo_failure(peer_dies, expected):
 
 
 def test_other_errors_keep_their_type_and_first_line():
-    line = describe_failure(ValueError("bad shape\nmore detail"), None, {"SLURM_PROCID": "3", "SLURMD_NODENAME": "gpu7"})
+    env = {"SLURM_PROCID": "3", "SLURMD_NODENAME": "gpu7"}
+    line = describe_failure(ValueError("bad shape\nmore detail"), None, env)
     assert line == "megatron-rl: rank 3 on gpu7 failed: ValueError: bad shape"
