@@ -100,6 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    cfg = None
     try:
         if args.command == "config":
             from megatron_rl.config import dump_yaml
@@ -143,6 +144,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as err:
         print(f"megatron-rl: config error: {err}", file=sys.stderr)
         return 2
+    except Exception as err:
+        if args.command == "train":  # which rank, on which node, and why: the job log's one line
+            from megatron_rl.launch.failure import describe_failure
+
+            print(describe_failure(err, cfg and cfg.trainer.dist_timeout_s), file=sys.stderr, flush=True)
+        raise
 
 
 if __name__ == "__main__":

@@ -91,9 +91,16 @@ class TrainerConfig:
     trainer.micro_batch_size per micro-batch."""
     lr_warmup_steps: int = 0
     """Linear learning-rate warm-up, then constant."""
+    dist_timeout_s: float = 600.0
+    """Longest wait of any collective of the training ranks (the default group and
+    Megatron's groups) before the rank fails: what bounds the hang when a node dies or
+    its network is cut. Above the longest a rank may wait for the others (a checkpoint
+    save, the slowest rank's generation)."""
 
     def __post_init__(self) -> None:
         _choice("trainer", "job", self.job, ("rl", "smoke"))
+        if self.dist_timeout_s <= 0:
+            raise ConfigError(f"trainer.dist_timeout_s={self.dist_timeout_s} must be > 0")
         if self.lr_warmup_steps < 0:
             raise ConfigError(f"trainer.lr_warmup_steps={self.lr_warmup_steps} must be >= 0")
         for name in ("max_steps", "micro_batch_size", "global_batch_size", "seq_length"):

@@ -5,6 +5,8 @@
                                                   exit with the code the batch script should exit with
   decide  --run-dir D --rc N [--max-restarts K]   print done | requeue | stop | fail (no action)
   exclude --run-dir D                             print the exclude file as a node list
+  watch   --pid P --job J [--every S]              beside srun: kill it when it outlives its job
+                                                  step (launch/watch.py)
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="requeue a failure only while SLURM_RESTART_COUNT is below this (default 3)")
     e = sub.add_parser("exclude", help="print <run-dir>/monitor/exclude_hosts.txt as a comma-separated node list")
     e.add_argument("--run-dir", required=True)
+    w = sub.add_parser("watch", help="kill srun (--pid) once its step of job --job has ended without it")
+    w.add_argument("--pid", type=int, required=True)
+    w.add_argument("--job", required=True)
+    w.add_argument("--every", type=float, default=30.0, help="seconds between two looks at the job's steps")
     return parser
 
 
@@ -52,6 +58,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from megatron_rl.launch.exclude import node_list
 
             print(node_list(args.run_dir))
+            return 0
+        if args.command == "watch":
+            from megatron_rl.launch.watch import watch
+
+            watch(args.pid, args.job, args.every)
             return 0
     except ValueError as err:
         print(f"megatron-rl launch: error: {err}", file=sys.stderr)

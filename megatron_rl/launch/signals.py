@@ -5,7 +5,8 @@ random point of a step. So the handler only sets a flag; once per step the loop 
 :meth:`StopSignals.agree`, an all-reduce (MAX) of the flag, and every rank gets the same
 answer at the same step, checkpoints together and exits together.
 
-SIGUSR1 means "save and get requeued" (`sbatch --signal=B:USR1@N`, `scancel --signal=USR1`);
+SIGUSR1 means "save and get requeued" (`sbatch --signal=B:USR1@N`, `scancel --signal=USR1`,
+or this node listed in the exclude file: an :class:`~megatron_rl.launch.exclude.ExcludeWatch`);
 SIGTERM means "save and stop" (scancel, time limit, torchrun shutting workers down). When
 ranks saw different signals, SIGTERM wins: a cancel must not turn into a requeue.
 """
@@ -24,9 +25,11 @@ _BY_RANK = {v: k for k, v in _RANK.items()}
 class StopSignals:
     """Context manager: installs the handlers on enter, restores the previous ones on exit."""
 
-    def __init__(self, signals=STOP_SIGNALS):
+    def __init__(self, signals=STOP_SIGNALS, exclude=None):
         self.signals = tuple(signal.Signals(s) for s in signals)
         self.received: Optional[signal.Signals] = None
+        self.exclude = exclude
+        """An ExcludeWatch (launch/exclude.py), or None: this node declared faulty counts as SIGUSR1."""
         self._previous = {}
 
     def _handle(self, signum, frame) -> None:
@@ -53,6 +56,10 @@ class StopSignals:
         import torch
         import torch.distributed as dist
 
+        if self.received is None and self.exclude is not None and self.exclude.listed():
+            print(f"this node ({self.exclude.node}) is listed in {self.exclude.path}: stopping after a "
+                  "checkpoint, to requeue without it", flush=True)
+            self.received = signal.SIGUSR1
         local = _RANK[int(self.received)] if self.received is not None else 0
         if dist.is_available() and dist.is_initialized():
             nccl = dist.get_backend(group) == "nccl"

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from megatron_rl import checkpoint, platform
 from megatron_rl.config import Config, dump_yaml, model_arch, validate
 from megatron_rl.launch import exit_codes
+from megatron_rl.launch.exclude import ExcludeWatch
 from megatron_rl.launch.resume import continue_metrics
 from megatron_rl.launch.signals import StopSignals
 from megatron_rl.launch.slurm_env import SlurmEnv
@@ -59,7 +60,7 @@ def run(cfg: Config) -> dict:
     loss, the step reached and the exit code (launch.exit_codes: DONE, or STOPPED on a signal).
 
     The stop handlers go in first, so that a signal during start-up is not fatal either."""
-    with StopSignals() as stop:
+    with StopSignals(exclude=ExcludeWatch.in_job(cfg.trainer.run_dir)) as stop:
         return _train(cfg, stop)
 
 
@@ -68,11 +69,11 @@ def _train(cfg: Config, stop: StopSignals) -> dict:
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    platform.init_distributed()
+    platform.init_distributed(cfg.trainer.dist_timeout_s)
     world = dist.get_world_size()
     validate(cfg, world)
     arch = model_arch(cfg)
-    ctx = initialize(cfg.parallel, seed=cfg.trainer.seed, model=arch.shape())
+    ctx = initialize(cfg.parallel, seed=cfg.trainer.seed, model=arch.shape(), timeout_s=cfg.trainer.dist_timeout_s)
     options = BuildOptions(dtype=cfg.model.dtype, moe_token_dispatcher_type=cfg.model.moe_token_dispatcher_type)
     chunks = build_model("actor", arch, cfg.parallel, options)
     config = chunks[0].config

@@ -141,20 +141,22 @@ class ParallelContext:
             _ACTIVE = previous_ctx
 
 
-def initialize(config: ParallelConfig, seed: int = 1234, model=None) -> ParallelContext:
+def initialize(config: ParallelConfig, seed: int = 1234, model=None, timeout_s: float = 600.0) -> ParallelContext:
     """Validate, then build Megatron's process groups and RNG trackers for this layout
-    (replacing any layout initialised before: see :func:`initialize_alongside` to keep it)."""
+    (replacing any layout initialised before: see :func:`initialize_alongside` to keep it).
+    ``timeout_s`` bounds every collective of the new groups (trainer.dist_timeout_s)."""
     from megatron.core import parallel_state
 
     config.validate(dist.get_world_size(), model)
     global _ACTIVE
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
-    _ACTIVE = _build_groups(config, seed)
+    _ACTIVE = _build_groups(config, seed, timeout_s)
     return _ACTIVE
 
 
-def initialize_alongside(config: ParallelConfig, seed: int = 1234, model=None) -> ParallelContext:
+def initialize_alongside(config: ParallelConfig, seed: int = 1234, model=None,
+                         timeout_s: float = 600.0) -> ParallelContext:
     """Build a second layout's process groups without touching the current one.
 
     The current layout stays active; use the returned context's :meth:`~ParallelContext.active`
@@ -165,14 +167,14 @@ def initialize_alongside(config: ParallelConfig, seed: int = 1234, model=None) -
     rng = torch.get_rng_state()
     _install_globals(_uninitialised(current))
     try:
-        ctx = _build_groups(config, seed)  # captures the new layout's globals
+        ctx = _build_groups(config, seed, timeout_s)  # captures the new layout's globals
     finally:
         _install_globals(current)
         torch.set_rng_state(rng)
     return ctx
 
 
-def _build_groups(config: ParallelConfig, seed: int) -> ParallelContext:
+def _build_groups(config: ParallelConfig, seed: int, timeout_s: float) -> ParallelContext:
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.process_groups_config import ProcessGroupCollection
 
@@ -184,6 +186,7 @@ def _build_groups(config: ParallelConfig, seed: int) -> ParallelContext:
             **config.megatron_sizes(),
             order=RANK_ORDER,
             create_gloo_process_groups=True,
+            distributed_timeout_minutes=timeout_s / 60,  # a float is fine: it goes into a timedelta
         )
         torch.manual_seed(seed)
         tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)

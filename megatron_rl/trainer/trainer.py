@@ -33,6 +33,7 @@ from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.algorithms.rollout_correction import CorrectionInputs, correct_rollout
 from megatron_rl.config import Config, ConfigError, dump_yaml, validate
 from megatron_rl.launch import exit_codes
+from megatron_rl.launch.exclude import ExcludeWatch
 from megatron_rl.launch.roles import ROLLOUT, RoleWorld, init_roles
 from megatron_rl.launch.signals import StopSignals
 from megatron_rl.launch.slurm_env import SlurmEnv
@@ -66,7 +67,7 @@ class RLTrainer:
     """Everything a run needs, built once from its config; :meth:`run` trains to trainer.max_steps."""
 
     def __init__(self, cfg: Config, stop_signals: StopSignals, roles: Optional[RoleWorld] = None):
-        platform.init_distributed()  # (a split launch has its training world already)
+        platform.init_distributed(cfg.trainer.dist_timeout_s)  # (a split launch has its training world already)
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.roles = roles
         """Disaggregated rollouts: this launch's split (vLLM runs on the rollout ranks)."""
@@ -114,7 +115,8 @@ class RLTrainer:
     def _build_models(self) -> None:
         """Actor, critic (recipes with one) and the frozen KL reference, in their layouts."""
         cfg, arch, recipe = self.cfg, self.arch, self.recipe
-        actor_layout = initialize(cfg.parallel, seed=cfg.trainer.seed, model=arch.shape())
+        actor_layout = initialize(cfg.parallel, seed=cfg.trainer.seed, model=arch.shape(),
+                                  timeout_s=cfg.trainer.dist_timeout_s)
         critic_layout = self._critic_layout(actor_layout) if recipe.use_critic else None
         if cfg.critic_parallel is not None and critic_layout is None and self.rank == 0:
             print(f"critic_parallel is ignored: algorithm.recipe={cfg.algorithm.recipe} trains no critic", flush=True)
@@ -138,7 +140,8 @@ class RLTrainer:
         cfg = self.cfg
         if cfg.critic_layout == cfg.parallel:
             return actor_layout
-        layout = initialize_alongside(cfg.critic_parallel, seed=cfg.trainer.seed, model=self.arch.shape())
+        layout = initialize_alongside(cfg.critic_parallel, seed=cfg.trainer.seed, model=self.arch.shape(),
+                                      timeout_s=cfg.trainer.dist_timeout_s)
         if self.rank == 0:
             print(f"actor layout: {cfg.parallel.describe(self.world)}\n"
                   f"critic layout: {cfg.critic_parallel.describe(self.world)}", flush=True)
@@ -571,7 +574,7 @@ def train(cfg: Config) -> dict:
     The handlers go in first, so that a signal during start-up is not fatal either.
     With disaggregated rollouts the launch is split first; its rollout ranks serve the
     training ranks' commands until the run ends (the training ranks decide when to stop)."""
-    with StopSignals() as stop:
+    with StopSignals(exclude=ExcludeWatch.in_job(cfg.trainer.run_dir)) as stop:
         if cfg.rollout.placement != "disaggregated":
             return RLTrainer(cfg, stop).run()
         roles = init_roles(cfg.rollout.num_ranks, timeout_s=max(600.0, cfg.rollout.timeout_s + 60.0))

@@ -12,100 +12,21 @@ computed again exactly as the killed attempt had, and the data position continue
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 import signal
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from megatron_rl import checkpoint
+from tests.slurm.jobs import Job, committed_step as _committed, exit_status as _status
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 12
 SAVE_INTERVAL = 3
-JOB_TIMEOUT_S = 150
-
-
-class Job:
-    """One `sbatch --wait` submission, watched from the test."""
-
-    def __init__(self, env: dict, template: str, run_dir: Path, sbatch_args=(), extra_env=None,
-                 config: str = "smoke.yaml", overrides=(f"trainer.max_steps={STEPS}",
-                                                         f"checkpoint.save_interval={SAVE_INTERVAL}")):
-        self.run_dir = run_dir
-        self.log = run_dir.parent / f"{run_dir.name}.log"
-        cmd = ["sbatch", "--wait", "--parsable", f"--output={self.log}", *sbatch_args,
-               str(REPO / "scripts" / "slurm" / template), str(run_dir), str(REPO / "examples" / config), *overrides]
-        # sbatch exports this environment to the job (--export=ALL).
-        self.env = dict(env, MRL_PYTHON=sys.executable, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **(extra_env or {}))
-        self.started = time.time()
-        self.proc = subprocess.Popen(cmd, env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.job_id = self.proc.stdout.readline().strip().split(";")[0]
-        assert self.job_id.isdigit(), f"sbatch did not print a job id: {self.job_id!r} {self.proc.stderr.read()}"
-
-    def rows(self) -> list[dict]:
-        path = self.run_dir / "metrics.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-
-    def wait_for(self, what: str, predicate, timeout_s: float = 90):
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"job {self.job_id} ended (sbatch exit {self.proc.returncode}) before {what}:\n{self.text()}")
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.2)
-        self.cancel()
-        pytest.fail(f"job {self.job_id}: no {what} after {timeout_s} s:\n{self.text()}")
-
-    def finish(self) -> int:
-        try:
-            self.proc.wait(timeout=JOB_TIMEOUT_S - (time.time() - self.started))
-        except subprocess.TimeoutExpired:
-            self.cancel()
-            pytest.fail(f"job {self.job_id} still running after {JOB_TIMEOUT_S} s:\n{self.text()}")
-        self.seconds = time.time() - self.started
-        return self.proc.returncode
-
-    def cancel(self) -> None:
-        subprocess.run(["scancel", self.job_id], env=self.env)
-        self.proc.wait(timeout=60)
-
-    def text(self) -> str:
-        return self.log.read_text() if self.log.exists() else "(no log)"
-
-    def pids(self) -> list[int]:
-        """Pids of this job's trainer ranks (the processes running `megatron_rl train`)."""
-        out = subprocess.run(["scontrol", "listpids", self.job_id], env=self.env, capture_output=True, text=True).stdout
-        pids = [int(line.split()[0]) for line in out.splitlines()[1:] if line.split() and line.split()[0].isdigit()]
-        ranks = []
-        for pid in pids:
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except FileNotFoundError:
-                continue
-            if Path(cmd[0].decode()).name.startswith("python") and cmd[1:4] == [b"-m", b"megatron_rl", b"train"]:
-                ranks.append(pid)
-        return ranks
-
-
-def _committed(run_dir: Path) -> int:
-    return checkpoint.latest_step(run_dir / "checkpoints") or 0
-
-
-def _status(run_dir: Path) -> dict:
-    return json.loads((run_dir / "launch" / "exit_status.json").read_text())
+SMOKE = (f"trainer.max_steps={STEPS}", f"checkpoint.save_interval={SAVE_INTERVAL}")
 
 
 def _same_training(rows: list[dict], reference: list[dict]) -> None:
@@ -118,7 +39,7 @@ def _same_training(rows: list[dict], reference: list[dict]) -> None:
 def reference(slurm_env, tmp_path_factory) -> dict:
     """The uninterrupted run: srun template, 2 tasks on the node."""
     run_dir = tmp_path_factory.mktemp("slurm") / "uninterrupted"
-    job = Job(slurm_env, "train_srun.sbatch", run_dir, ["--ntasks-per-node=2"])
+    job = Job(slurm_env, "train_srun.sbatch", run_dir, ["--ntasks-per-node=2"], overrides=SMOKE)
     rc = job.finish()
     print(f"uninterrupted job: {job.seconds:.1f} s")
     return {"rc": rc, "rows": job.rows(), "log": job.text(), "run_dir": run_dir}
@@ -141,7 +62,8 @@ def test_usr1_checkpoints_requeues_and_resumes_exactly(slurm_env, reference, tmp
     # The monitor has declared a (spare, never used) node faulty: the requeue must exclude it.
     (run_dir / "monitor").mkdir(parents=True)
     (run_dir / "monitor" / "exclude_hosts.txt").write_text("# from the monitor\nmrl-spare\n")
-    job = Job(slurm_env, "train_torchrun.sbatch", run_dir, ["--ntasks-per-node=1"], {"MRL_NPROC_PER_NODE": "2"})
+    job = Job(slurm_env, "train_torchrun.sbatch", run_dir, ["--ntasks-per-node=1"], {"MRL_NPROC_PER_NODE": "2"},
+              overrides=SMOKE)
     job.wait_for("step 3 in metrics.jsonl", lambda: len(job.rows()) >= 3)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job.job_id], env=job.env, check=True)
     assert job.finish() == 0, job.text()
@@ -163,7 +85,7 @@ def test_usr1_checkpoints_requeues_and_resumes_exactly(slurm_env, reference, tmp
 
 def test_sigkill_of_a_rank_requeues_and_loses_nothing_committed(slurm_env, reference, tmp_path):
     run_dir = tmp_path / "sigkill"
-    job = Job(slurm_env, "train_srun.sbatch", run_dir, ["--ntasks-per-node=2"])
+    job = Job(slurm_env, "train_srun.sbatch", run_dir, ["--ntasks-per-node=2"], overrides=SMOKE)
     # Kill once a checkpoint is committed and training has moved past it.
     job.wait_for("a committed checkpoint and a step past it",
                  lambda: _committed(run_dir) >= SAVE_INTERVAL and len(job.rows()) > _committed(run_dir))

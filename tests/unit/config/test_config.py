@@ -32,6 +32,7 @@ def test_resolved_config_round_trips(tmp_path):
         ("nosection.x=1", "unknown config key 'nosection'"),
         ("trainer.max_steps=abc", "trainer.max_steps='abc' is not a valid int"),
         ("trainer.max_steps=0", "trainer.max_steps=0 must be >= 1"),
+        ("trainer.dist_timeout_s=0", "trainer.dist_timeout_s=0.0 must be > 0"),
         ("model.dtype=fp8", "model.dtype='fp8' is not allowed; choose one of ['bf16', 'fp16', 'fp32']"),
         ("parallel.sequence_parallel=maybe", "is not a valid bool"),
         ("trainer.max_steps", "must look like key=value"),
