@@ -7,6 +7,7 @@ The errors are raised by two real gloo ranks on this machine: a peer that stops 
 from __future__ import annotations
 
 import os
+import queue
 import socket
 
 import pytest
@@ -16,7 +17,7 @@ import torch.multiprocessing as mp
 from megatron_rl.launch.failure import describe_failure
 
 
-def _rank(rank: int, port: int, peer_dies: bool, out) -> None:
+def _rank(rank: int, port: int, peer_dies: bool, out, past_barrier, release) -> None:
     import datetime
 
     import torch.distributed as dist
@@ -24,11 +25,15 @@ def _rank(rank: int, port: int, peer_dies: bool, out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=2))
     dist.barrier()
+    if rank == 0:
+        past_barrier.set()
     if rank == 1:
         if peer_dies:
+            # Rank 1 can leave the barrier before rank 0 has its last message: wait for it,
+            # or rank 0 fails inside the barrier instead of the collective under test.
+            past_barrier.wait(30)
             os._exit(0)  # the process is gone: its sockets close
-        out.put(None)
-        out.get()  # stays alive but never joins the collective below
+        release.wait(60)  # stays alive but never joins the collective below
         return
     try:
         dist.all_reduce(torch.ones(1))
@@ -50,16 +55,21 @@ def _free_port() -> int:
 ])
 def test_names_rank_node_and_cause_of_a_gloo_failure(peer_dies, expected):
     ctx = mp.get_context("spawn")
-    out = ctx.SimpleQueue()
+    out, past_barrier, release = ctx.Queue(), ctx.Event(), ctx.Event()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, peer_dies, out)) for r in (0, 1)]
+    procs = [ctx.Process(target=_rank, args=(r, port, peer_dies, out, past_barrier, release)) for r in (0, 1)]
     for p in procs:
         p.start()
-    lines = [out.get() for _ in range(1 if peer_dies else 2)]
-    out.put(None)  # release rank 1
-    for p in procs:
-        p.join(30)
-    line = [x for x in lines if x is not None][0]
+    try:
+        line = out.get(timeout=60)  # rank 0's report
+    except queue.Empty:
+        pytest.fail(f"rank 0 did not report within 60 s; exit codes {[p.exitcode for p in procs]}")
+    finally:
+        release.set()
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
     assert line.startswith(expected), line
 
 
