@@ -155,7 +155,9 @@ def _declare_faulty(host: str, peers: list[str], run_dir: Path) -> list[str]:
     machines = [host] + [p for p in peers if p != host] + [f"spare{i}" for i in range(5)]
     metrics, duration = ["cpu_util", "gpu_duty_cycle", "gpu_power"], 400
     rng = np.random.default_rng(0)
-    common = 50 + 10 * np.sin(2 * np.pi * np.arange(duration) / 97)
+    # A slow job-wide drift: a periodic common signal would read as the job's step period
+    # (monitor.period), and continuity would stretch to 4 such steps.
+    common = 50 + 10 * np.sin(2 * np.pi * np.arange(duration) / 1000)
     values = np.stack([common[None] * (k + 1) + rng.normal(0, 1.0, (len(machines), duration)) for k in range(3)])
     values[2, 0, 50:] -= 9.0
     k, i, t = np.nonzero(np.ones_like(values, dtype=bool))
