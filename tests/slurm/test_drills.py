@@ -106,9 +106,12 @@ def test_kill_9_of_a_node_requeues_and_loses_nothing_committed(slurm_env, tmp_pa
     assert "python" in victims.values(), victims  # the rank itself (torchrun shows as pt_elastic)
     recovery = _first_resumed_step(job, failed_at)
     start = _nothing_lost(job, before, committed)
-    # The rank left alive says which node it lost (gloo names the address, resolved to the node).
-    assert re.search(r"megatron-rl: rank 0 on mrl-n\d failed: lost the connection to peer 10\.77\.0\.3 \(mrl-n3\)",
-                     job.text()), job.text()
+    # The log names the lost node: the surviving rank's line when gloo reports the closed socket
+    # before srun ends that rank (it names the address, resolved to the node), else srun's
+    # report of the killed task (which of the two comes first is a race).
+    log = job.text()
+    assert re.search(r"megatron-rl: rank 0 on mrl-n\d failed: lost the connection to peer 10\.77\.0\.3 \(mrl-n3\)"
+                     r"|srun: error: mrl-n3: task \d+: Killed", log), log[-4000:]
     print(f"drill kill -9 {NODE}: killed {sorted(victims.values())} after committed step {committed}, "
           f"resumed at {start}; recovery {recovery:.1f} s; job {job.seconds:.1f} s")
 

@@ -2,10 +2,11 @@
 happens when ranks are on different hosts.
 
 DAPO with vLLM rollouts on a tiny MoE actor, fp32, launched by scripts/slurm/train_torchrun.sbatch
-(one torchrun per node). Five launches, in two rounds that each run side by side:
+(one torchrun per node). Six launches, in two rounds that each run side by side:
 
 1. ``dp2_nodes``: 2 nodes x 1 rank (DP2), 3 steps, a checkpoint every 2; ``dp2_host``: the same
-   config on the host node, 1 x 2 ranks; ``ep2_nodes``: the experts split across the 2 nodes (EP2).
+   config on the host node, 1 x 2 ranks; ``ep2_nodes``: the experts split across the 2 nodes (EP2);
+   ``pp2_nodes``: the two layers split across 2 nodes (PP2, activations sent between nodes).
 2. The step-2 checkpoint of ``dp2_nodes``, resumed on one node (1 x 2 ranks: the saving world
    size, so RNG states come back too) and on three (3 x 1 ranks: DP3, the model and the
    distributed optimizer resharded, RNG states not restored: they belong to the saving layout).
@@ -40,6 +41,7 @@ PROMPTS_PER_STEP = 4
 MINI_BATCHES_PER_STEP = 2  # examples/dapo.yaml: optimizer steps per trained step
 JOB_TIMEOUT_S = 600  # the machine is shared; a quiet one needs about a tenth of it
 TWO_NODES = ("-p", "nodes", "-N2", "-w", "mrl-n1,mrl-n2")  # mrl-n3 is the one the drills cut off
+OTHER_TWO_NODES = ("-p", "nodes", "-N2", "-w", "mrl-n2,mrl-n3")
 NOT_COMPARED = ("timing/", "throughput/", "slurm/", "rollout/weight_sync_broadcast", "rollout/logprob_abs_diff",
                 "rollout/mismatch_k3_kl", "rollout/parity_", "rollout/weight_check_elements")
 """What depends on the launch (times, restarts, how the sync gathered) or on the batch an
@@ -122,6 +124,8 @@ def runs(slurm_env, tmp_path_factory) -> dict[str, Launch]:
         "dp2_host": Launch(slurm_env, base, root / "dp2_host", ("-p", "debug", "-N1"), 2),
         "ep2_nodes": Launch(slurm_env, base, root / "ep2_nodes", TWO_NODES, 1,
                             "parallel.expert_model_parallel_size=2", steps=SAVE_INTERVAL),
+        "pp2_nodes": Launch(slurm_env, base, root / "pp2_nodes", OTHER_TWO_NODES, 1,
+                            "parallel.pipeline_model_parallel_size=2", steps=SAVE_INTERVAL),
     }
     done = {name: launch.finish() for name, launch in first.items()}
     source = done["dp2_nodes"].run_dir
@@ -163,24 +167,41 @@ def test_each_node_writes_its_share_of_the_checkpoint(runs):
         n: (e.dtype, e.shape) for n, e in meta.tensors.items()}
 
 
-def test_ep2_splits_the_experts_across_the_nodes(runs):
-    ep2, dp2 = runs["ep2_nodes"], runs["dp2_nodes"]
-    assert [r["step"] for r in ep2.rows] == list(range(1, SAVE_INTERVAL + 1))
-    for r in ep2.rows:
+def _check_first_step_as_dp2(run: Launch, dp2: Launch) -> None:
+    """Every step trained and synced by broadcast with parity; the first samples the base model:
+    the same rollouts as DP2, and the same update up to the order of fp32 sums."""
+    assert [r["step"] for r in run.rows] == list(range(1, SAVE_INTERVAL + 1))
+    for r in run.rows:
         assert r["actor/updated"] and r["rollout/weight_sync_broadcast"] == 1.0, r
         assert r["rollout/parity_max_abs_diff"] < FP32_PARITY_MAX and r["rollout/weight_check_elements"] > 0, r
-    # The first step samples the base model: the same rollouts as DP2, and the same update up
-    # to the order of fp32 sums (the experts' gradients are no longer averaged over two ranks).
-    first, reference = ep2.rows[0], dp2.rows[0]
+    first, reference = run.rows[0], dp2.rows[0]
     assert {k: first[k] for k in ROLLOUT} == {k: reference[k] for k in ROLLOUT}
     for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/clipfrac"):
         assert first[key] == pytest.approx(reference[key], rel=1e-5, abs=1e-7), key
+
+
+def test_ep2_splits_the_experts_across_the_nodes(runs):
+    ep2 = runs["ep2_nodes"]
+    # The experts' gradients are no longer averaged over two ranks: equal up to fp32 sums.
+    _check_first_step_as_dp2(ep2, runs["dp2_nodes"])
     # Each node's rank owns four of the eight experts and writes them, weights and Adam state.
     meta = ep2.metadata(SAVE_INTERVAL)
     assert meta.layout["expert_model_parallel_size"] == 2 and meta.hosts == {"0": "mrl-n1", "1": "mrl-n2"}
     for experts, file in (("[0-3]", "data_0.bin"), ("[4-7]", "data_1.bin")):
         assert _files_of(meta, rf"^decoder\.layers\.\d+\.mlp\.experts\.{experts}\.") == {file}
         assert _files_of(meta, rf"^optimizer\.\w+\.decoder\.layers\.\d+\.mlp\.experts\.{experts}\.") == {file}
+
+
+def test_pp2_sends_activations_between_the_nodes(runs):
+    pp2 = runs["pp2_nodes"]
+    assert "on mrl-n[2-3] (2 x 1 ranks)" in pp2.text()
+    _check_first_step_as_dp2(pp2, runs["dp2_nodes"])
+    # Each node's stage holds one of the two layers and writes it, weights and Adam state.
+    meta = pp2.metadata(SAVE_INTERVAL)
+    assert meta.layout["pipeline_model_parallel_size"] == 2 and meta.hosts == {"0": "mrl-n2", "1": "mrl-n3"}
+    for layer, file in (("0", "data_0.bin"), ("1", "data_1.bin")):
+        assert _files_of(meta, rf"^decoder\.layers\.{layer}\.") == {file}
+        assert _files_of(meta, rf"^optimizer\.\w+\.decoder\.layers\.{layer}\.") == {file}
 
 
 def _check_continued(resumed: Launch, source: Launch) -> None:
