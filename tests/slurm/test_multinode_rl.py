@@ -2,11 +2,12 @@
 happens when ranks are on different hosts.
 
 DAPO with vLLM rollouts on a tiny MoE actor, fp32, launched by scripts/slurm/train_torchrun.sbatch
-(one torchrun per node). Six launches, in two rounds that each run side by side:
+(one torchrun per node). Eight launches, in two rounds that each run side by side:
 
 1. ``dp2_nodes``: 2 nodes x 1 rank (DP2), 3 steps, a checkpoint every 2; ``dp2_host``: the same
    config on the host node, 1 x 2 ranks; ``ep2_nodes``: the experts split across the 2 nodes (EP2);
-   ``pp2_nodes``: the two layers split across 2 nodes (PP2, activations sent between nodes).
+   ``pp2_nodes``: the two layers split across 2 nodes (PP2, activations sent between nodes);
+   ``ep2_host`` (and ``pp2_host`` in round 2): the same layouts on the host node.
 2. The step-2 checkpoint of ``dp2_nodes``, resumed on one node (1 x 2 ranks: the saving world
    size, so RNG states come back too) and on three (3 x 1 ranks: DP3, the model and the
    distributed optimizer resharded, RNG states not restored: they belong to the saving layout).
@@ -42,6 +43,7 @@ MINI_BATCHES_PER_STEP = 2  # examples/dapo.yaml: optimizer steps per trained ste
 JOB_TIMEOUT_S = 600  # the machine is shared; a quiet one needs about a tenth of it
 TWO_NODES = ("-p", "nodes", "-N2", "-w", "mrl-n1,mrl-n2")  # mrl-n3 is the one the drills cut off
 OTHER_TWO_NODES = ("-p", "nodes", "-N2", "-w", "mrl-n2,mrl-n3")
+HOST = ("-p", "debug", "-N1")
 NOT_COMPARED = ("timing/", "throughput/", "slurm/", "rollout/weight_sync_broadcast", "rollout/logprob_abs_diff",
                 "rollout/mismatch_k3_kl", "rollout/parity_", "rollout/weight_check_elements")
 """What depends on the launch (times, restarts, how the sync gathered) or on the batch an
@@ -121,11 +123,13 @@ def runs(slurm_env, tmp_path_factory) -> dict[str, Launch]:
         hidden_size=64, warmup_correct_fraction=0.5), verbose=False)["directory"])
     first = {
         "dp2_nodes": Launch(slurm_env, base, root / "dp2_nodes", TWO_NODES, 1),
-        "dp2_host": Launch(slurm_env, base, root / "dp2_host", ("-p", "debug", "-N1"), 2),
+        "dp2_host": Launch(slurm_env, base, root / "dp2_host", HOST, 2),
         "ep2_nodes": Launch(slurm_env, base, root / "ep2_nodes", TWO_NODES, 1,
                             "parallel.expert_model_parallel_size=2", steps=SAVE_INTERVAL),
         "pp2_nodes": Launch(slurm_env, base, root / "pp2_nodes", OTHER_TWO_NODES, 1,
                             "parallel.pipeline_model_parallel_size=2", steps=SAVE_INTERVAL),
+        "ep2_host": Launch(slurm_env, base, root / "ep2_host", HOST, 2,
+                           "parallel.expert_model_parallel_size=2", steps=SAVE_INTERVAL),
     }
     done = {name: launch.finish() for name, launch in first.items()}
     source = done["dp2_nodes"].run_dir
@@ -134,6 +138,8 @@ def runs(slurm_env, tmp_path_factory) -> dict[str, Launch]:
                               ("-p", "debug", "-N1"), 2, steps=RESUMED_STEPS),
         "resumed_3x1": Launch(slurm_env, base, _resumable_copy(source, SAVE_INTERVAL, root / "resumed_3x1"),
                               ("-p", "nodes", "-N3"), 1, steps=RESUMED_STEPS),
+        "pp2_host": Launch(slurm_env, base, root / "pp2_host", HOST, 2,
+                           "parallel.pipeline_model_parallel_size=2", steps=SAVE_INTERVAL),
     }
     done.update({name: launch.finish() for name, launch in second.items()})
     return done
@@ -180,8 +186,18 @@ def _check_first_step_as_dp2(run: Launch, dp2: Launch) -> None:
         assert first[key] == pytest.approx(reference[key], rel=1e-5, abs=1e-7), key
 
 
+def _check_same_layout_on_one_host(nodes: Launch, host: Launch) -> None:
+    """The layout across 2 nodes trains what it trains on one host: every trained-on number
+    of every step equal in fp32; only the sync's transport differs."""
+    assert [r["step"] for r in nodes.rows] == [r["step"] for r in host.rows]
+    for got, want in zip(nodes.rows, host.rows):
+        assert _trained(got) == _trained(want), (got["step"], got, want)
+    assert all(r["rollout/weight_sync_broadcast"] == 0.0 for r in host.rows)
+
+
 def test_ep2_splits_the_experts_across_the_nodes(runs):
     ep2 = runs["ep2_nodes"]
+    _check_same_layout_on_one_host(ep2, runs["ep2_host"])
     # The experts' gradients are no longer averaged over two ranks: equal up to fp32 sums.
     _check_first_step_as_dp2(ep2, runs["dp2_nodes"])
     # Each node's rank owns four of the eight experts and writes them, weights and Adam state.
@@ -195,6 +211,7 @@ def test_ep2_splits_the_experts_across_the_nodes(runs):
 def test_pp2_sends_activations_between_the_nodes(runs):
     pp2 = runs["pp2_nodes"]
     assert "on mrl-n[2-3] (2 x 1 ranks)" in pp2.text()
+    _check_same_layout_on_one_host(pp2, runs["pp2_host"])
     _check_first_step_as_dp2(pp2, runs["dp2_nodes"])
     # Each node's stage holds one of the two layers and writes it, weights and Adam state.
     meta = pp2.metadata(SAVE_INTERVAL)
