@@ -111,6 +111,12 @@ def _files_of(meta: fmt.Metadata, pattern: str) -> set[str]:
     return {c.file for name, e in meta.tensors.items() if re.search(pattern, name) for c in e.chunks}
 
 
+def _check_written_only_to(meta: fmt.Metadata, tensors: str, file: str) -> None:
+    """The weights matching ``tensors`` (a name prefix pattern) and their Adam state are all in ``file``."""
+    assert _files_of(meta, rf"^{tensors}") == {file}, tensors
+    assert _files_of(meta, rf"^optimizer\.\w+\.{tensors}") == {file}, tensors
+
+
 def _adam_steps(meta: fmt.Metadata) -> set[float]:
     return {dict(fmt.decode(group))["step"] for group in meta.optimizer["param_groups"]}
 
@@ -145,13 +151,22 @@ def runs(slurm_env, tmp_path_factory) -> dict[str, Launch]:
     return done
 
 
+def _check_same_layout_on_one_host(nodes: Launch, host: Launch) -> None:
+    """The layout across 2 nodes trains what it trains on one host: every trained-on number
+    of every step equal in fp32; only the sync's transport differs."""
+    assert [r["step"] for r in nodes.rows] == [r["step"] for r in host.rows]
+    for got, want in zip(nodes.rows, host.rows):
+        assert _trained(got) == _trained(want), (got["step"], got, want)
+    assert all(r["rollout/weight_sync_broadcast"] == 0.0 for r in host.rows)
+
+
 def test_dp2_across_two_nodes_trains_what_one_node_does(runs):
     nodes, host = runs["dp2_nodes"], runs["dp2_host"]
     assert "on mrl-n[1-2] (2 x 1 ranks)" in nodes.text() and "(1 x 2 ranks)" in host.text()
     assert [r["step"] for r in nodes.rows] == [r["step"] for r in host.rows] == list(range(1, STEPS + 1))
     assert all(r["actor/updated"] for r in nodes.rows), nodes.rows  # every step trained and synced
-    for got, want in zip(nodes.rows, host.rows):  # fp32: equal, not close
-        assert _trained(got) == _trained(want), (got["step"], got, want)
+    _check_same_layout_on_one_host(nodes, host)
+    for got in nodes.rows:
         assert got["rollout/parity_max_abs_diff"] < FP32_PARITY_MAX and got["rollout/weight_check_elements"] > 0
     # Across namespaces no memory is shared: the sync broadcast; on one host it used the arena.
     assert [r["rollout/weight_sync_broadcast"] for r in nodes.rows] == [1.0] * STEPS
@@ -186,15 +201,6 @@ def _check_first_step_as_dp2(run: Launch, dp2: Launch) -> None:
         assert first[key] == pytest.approx(reference[key], rel=1e-5, abs=1e-7), key
 
 
-def _check_same_layout_on_one_host(nodes: Launch, host: Launch) -> None:
-    """The layout across 2 nodes trains what it trains on one host: every trained-on number
-    of every step equal in fp32; only the sync's transport differs."""
-    assert [r["step"] for r in nodes.rows] == [r["step"] for r in host.rows]
-    for got, want in zip(nodes.rows, host.rows):
-        assert _trained(got) == _trained(want), (got["step"], got, want)
-    assert all(r["rollout/weight_sync_broadcast"] == 0.0 for r in host.rows)
-
-
 def test_ep2_splits_the_experts_across_the_nodes(runs):
     ep2 = runs["ep2_nodes"]
     _check_same_layout_on_one_host(ep2, runs["ep2_host"])
@@ -204,8 +210,7 @@ def test_ep2_splits_the_experts_across_the_nodes(runs):
     meta = ep2.metadata(SAVE_INTERVAL)
     assert meta.layout["expert_model_parallel_size"] == 2 and meta.hosts == {"0": "mrl-n1", "1": "mrl-n2"}
     for experts, file in (("[0-3]", "data_0.bin"), ("[4-7]", "data_1.bin")):
-        assert _files_of(meta, rf"^decoder\.layers\.\d+\.mlp\.experts\.{experts}\.") == {file}
-        assert _files_of(meta, rf"^optimizer\.\w+\.decoder\.layers\.\d+\.mlp\.experts\.{experts}\.") == {file}
+        _check_written_only_to(meta, rf"decoder\.layers\.\d+\.mlp\.experts\.{experts}\.", file)
 
 
 def test_pp2_sends_activations_between_the_nodes(runs):
@@ -217,8 +222,7 @@ def test_pp2_sends_activations_between_the_nodes(runs):
     meta = pp2.metadata(SAVE_INTERVAL)
     assert meta.layout["pipeline_model_parallel_size"] == 2 and meta.hosts == {"0": "mrl-n2", "1": "mrl-n3"}
     for layer, file in (("0", "data_0.bin"), ("1", "data_1.bin")):
-        assert _files_of(meta, rf"^decoder\.layers\.{layer}\.") == {file}
-        assert _files_of(meta, rf"^optimizer\.\w+\.decoder\.layers\.{layer}\.") == {file}
+        _check_written_only_to(meta, rf"decoder\.layers\.{layer}\.", file)
 
 
 def _check_continued(resumed: Launch, source: Launch) -> None:
