@@ -219,6 +219,13 @@ class Microbatching:
     def packed(self) -> bool:
         return self.max_tokens is not None
 
+    def for_layout(self, multiple: int, interleaved: bool) -> "Microbatching":
+        """This placement as a layout runs it: packed rows a multiple of `multiple` (TP under
+        sequence parallelism), one row length per call under the interleaved pipeline
+        schedule. The runner and the trainer's packing metrics both ask here."""
+        return dataclasses.replace(self, multiple=math.lcm(self.multiple, multiple),
+                                   uniform_length=interleaved)
+
     def dp_split(self, batch: TrainBatch, dp_size: int) -> list[Tensor]:
         """Every DP rank's rows of `batch` ([N / dp_size] int64 each, ascending). Packed: the
         token load balanced over ranks; else contiguous slices. Computed once per call site:
@@ -266,19 +273,18 @@ class Microbatching:
         bins = bins + [[] for _ in range(count - len(bins))]
         return [self._packed(local, b, length) for b in bins]
 
-    def cost(self, batch: TrainBatch, dp_size: int, multiple: int = 1) -> dict:
-        """What one pass over `batch` computes, without running it (the runner's placement):
-        real and computed tokens (padding included) over all DP ranks, micro-batches per rank,
-        the largest micro-batch in tokens."""
-        micro = dataclasses.replace(self, multiple=math.lcm(self.multiple, multiple))
-        locals_ = [batch.select(rows) for rows in micro.dp_split(batch, dp_size)]
-        bins = [micro.bins(local) for local in locals_]
+    def cost(self, batch: TrainBatch, dp_size: int) -> dict:
+        """What one pass over `batch` computes, without running it (the runner's placement,
+        given `for_layout`): real and computed tokens (padding included) over all DP ranks,
+        micro-batches per rank, the largest micro-batch in tokens."""
+        locals_ = [batch.select(rows) for rows in self.dp_split(batch, dp_size)]
+        bins = [self.bins(local) for local in locals_]
         count = max(len(b) for b in bins)
         if not self.packed:
             sizes = [self.micro_batch_size * batch.seq_length] * count
             return {"real_tokens": int(batch.sequence_lengths().sum()), "computed_tokens": dp_size * sum(sizes),
                     "micro_batches": count, "tokens_per_micro_batch_max": max(sizes)}
-        rows = [micro.row_lengths(local, b + [[]] * (count - len(b))) for local, b in zip(locals_, bins)]
+        rows = [self.row_lengths(local, b + [[]] * (count - len(b))) for local, b in zip(locals_, bins)]
         longest = max(max(r) for r in rows)
         sizes = [longest if self.uniform_length else n for r in rows for n in r]
         return {"real_tokens": int(batch.sequence_lengths().sum()), "computed_tokens": sum(sizes),

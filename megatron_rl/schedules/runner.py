@@ -22,8 +22,6 @@ with the default DDP config (average_in_collective either way).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import math
 from functools import partial
 from typing import Callable, Optional, Protocol, Union
 
@@ -263,7 +261,7 @@ def _microbatches(local: TrainBatch, micro: Optional[Micro], groups, config) -> 
         return micro.micro_batches(local, bins, len(bins)), bins
     tp = groups.tp.size() if config is not None and config.sequence_parallel else 1
     interleaved = config is not None and (config.virtual_pipeline_model_parallel_size or 1) > 1
-    micro = dataclasses.replace(micro, multiple=math.lcm(micro.multiple, tp), uniform_length=interleaved)
+    micro = micro.for_layout(tp, interleaved)
     bins = micro.bins(local)
     agreed = torch.tensor([len(bins), max(micro.row_lengths(local, bins) + [micro.multiple])],
                           device=platform.current().device)

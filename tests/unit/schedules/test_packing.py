@@ -119,7 +119,8 @@ def test_cost_counts_padding_and_empty_micro_batches():
     assert packed.cost(batch, 2) == {"real_tokens": 24, "computed_tokens": 26, "micro_batches": 2,
                                      "tokens_per_micro_batch_max": 8}
     # the interleaved schedule pads every row of the call to the longest (8): 4 x 8
-    uniform = Microbatching(max_tokens=8, multiple=2, uniform_length=True)
+    uniform = Microbatching(max_tokens=8).for_layout(2, interleaved=True)
+    assert uniform == Microbatching(max_tokens=8, multiple=2, uniform_length=True)
     assert uniform.cost(batch, 2)["computed_tokens"] == 32
     padded = Microbatching(micro_batch_size=1)
     assert padded.cost(batch, 2) == {"real_tokens": 24, "computed_tokens": 48, "micro_batches": 3,
