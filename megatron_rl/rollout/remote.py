@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import queue
 import time
 from pathlib import Path
@@ -244,6 +245,11 @@ class RolloutClient:
         return self._answers.pop(number)
 
 
+CHUNK_PAUSE_ENV = "MRL_ROLLOUT_CHUNK_PAUSE_S"
+"""Seconds a rollout rank waits after every chunk of a partial generation (default 0): a
+rollout side slower than training, made on purpose, for tests and drills of partial
+rollouts (on a small CPU model a batch is often done before the step's weights arrive)."""
+
 BETWEEN_CHUNKS = ("load", "check", "finish", "logprobs")
 """Commands a partial generation runs between two of its chunks: they use the engine only
 between its calls (a weight update, its read-back, the parity guard's prompt logprobs)."""
@@ -277,6 +283,8 @@ class RolloutServer:
         """Time spent waiting for commands since the previous generation."""
         self.between_s = 0.0
         """Time the current generation spent running other commands between its chunks."""
+        self.chunk_pause_s = float(os.environ.get(CHUNK_PAUSE_ENV, "0"))
+        """Wait after every chunk of a partial generation (:data:`CHUNK_PAUSE_ENV`); counted as generation time."""
 
     def _receive(self) -> tuple[Command, Optional[list]]:
         command = self.down.broadcast_object(root=TRAINER)
@@ -370,6 +378,7 @@ class RolloutServer:
         """Run the :data:`BETWEEN_CHUNKS` commands every rollout rank has waiting at the head
         of its queue, and the rest of a weight update they begin (it is sent whole: the
         engines never sample with half of one); the version the next chunk samples."""
+        time.sleep(self.chunk_pause_s)
         started = time.perf_counter()
         while self._fetch(block=False):
             pass

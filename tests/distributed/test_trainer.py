@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from megatron_rl.rollout.remote import CHUNK_PAUSE_ENV
 from megatron_rl.tasks.base_model import BaseModelSettings, make_tiny_base
 from megatron_rl.testing.torchrun import _free_port, descendants, kill_tree, run_process_group
 
@@ -44,7 +45,7 @@ def bases(tmp_path_factory):
     }
 
 
-def _train(tmp_path, world, base, recipe, *overrides, steps=3):
+def _train(tmp_path, world, base, recipe, *overrides, steps=3, env=None):
     run_dir = tmp_path / f"run-{recipe}"
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
            f"--master-port={_free_port()}", "-m", "megatron_rl", "train", "--config", "examples/dapo.yaml",
@@ -52,7 +53,7 @@ def _train(tmp_path, world, base, recipe, *overrides, steps=3):
            "data.reward=digits", f"algorithm.recipe={recipe}", "algorithm.overrides={}",
            f"trainer.max_steps={steps}", "rollout.prompts_per_step=4", "rollout.n_samples=4",
            "trainer.micro_batch_size=2", "rollout.parity_every=1", *overrides]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **(env or {}))
     proc = run_process_group(cmd, env, timeout_s=1200)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -309,10 +310,13 @@ ASYNC = ("rollout.placement=disaggregated", "rollout.num_ranks=1", "rollout.max_
          "rollout.seed_per_prompt=true", "checkpoint.save_interval=2",
          "algorithm.overrides={rollout_correction: {kind: token_tis, cap: 2.0}}")
 PARTIAL = ("rollout.partial=true", "rollout.partial_chunk_tokens=1", "rollout.max_new_tokens=24")
-"""Partial rollouts one token at a time, on the steps task: its answers (5-14 tokens) take
-the rollout rank longer than a training step takes the training rank, so the batch running
-ahead is still generating when the step's weights arrive (the digits task's ~4 tokens are
-done long before)."""
+"""Partial rollouts one token at a time, on the steps task (answers of 5-14 tokens; the digits
+task's ~4 tokens are done long before any weights arrive)."""
+SLOW_CHUNKS = {CHUNK_PAUSE_ENV: "0.05"}
+"""The rollout rank waits 50 ms after each chunk, so a batch takes 0.3-1 s against the
+training step's ~0.15 s (training plus sync): the batch running ahead is still generating
+when the step's weights arrive. Without it the two take about as long on this tiny model,
+and which is done first is a race (a CI run once saw no trained sample span two versions)."""
 
 
 @pytest.fixture(scope="module")
@@ -348,7 +352,7 @@ def test_dapo_one_batch_ahead_with_partial_rollouts_then_resume_with_a_batch_in_
     between two chunks, finds vLLM serving the synced weights. The step-4 checkpoint is saved
     while step 5's batch is in flight: the resumed run draws those prompts again, so the prompt
     count goes on without a gap or a repeat."""
-    rows, _ = _train(tmp_path, 2, steps_base, "dapo", *ASYNC, *PARTIAL, steps=4)
+    rows, _ = _train(tmp_path, 2, steps_base, "dapo", *ASYNC, *PARTIAL, steps=4, env=SLOW_CHUNKS)
     prompts = 4  # rollout.prompts_per_step
     drawn = 0
     for step, r in enumerate(rows, start=1):
@@ -360,7 +364,7 @@ def test_dapo_one_batch_ahead_with_partial_rollouts_then_resume_with_a_batch_in_
         if step > 1:  # generated during the previous step's training: not waited for in full
             assert r["timing/overlap_fraction"] > 0 and r["timing/train_idle_s"] < r["timing/generation_s"], r
     assert rows[0]["rollout/staleness_max"] == 0 and rows[0]["rollout/partial_samples"] == 0
-    resumed, out = _train(tmp_path, 2, steps_base, "dapo", *ASYNC, *PARTIAL, steps=6)
+    resumed, out = _train(tmp_path, 2, steps_base, "dapo", *ASYNC, *PARTIAL, steps=6, env=SLOW_CHUNKS)
     assert "resumed from" in out and "step 4" in out, out[-2000:]
     assert resumed[:4] == rows
     step5, step6 = resumed[4:]
