@@ -38,6 +38,7 @@ def validate(config: Config, world_size: int) -> Config:
     _check_prompts(config)
     _check_reward(config)
     recipe = check_recipe(config)
+    _check_staleness(config, recipe)
     _check_rows_per_step(config, world_size, recipe)
     return config
 
@@ -58,15 +59,22 @@ def _check_placement(config: Config, world_size: int) -> int:
     if rollout.num_ranks >= world_size:
         raise ConfigError(f"rollout.num_ranks={rollout.num_ranks} leaves no training rank in a launch of "
                           f"{world_size}; allowed: 1..{world_size - 1}")
-    recipe = config.algorithm.build()
-    if recipe.generation_window is not None and rollout.max_staleness:
-        raise ConfigError(f"rollout.max_staleness={rollout.max_staleness} cannot be combined with generation_window "
+    return rollout.num_ranks
+
+
+def _check_staleness(config: Config, recipe) -> None:
+    """Rollouts ahead of training (``rollout.max_staleness`` > 0) need a recipe that can
+    train on an older policy's samples."""
+    staleness = config.rollout.max_staleness
+    if not staleness:
+        return
+    if recipe.generation_window is not None:
+        raise ConfigError(f"rollout.max_staleness={staleness} cannot be combined with generation_window "
                           "(tppo): its window pool is continued in step with training; use 0")
-    if rollout.max_staleness and recipe.rollout_correction is None:
-        raise ConfigError(f"rollout.max_staleness={rollout.max_staleness} trains on samples of an older policy: "
+    if recipe.rollout_correction is None:
+        raise ConfigError(f"rollout.max_staleness={staleness} trains on samples of an older policy: "
                           "set algorithm.overrides.rollout_correction (e.g. {kind: token_tis, cap: 2.0}) so the "
                           "loss reweights them by Megatron's over vLLM's probabilities")
-    return rollout.num_ranks
 
 
 def _check_layouts(config: Config, world_size: int, shape: ModelShape) -> None:
