@@ -92,6 +92,11 @@ class AheadGeneration:
         number = self.client.submit(Command("generate", GenerateRequest(prompts, sampling, self.chunk_tokens)))
         self.queue.append(InFlight(number, prompts, self.client.version, state, drawn))
 
+    @property
+    def version(self) -> int:
+        """The policy version the training ranks hold (weight updates sent so far)."""
+        return self.client.version
+
     # -- the data position (checkpoint and metrics) ----------------------------------------
 
     def state_dict(self) -> dict[str, Any]:

@@ -92,7 +92,7 @@ class GroupSource(RolloutSource):
         }
         version = None
         if self.ahead is not None:
-            version = self.ahead.client.version
+            version = self.ahead.version
             metrics.update(self.ahead.step_times.metrics(), **staleness_metrics(groups, version))
         generated = result.mean_length_all * result.generated_groups * self.group_size
         return Rollout(TrainRows.from_groups(groups, version), metrics, generated)
