@@ -10,11 +10,9 @@ torchrun) and prints a markdown table (docs/benchmarks.md keeps the measured one
 """
 
 import argparse
-import json
-import subprocess
 import sys
-from pathlib import Path
 
+from megatron_rl.bench.subprocess_run import run_bench
 
 
 def _fmt(value, spec: str) -> str:
@@ -35,17 +33,11 @@ def main() -> int:
     p.add_argument("--dir", default="runs/bench-async")
     p.add_argument("--json", default="bench_async.json")
     args = p.parse_args()
-    cmd = [sys.executable, "-m", "megatron_rl", "bench", "async", "--steps", args.steps,
-           "--train-ranks", args.train_ranks, "--rollout-ranks", args.rollout_ranks,
-           "--prompts-per-step", args.prompts_per_step, "--n-samples", args.n_samples,
-           "--max-new-tokens", args.max_new_tokens, "--task", args.task,
-           "--partial-chunk-tokens", args.partial_chunk_tokens, "--modes", args.modes,
-           "--dir", args.dir, "--json", args.json]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        print(proc.stderr[-3000:], file=sys.stderr)
-        return proc.returncode
-    print_table(json.loads(Path(args.json).read_text()))
+    print_table(run_bench("async", [
+        "--steps", args.steps, "--train-ranks", args.train_ranks, "--rollout-ranks", args.rollout_ranks,
+        "--prompts-per-step", args.prompts_per_step, "--n-samples", args.n_samples,
+        "--max-new-tokens", args.max_new_tokens, "--task", args.task,
+        "--partial-chunk-tokens", args.partial_chunk_tokens, "--modes", args.modes, "--dir", args.dir], args.json))
     return 0
 
 

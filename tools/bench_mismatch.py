@@ -9,10 +9,11 @@ JSON file and a markdown table (docs/benchmarks.md keeps the measured one).
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from megatron_rl.bench.subprocess_run import run_bench
 
 
 def main() -> int:
@@ -27,13 +28,8 @@ def main() -> int:
         for model in args.models.split(","):
             for dtype in args.dtypes.split(","):
                 out = Path(tmp) / f"{model}-{dtype}.json"
-                cmd = [sys.executable, "-m", "megatron_rl", "bench", "mismatch", "--model", model, "--dtype", dtype,
-                       "--prompts", args.prompts, "--json", str(out)]
-                proc = subprocess.run(cmd, capture_output=True, text=True)
-                if proc.returncode != 0:
-                    print(proc.stderr[-3000:], file=sys.stderr)
-                    return proc.returncode
-                results.append(json.loads(out.read_text()))
+                results.append(run_bench("mismatch", ["--model", model, "--dtype", dtype, "--prompts", args.prompts],
+                                         out))
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     print("| model | dtype | tokens | agreement (own) | mean abs dlogp own / replay | k3 KL own / replay | ratio |")
     print("|---|---|---|---|---|---|---|")

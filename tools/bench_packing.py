@@ -8,10 +8,9 @@ Runs `megatron-rl bench packing` in its own process and prints a markdown table
 """
 
 import argparse
-import json
-import subprocess
 import sys
-from pathlib import Path
+
+from megatron_rl.bench.subprocess_run import run_bench
 
 
 def main() -> int:
@@ -22,13 +21,8 @@ def main() -> int:
     p.add_argument("--steps", default="3")
     p.add_argument("--json", default="bench_packing.json")
     args = p.parse_args()
-    cmd = [sys.executable, "-m", "megatron_rl", "bench", "packing", "--model", args.model, "--rows", args.rows,
-           "--median", args.median, "--steps", args.steps, "--json", args.json]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        print(proc.stderr[-3000:], file=sys.stderr)
-        return proc.returncode
-    result = json.loads(Path(args.json).read_text())
+    result = run_bench("packing", ["--model", args.model, "--rows", args.rows, "--median", args.median,
+                                   "--steps", args.steps], args.json)
     print(f"{result['model']}, {result['date']}")
     print("| distribution | rows | seq_length | budget | efficiency padded / packed | micro-batches padded / packed "
           "| step s padded / packed | speedup | max grad diff |")
