@@ -40,6 +40,10 @@ class DetectConfig:
     (monitor/peers.py): finds partial one-metric degradations and flapping faults."""
     level_span_s: float = 32.0
     """The level score averages this long (several training steps, so phases cancel)."""
+    whole_step_level: bool = True
+    """When the per-second metrics repeat with a period of at most level_span_s / 2 (the
+    training step), the level averages the whole number of steps nearest level_span_s
+    instead: only whole steps cancel pipeline-stage phases (monitor/peers.py)."""
     intermittency_span_s: float = 180.0
     """The intermittency score counts abnormal windows over this long."""
     abnormal_z: float = 5.0

@@ -31,10 +31,11 @@ import numpy as np
 
 from .config import DetectConfig
 from .denoise import Denoiser, WindowMedian
-from .peers import intermittency_scores, level_scores, window_means
-from .period import TimeScales, estimate_period, reported_period, step_average, time_scales
+from .peers import (intermittency_scores, level_scores, level_z, trailing_means_at, whole_step_span,
+                    window_means)
+from .period import TimeScales, cycle_period, estimate_period, reported_period, step_average, time_scales
 from .trace import STEP_METRICS, Trace
-from .windows import Grid, cut_windows, nanmedian, normalise, to_grid, window_times
+from .windows import Grid, cut_windows, nanmedian, normalise, to_grid, window_layout, window_times
 
 @dataclass
 class Alert:
@@ -108,9 +109,8 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     """
     if abs(grid.step_s - cfg.step_s) > 1e-9:
         raise ValueError(f"grid step {grid.step_s} s differs from DetectConfig.step_s {cfg.step_s} s")
-    # The step period from the trace (without follow_step only a reported one, for the
-    # step metrics' continuity: then this is the detector with fixed time constants).
-    scales = time_scales(cfg, estimate_period(grid) if cfg.follow_step else reported_period(grid))
+    step_s, cycle_s = periods(grid, cfg)
+    scales = time_scales(cfg, step_s)
     max_fill = int(cfg.max_fill_s / cfg.step_s)
     values = grid.values
     if scales.average_s:  # long steps: compare step means, where stage phases cancel
@@ -121,7 +121,8 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     s = median_distance(rec).transpose(0, 2, 1)  # [metrics, machines, windows]
     z = normalise_scores(s, cfg.min_machines)
     if cfg.peer_scores:
-        peer = peer_scores(win, cfg, scales.intermittency_span_s)
+        levels = whole_step_levels(resid, cfg, scales, cycle_s)
+        peer = peer_scores(win, cfg, scales.intermittency_span_s, levels)
         # Step metrics: the window score alone. A step value is already a step's average;
         # averaging it again (level) or counting its abnormal windows (intermittency)
         # stretches a transient slowdown well past the steps it slowed, and on the tuning
@@ -130,6 +131,37 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
         z = np.fmax(z, peer)
     start, end = window_times(grid, cfg.window, cfg.stride)
     return Scores(z, list(grid.metrics), list(grid.machines), start, end, scales)
+
+
+def periods(grid: Grid, cfg: DetectConfig) -> tuple[float | None, float | None]:
+    """(the job's step period for the time scales, the period the per-second metrics
+    repeat at), in seconds, None where unknown or not needed.
+
+    The step period is the reported one, else the per-second cycle (without follow_step
+    only a reported one, for the step metrics' continuity: then this is the detector with
+    fixed time constants). The cycle is what a whole-step level average must span."""
+    reported = reported_period(grid)
+    short = reported is None or reported <= cfg.level_span_s / 2  # long steps: no whole-step level
+    need_cycle = (cfg.whole_step_level and short) or (cfg.follow_step and reported is None)
+    cycle = cycle_period(grid) if need_cycle else None
+    step = reported if reported is not None or not cfg.follow_step else cycle
+    return step, cycle
+
+
+def whole_step_levels(resid: np.ndarray, cfg: DetectConfig, scales: TimeScales,
+                      cycle_s: float | None) -> np.ndarray | None:
+    """Residual levels [metrics, machines, windows] averaged over whole steps, or None to
+    keep the level over `level_span_s` of window means.
+
+    Only for short steps (at most level_span_s / 2): there the level span holds several
+    steps but not a whole number of them, and the left-over part of a step differs
+    between pipeline stages. Longer steps are step-averaged before this (`step_average`),
+    which already cancels the phase."""
+    if not cfg.whole_step_level or scales.average_s or not cycle_s or cycle_s > cfg.level_span_s / 2:
+        return None
+    offset, n_win = window_layout(resid.shape[-1], cfg.window, cfg.stride)
+    ends = offset + np.arange(n_win) * cfg.stride + cfg.window - 1
+    return trailing_means_at(resid, whole_step_span(cfg.level_span_s, cycle_s, cfg.step_s), ends)
 
 
 def denoised_windows(win: np.ndarray, metrics: list[str],
@@ -162,11 +194,17 @@ def step_period(grid: Grid) -> float | None:
     return estimate_period(grid)
 
 
-def peer_scores(win: np.ndarray, cfg: DetectConfig, intermittency_span_s: float | None = None) -> np.ndarray:
-    """max(level, intermittency) score [metrics, machines, windows] from residual windows."""
+def peer_scores(win: np.ndarray, cfg: DetectConfig, intermittency_span_s: float | None = None,
+                levels: np.ndarray | None = None) -> np.ndarray:
+    """max(level, intermittency) score [metrics, machines, windows] from residual windows;
+    `levels`: residual levels to score instead of the mean of the last level_span_s of
+    windows (`whole_step_levels`)."""
     means = window_means(win)
     span = lambda sec: max(1, int(round(sec / (cfg.stride_s))))  # noqa: E731
-    level = level_scores(means, span(cfg.level_span_s), cfg.min_machines)
+    if levels is None:
+        level = level_scores(means, span(cfg.level_span_s), cfg.min_machines)
+    else:
+        level = level_z(levels, cfg.min_machines)
     inter = intermittency_scores(means, span(intermittency_span_s or cfg.intermittency_span_s),
                                  cfg.abnormal_z, cfg.min_machines)
     return np.fmax(level, inter)

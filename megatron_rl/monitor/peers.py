@@ -16,6 +16,14 @@ median already removed everything the job does together (pauses, load changes).
 window (median/MAD, floored by the metric's typical spread). `intermittency_scores` is
 the fraction of the last `span` windows in which a machine's own 8 s level was abnormal,
 so a fault that is on half the time scores steadily instead of in bursts.
+
+Whole steps (`whole_step_span`, `trailing_means_at`): a mean cancels the step's phase
+only if it spans a whole number of steps. 32 s of 7 s steps is four steps and 4 s, and
+those 4 s are a different part of the step on each pipeline stage; with stages apart,
+that left-over alone moved healthy machines' levels by about as much as a GPU at 85 %
+of its peers moves its own. So when the job's step period is known and short, the level
+is the mean of the per-second residuals over the whole number of steps nearest the
+level span, ending at each window's last second.
 """
 
 from __future__ import annotations
@@ -59,7 +67,41 @@ def robust_z(s: np.ndarray, floor: float, min_machines: int) -> np.ndarray:
 def level_scores(means: np.ndarray, span: int, min_machines: int) -> np.ndarray:
     """|z| of each machine's residual level over the last `span` windows; means:
     [metrics, machines, windows] of per-window residual means."""
-    return np.abs(robust_z(trailing_mean(means, span), 0.05, min_machines))
+    return level_z(trailing_mean(means, span), min_machines)
+
+
+def level_z(levels: np.ndarray, min_machines: int) -> np.ndarray:
+    """|robust z| across machines of residual levels [metrics, machines, windows]."""
+    return np.abs(robust_z(levels, 0.05, min_machines))
+
+
+def whole_step_span(target_s: float, period_s: float, step_s: float = 1.0) -> int:
+    """Samples in the whole number of steps (at least one) closest to `target_s`."""
+    steps = max(1, int(np.floor(target_s / period_s + 0.5)))
+    return max(1, int(np.floor(steps * period_s / step_s + 0.5)))
+
+
+def trailing_means_at(resid: np.ndarray, span: int, ends: np.ndarray,
+                      min_present: float = 0.9) -> np.ndarray:
+    """Mean of the last `span` samples up to and including each index in `ends`, along
+    the last axis of resid [..., T] -> [..., len(ends)].
+
+    NaN where fewer than `min_present` of those samples exist or the span reaches before
+    the first sample: a mean over part of a step depends on the step's phase again."""
+    n_t = resid.shape[-1]
+    ok = ~np.isnan(resid)
+    total = np.zeros(resid.shape[:-1] + (n_t + 1,), np.float64)
+    np.cumsum(np.where(ok, resid, 0.0), -1, out=total[..., 1:])
+    count = np.zeros(resid.shape[:-1] + (n_t + 1,), np.int32)
+    np.cumsum(ok, -1, out=count[..., 1:])
+    hi = np.asarray(ends, np.int64) + 1
+    lo = hi - span
+    inside = lo >= 0
+    lo = np.maximum(lo, 0)
+    n = count[..., hi] - count[..., lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = (total[..., hi] - total[..., lo]) / n
+    return np.where(inside & (n >= min_present * span), mean, np.nan).astype(np.float32)
 
 
 def intermittency_scores(means: np.ndarray, span: int, abnormal_z: float, min_machines: int,

@@ -105,8 +105,17 @@ def autocorrelation_period(values: np.ndarray, max_machines: int = 64, min_lag: 
 def estimate_period(grid: Grid) -> float | None:
     """The job's step period in seconds: reported step times, else autocorrelation."""
     reported = reported_period(grid)
-    if reported is not None:
-        return reported
+    return reported if reported is not None else cycle_period(grid)
+
+
+def cycle_period(grid: Grid) -> float | None:
+    """The period the per-second metrics themselves repeat at, in seconds (their
+    autocorrelation; None without a clear one).
+
+    This, not the reported step time, is what an average has to span a whole number of
+    to cancel the step's phase: the median of reported step times is a median over
+    steps of varying length, and a few per cent off it leaves part of a step in every
+    mean of several steps."""
     per_second = [k for k, m in enumerate(grid.metrics) if m not in STEP_METRICS]
     lag = autocorrelation_period(grid.values[per_second]) if per_second else None
     return None if lag is None else lag * grid.step_s

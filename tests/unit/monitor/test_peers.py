@@ -3,7 +3,8 @@
 import numpy as np
 
 from megatron_rl.monitor.detect import DetectConfig, detect
-from megatron_rl.monitor.peers import intermittency_scores, level_scores, trailing_mean
+from megatron_rl.monitor.peers import (intermittency_scores, level_scores, trailing_mean, trailing_means_at,
+                                       whole_step_span)
 
 
 def test_trailing_mean_ignores_nans_and_starts_short():
@@ -41,3 +42,22 @@ def test_a_link_at_half_bandwidth_is_declared_only_with_peer_scores(make_grid):
     cfg = DetectConfig(threshold=5.0, continuity_s=120.0)
     assert [a.machine for a in detect(grid, cfg).alerts] == ["node06"]
     assert detect(grid, DetectConfig(threshold=5.0, continuity_s=120.0, peer_scores=False)).alerts == []
+
+
+def test_whole_step_span_takes_the_whole_number_of_steps_nearest_the_target():
+    assert whole_step_span(32.0, 7.0) == 35  # 5 steps (3 s off) rather than 4 (4 s off)
+    assert whole_step_span(32.0, 6.5) == 33  # 5 steps = 32.5 s, rounded half up
+    assert whole_step_span(32.0, 9.5) == 29  # 3 steps = 28.5 s
+    assert whole_step_span(32.0, 40.0) == 40  # never less than one step
+    assert whole_step_span(32.0, 8.0, step_s=2.0) == 16  # in samples
+
+
+def test_trailing_means_at_average_the_span_ending_at_each_index():
+    x = np.arange(1.0, 11.0)[None]  # 1 .. 10
+    np.testing.assert_array_equal(trailing_means_at(x, 4, np.array([3, 9])), [[2.5, 8.5]])
+    assert np.isnan(trailing_means_at(x, 4, np.array([2]))).all()  # reaches before the first sample
+    gappy = x.copy()
+    gappy[0, 5] = np.nan
+    # 9 of 10 samples are enough (90 %), 3 of 4 are not.
+    np.testing.assert_array_equal(trailing_means_at(gappy, 10, np.array([9])), [[np.float32(49.0 / 9)]])
+    assert np.isnan(trailing_means_at(gappy, 4, np.array([7]))).all()

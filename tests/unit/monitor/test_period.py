@@ -127,3 +127,28 @@ def test_a_machine_at_80_percent_is_found_after_continuity_steps_steps():
     assert [a.machine for a in alerts] == ["node09"]
     assert alerts[0].declared_at - alerts[0].first_seen >= 4 * 60.0 * 0.96
     assert alerts[0].declared_at <= 300 + 60 + 4 * 60 + 2 * 8  # one step to show, four to declare
+
+
+@pytest.mark.parametrize("period, stages", [(7.0, 4), (9.5, 3)])
+def test_a_gpu_at_92_percent_beside_pipeline_stages_is_found_by_whole_step_levels(period, stages):
+    # Short steps, stages a fraction of a step apart: 32 s of window means is not a whole
+    # number of steps, and its left-over part of a step differs from stage to stage.
+    from megatron_rl.monitor.detect import detect
+
+    grid = stepping_grid(period=period, machines=16, duration=600, stages=stages, seed=0)
+    assert detect(grid, DetectConfig()).alerts == []  # the healthy job does not alarm
+    grid.values[1:, 5, 200:] *= 0.92  # GPU duty and power at 92 % from 200 s
+    alerts = detect(grid, DetectConfig()).alerts
+    assert [a.machine for a in alerts] == ["node05"]
+    assert 200 + 120 <= alerts[0].declared_at <= 200 + 120 + 32 + 2 * 8  # continuity, level, windows
+    assert detect(grid, DetectConfig(whole_step_level=False)).alerts == []
+
+
+def test_long_steps_are_step_averaged_not_given_whole_step_levels():
+    from megatron_rl.monitor.detect import periods, whole_step_levels
+
+    grid = stepping_grid(period=60.0, stages=4, seed=1)
+    cfg = DetectConfig()
+    step, cycle = periods(grid, cfg)
+    assert step == pytest.approx(60.0, rel=0.04) and cycle == step
+    assert whole_step_levels(np.zeros((3, 16, 900), np.float32), cfg, time_scales(cfg, step), cycle) is None
