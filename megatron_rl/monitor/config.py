@@ -18,12 +18,16 @@ class DetectConfig:
     threshold: float = 6.5
     """A machine is a candidate when its normalised score exceeds this. Tuned for the
     packaged denoiser (docs/monitor.md); re-tune with `monitor eval` after retraining."""
-    continuity_s: float = 120.0
+    continuity_s: float = 110.0
     """Declare a machine only after it has been the candidate this long (~4 min published;
-    120 s here, tuned with the peer scores on the distractor traces, docs/monitor.md)."""
-    max_gap_s: float = 24.0
+    here 14 windows of 8 s, chosen with max_gap_s on the tuning seeds, docs/monitor.md)."""
+    max_gap_s: float = 16.0
     """A run of candidacy survives this many seconds without the machine being the
-    candidate (0 = strictly consecutive, as published); lets flapping faults through."""
+    candidate (0 = strictly consecutive, as published): two missed 8 s windows, so a
+    fault whose score dips under the threshold now and then keeps its run. It need not
+    bridge a flapping fault's off-periods: the intermittency score (peers.py) stays high
+    while such a fault comes and goes. A longer tolerance joined two separate transient
+    slowdowns of a healthy machine into one run (docs/monitor.md)."""
     min_fraction: float = 0.75
     """... but the machine must be the candidate in at least this fraction of the run's windows."""
     max_fill_s: float = 3.0

@@ -263,7 +263,7 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
             run = runs.setdefault(i, _Run(start=w, last_hit=w))
             run.hits, run.last_hit, run.z_sum = run.hits + 1, w, run.z_sum + zi
             run.metrics[scores.metrics[k]] += 1
-            run.need_s = max(run.need_s, need[k])  # a slow step cannot lend its span to a 120 s rule
+            run.need_s = max(run.need_s, need[k])  # a slow step cannot lend its span to continuity_s
             span = now - scores.win_start[run.start]
             if span >= run.need_s and run.hits >= cfg.min_fraction * (w - run.start + 1):
                 alerts.append(Alert(machines[i], run.metrics.most_common(1)[0][0],

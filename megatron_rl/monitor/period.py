@@ -1,6 +1,6 @@
 """The job's step period, estimated from the trace, and the time scales that follow it.
 
-The detector's default time constants (8 s windows, a 32 s level, 120 s continuity)
+The detector's default time constants (8 s windows, a 32 s level, 110 s continuity)
 assume training steps of seconds: then a window or two already spans a step, and the
 per-second comparison across machines sees the same phase of the step everywhere except
 for small sampler offsets. RL steps take minutes, and pipeline stages run the same step
@@ -18,7 +18,7 @@ What follows the step period P (`time_scales`):
   and the section times) already hold one value per step and are left as they are.
 - **Continuity** for every metric is max(continuity_s, continuity_steps x P): a run of
   candidacy has to span several steps, not one odd step (with short steps this is
-  continuity_s: 4 x 12 s < 120 s). Step averaging makes a transient slowdown last a step
+  continuity_s: 4 x 12 s < 110 s). Step averaging makes a transient slowdown last a step
   longer and, noise averaged away, stand out more; several steps of candidacy is what
   still tells it from a fault.
 - **Intermittency span**: its slices must outlast one step-averaged transient

@@ -31,10 +31,12 @@ def test_trailing_mean_equals_the_gather_based_one():
 
 
 def test_declarations_unchanged_on_a_faulty_trace():
-    # Recorded with the previous implementation (main at e2a5b95).
+    # Recorded with the previous implementation (main at e2a5b95), whose continuity rule
+    # was 120 s with gaps of up to 24 s: pinned here, this checks the scores alone.
     den = Denoiser.load(default_model_dir())
     grid = generate(SynthConfig(machines=32, duration_s=600, seed=2, fault="pfc_storm")).grid
-    alerts = declare(score_grid(grid, DetectConfig(), den)).alerts
+    then = DetectConfig(continuity_s=120.0, max_gap_s=24.0)
+    alerts = declare(score_grid(grid, DetectConfig(), den), then).alerts
     assert [(a.machine, a.metric, a.declared_at) for a in alerts] == [("node0028", "pfc_tx_packets", 271.0)]
 
 

@@ -66,7 +66,7 @@ def test_short_steps_keep_the_default_time_scales():
     cfg = DetectConfig()
     for period in (None, 6.0, 12.0, 16.0):
         s = time_scales(cfg, period)
-        assert (s.average_s, s.continuity_s, s.intermittency_span_s) == (0.0, 120.0, 180.0)
+        assert (s.average_s, s.continuity_s, s.intermittency_span_s) == (0.0, cfg.continuity_s, 180.0)
 
 
 def test_long_steps_average_one_step_and_need_several_steps_of_continuity():
@@ -76,10 +76,10 @@ def test_long_steps_average_one_step_and_need_several_steps_of_continuity():
     assert s.continuity_s == max(cfg.continuity_s, cfg.continuity_steps * 60.0) == 240.0
     assert s.intermittency_span_s == 180.0 + 3 * 60.0  # each slice outlasts a step-averaged transient
     assert s.step_continuity_s == max(cfg.continuity_s, cfg.straggler_steps * 60.0)
-    assert time_scales(cfg, 30.0).continuity_s == 120.0  # max(120 s, 4 steps of 30 s)
+    assert time_scales(cfg, 30.0).continuity_s == 120.0  # max(110 s, 4 steps of 30 s)
     assert time_scales(cfg, 30.0).average_s == 30.0  # > level_span_s / 2: averaged
     off = time_scales(DetectConfig(follow_step=False), 60.0)
-    assert (off.average_s, off.continuity_s, off.step_continuity_s) == (0.0, 120.0, 180.0)
+    assert (off.average_s, off.continuity_s, off.step_continuity_s) == (0.0, cfg.continuity_s, 180.0)
     with pytest.raises(ValueError, match="continuity_steps"):
         DetectConfig(continuity_steps=-1)
 
@@ -140,7 +140,8 @@ def test_a_gpu_at_92_percent_beside_pipeline_stages_is_found_by_whole_step_level
     grid.values[1:, 5, 200:] *= 0.92  # GPU duty and power at 92 % from 200 s
     alerts = detect(grid, DetectConfig()).alerts
     assert [a.machine for a in alerts] == ["node05"]
-    assert 200 + 120 <= alerts[0].declared_at <= 200 + 120 + 32 + 2 * 8  # continuity, level, windows
+    need = DetectConfig().continuity_s
+    assert 200 + need <= alerts[0].declared_at <= 200 + need + 32 + 2 * 8  # continuity, level, windows
     assert detect(grid, DetectConfig(whole_step_level=False)).alerts == []
 
 

@@ -68,7 +68,7 @@ def test_continuity_counts_steps_only_for_step_metrics():
     extra = Grid(np.ones((1, 16, 1200), np.float32), ["gpu_power"], grid.machines, 0.0)
     scores.metrics = scores.metrics + extra.metrics
     need = continuity(scores, DetectConfig(straggler_steps=3, follow_step=False))
-    assert need[:4] == pytest.approx(3 * scores.step_period_s) and need[4] == 120.0
+    assert need[:4] == pytest.approx(3 * scores.step_period_s) and need[4] == DetectConfig().continuity_s
     # Following the step (the default), per-second metrics need continuity_steps steps too.
     need = continuity(scores, DetectConfig(straggler_steps=3, continuity_steps=4))
     assert need[:4] == pytest.approx(3 * scores.step_period_s)
