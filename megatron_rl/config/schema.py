@@ -168,6 +168,10 @@ class RolloutConfig:
     timeout_s: float = 3600.0
     """disaggregated: how long the training ranks wait for an answer of the rollout ranks (a
     whole generation batch included) before stopping with an error that names them."""
+    start_timeout_s: float = 3600.0
+    """disaggregated: how long the training ranks wait for the rollout ranks to build their
+    engines (vLLM's start: model load, memory profiling, CUDA graphs on GPU), which can take
+    far longer than any later answer; timeout_s can then be set for the steps alone."""
     max_staleness: int = 0
     """disaggregated: how many generation batches the rollout ranks run ahead of training
     (0: synchronous). A batch trained at step s then samples policy version >= s - 1 - k;
@@ -233,8 +237,9 @@ class RolloutConfig:
         if self.placement == "colocated" and self.num_ranks:
             raise ConfigError(f"rollout.num_ranks={self.num_ranks} only applies to rollout.placement=disaggregated "
                               "(colocated: every rank generates)")
-        if not self.timeout_s > 0:
-            raise ConfigError(f"rollout.timeout_s={self.timeout_s} must be > 0")
+        for key in ("timeout_s", "start_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"rollout.{key}={getattr(self, key)} must be > 0")
         if not (float(self.kv_cache_gib).is_integer() and self.kv_cache_gib >= 1):
             # Refused here, not only when the engine starts: a fault there is requeued by Slurm.
             raise ConfigError(f"rollout.kv_cache_gib={self.kv_cache_gib} must be a whole number >= 1 "

@@ -123,10 +123,12 @@ class RolloutClient:
     """The training ranks' handle on the rollout ranks' engines (see the module docstring).
 
     ``bridge``: the (down, up) groups on training rank 0, None on the other training ranks.
-    ``answer_timeout_s``: the longest wait for one answer before the rollout ranks count as hung."""
+    ``answer_timeout_s``: the longest wait for one answer before the rollout ranks count as hung;
+    ``start_timeout_s``: the same for the first one, the engines' start."""
 
     def __init__(self, bridge: Optional[tuple], config: EngineConfig, model_dir: Path,
-                 who: str = "the rollout ranks", answer_timeout_s: float = 3600.0):
+                 who: str = "the rollout ranks", answer_timeout_s: float = 3600.0,
+                 start_timeout_s: float = 3600.0):
         self.config, self.who, self.answer_timeout_s = config, who, answer_timeout_s
         self.down = self.inbox = None
         self.broken: Optional[str] = None
@@ -145,7 +147,8 @@ class RolloutClient:
         self._answers: dict[int, tuple[str, Any]] = {}
         """Answers read while waiting for a later one."""
         started = time.perf_counter()
-        self.result(self.submit(Command("start", (str(model_dir), config))))
+        self.result(self.submit(Command("start", (str(model_dir), config))), timeout_s=start_timeout_s,
+                    timeout_key="rollout.start_timeout_s")
         self.build_s = time.perf_counter() - started
         """Seconds until every rollout rank had its engine (the rollout side builds them)."""
 
@@ -208,20 +211,23 @@ class RolloutClient:
                                f"past rollout.timeout_s={self.answer_timeout_s:g} s ({err})")
         return number
 
-    def result(self, number: int) -> Any:
+    def result(self, number: int, timeout_s: Optional[float] = None, timeout_key: str = "rollout.timeout_s") -> Any:
         """Command ``number``'s answer on every training rank (collective over the training
-        world); raises :class:`RolloutRankError` when it, or any command before it, failed."""
+        world); raises :class:`RolloutRankError` when it, or any command before it, failed.
+        ``timeout_s`` (default ``answer_timeout_s``) bounds each wait for an answer; the error
+        names ``timeout_key``, the setting that gave it."""
         import torch.distributed as dist
 
+        timeout_s = self.answer_timeout_s if timeout_s is None else timeout_s
         answer = [None]
         if self.broken is not None:
             answer[0] = ("error", self.broken)
         elif self.inbox is not None:
             try:
-                answer[0] = self._await(number)
+                answer[0] = self._await(number, timeout_s)
             except queue.Empty:
-                answer[0] = ("error", f"{self.who} did not answer command {number} within rollout.timeout_s="
-                                      f"{self.answer_timeout_s:g} s: hung, or slower than that")
+                answer[0] = ("error", f"{self.who} did not answer command {number} within {timeout_key}="
+                                      f"{timeout_s:g} s: hung, or slower than that")
             except (RuntimeError, OSError) as err:  # the bridge broke: a rollout rank died
                 answer[0] = ("error", f"{self.who} stopped answering (the bridge failed: {err})")
         if dist.is_initialized() and dist.get_world_size() > 1:
@@ -231,13 +237,13 @@ class RolloutClient:
             raise RolloutRankError(value)
         return value
 
-    def _await(self, number: int) -> tuple[str, Any]:
+    def _await(self, number: int, timeout_s: float) -> tuple[str, Any]:
         """Read answers until ``number``'s, keeping the ones still to be asked for (a partial
         generation answers the commands it ran between its chunks before itself); an error
         answers whoever is waiting."""
         self._kept.discard(number)
         while number not in self._answers:
-            got, status, value = self.inbox.get(timeout=self.answer_timeout_s)
+            got, status, value = self.inbox.get(timeout=timeout_s)
             if status == "error":
                 return status, value
             if got == number or got in self._kept:

@@ -185,7 +185,8 @@ class RLTrainer:
         else:
             self.engine = RolloutClient(self.roles.bridge, engine_config, self.base_dir,
                                         who=self.roles.describe_rollout_ranks(),
-                                        answer_timeout_s=cfg.rollout.timeout_s)
+                                        answer_timeout_s=cfg.rollout.timeout_s,
+                                        start_timeout_s=cfg.rollout.start_timeout_s)
             self.generate, self.continue_ = self.engine.generate_groups, self.engine.continue_samples
         self.sampling = Sampling(n=cfg.rollout.n_samples, max_tokens=cfg.rollout.max_new_tokens,
                                  temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
@@ -576,10 +577,16 @@ def train(cfg: Config) -> dict:
     with StopSignals(exclude=ExcludeWatch.in_job(cfg.trainer.run_dir)) as stop:
         if cfg.rollout.placement != "disaggregated":
             return RLTrainer(cfg, stop).run()
-        roles = init_roles(cfg.rollout.num_ranks, timeout_s=max(600.0, cfg.rollout.timeout_s + 60.0))
+        # Training ranks other than 0 wait in a broadcast of the training world for each answer.
+        longest_answer_s = max(cfg.rollout.timeout_s, cfg.rollout.start_timeout_s)
+        roles = init_roles(cfg.rollout.num_ranks, timeout_s=max(600.0, longest_answer_s + 60.0))
         if roles.role == ROLLOUT:
             return _serve_rollouts(roles, cfg)
-        summary = RLTrainer(cfg, stop, roles).run()
+        try:
+            trainer = RLTrainer(cfg, stop, roles)
+        except RolloutRankError as err:  # the engines did not start: nothing trained, nothing saved
+            _exit_now(f"{err}; nothing was trained", roles.rank == 0)
+        summary = trainer.run()
         if summary["exit_code"] == exit_codes.FAILED:
             _exit_now(summary["error"], roles.rank == 0)
         return summary

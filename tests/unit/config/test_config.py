@@ -38,6 +38,8 @@ def test_resolved_config_round_trips(tmp_path):
         ("trainer.max_steps", "must look like key=value"),
         ("rollout.parity_threshold=0", "rollout.parity_threshold=0.0 must be > 0 (or null: the dtype's limits)"),
         ("rollout.kv_cache_gib=0.25", "rollout.kv_cache_gib=0.25 must be a whole number >= 1"),
+        ("rollout.timeout_s=0", "rollout.timeout_s=0.0 must be > 0"),
+        ("rollout.start_timeout_s=-1", "rollout.start_timeout_s=-1.0 must be > 0"),
     ],
 )
 def test_bad_keys_and_values_name_the_key(override, message):
