@@ -306,7 +306,7 @@ def test_recipe_runs_three_steps(tmp_path, bases, recipe, world, base, overrides
         assert all(r["rollout/logprob_abs_diff"] < 1e-3 for r in later), later
 
 
-ASYNC = ("rollout.placement=disaggregated", "rollout.num_ranks=1", "rollout.max_staleness=1",
+ASYNC = ("rollout.placement=disaggregated", "rollout.num_ranks=2", "rollout.max_staleness=1",
          "rollout.seed_per_prompt=true", "checkpoint.save_interval=2",
          "algorithm.overrides={rollout_correction: {kind: token_tis, cap: 2.0}}")
 PARTIAL = ("rollout.partial=true", "rollout.partial_chunk_tokens=1", "rollout.max_new_tokens=24")
@@ -343,16 +343,20 @@ def test_tppo_windows_continued_on_rollout_ranks_train_what_colocated_ones_do(tm
 
 
 def test_dapo_one_batch_ahead_with_partial_rollouts_then_resume_with_a_batch_in_flight(tmp_path, steps_base):
-    """DAPO with rollout.max_staleness=1 and partial rollouts (world 2: one training rank, one
-    rollout rank): each step takes the batch generated during the step before, and that batch,
-    still generating when the step's weights arrived, went on under them, so samples hold tokens
-    of two versions. Dynamic sampling refills from batches drawn on the spot. The tokens the
-    current weights sampled are exactly what Megatron computes (|dlogp| ~1e-7 on them: a token
-    stamped with the wrong version would be off by the update), and the parity guard, served
-    between two chunks, finds vLLM serving the synced weights. The step-4 checkpoint is saved
+    """DAPO with rollout.max_staleness=1 and partial rollouts (world 3: one training rank, two
+    rollout ranks, each an engine of its own): each step takes the batch generated during the
+    step before, and that batch, still generating when the step's weights arrived, went on
+    under them, so samples hold tokens of two versions. The two rollout ranks receive the
+    weights at their own pace and agree (the fewest commands either holds) on the chunk
+    boundary where both load them: the collective weight check and the replicas' gathers
+    would hang otherwise, and a replica that loaded them a chunk later would stamp old
+    tokens new (|dlogp| below would be the update's size). Dynamic sampling refills from
+    batches drawn on the spot. The tokens the current weights sampled are exactly what
+    Megatron computes (|dlogp| ~1e-7 on them), and the parity guard, served between two
+    chunks, finds vLLM serving the synced weights. The step-4 checkpoint is saved
     while step 5's batch is in flight: the resumed run draws those prompts again, so the prompt
     count goes on without a gap or a repeat."""
-    rows, _ = _train(tmp_path, 2, steps_base, "dapo", *ASYNC, *PARTIAL, steps=4, env=SLOW_CHUNKS)
+    rows, _ = _train(tmp_path, 3, steps_base, "dapo", *ASYNC, *PARTIAL, steps=4, env=SLOW_CHUNKS)
     prompts = 4  # rollout.prompts_per_step
     drawn = 0
     for step, r in enumerate(rows, start=1):
@@ -364,7 +368,7 @@ def test_dapo_one_batch_ahead_with_partial_rollouts_then_resume_with_a_batch_in_
         if step > 1:  # generated during the previous step's training: not waited for in full
             assert r["timing/overlap_fraction"] > 0 and r["timing/train_idle_s"] < r["timing/generation_s"], r
     assert rows[0]["rollout/staleness_max"] == 0 and rows[0]["rollout/partial_samples"] == 0
-    resumed, out = _train(tmp_path, 2, steps_base, "dapo", *ASYNC, *PARTIAL, steps=6, env=SLOW_CHUNKS)
+    resumed, out = _train(tmp_path, 3, steps_base, "dapo", *ASYNC, *PARTIAL, steps=6, env=SLOW_CHUNKS)
     assert "resumed from" in out and "step 4" in out, out[-2000:]
     assert resumed[:4] == rows
     step5, step6 = resumed[4:]
