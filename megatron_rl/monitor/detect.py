@@ -31,11 +31,11 @@ import numpy as np
 
 from .config import DetectConfig
 from .denoise import Denoiser, WindowMedian
-from .peers import (intermittency_scores, level_scores, level_z, trailing_means_at, whole_step_span,
-                    window_means)
+from .peers import intermittency_scores, level_scores, level_z, whole_step_span, window_means
 from .period import TimeScales, cycle_period, estimate_period, reported_period, step_average, time_scales
 from .trace import STEP_METRICS, Trace
-from .windows import Grid, cut_windows, nanmedian, normalise, to_grid, window_layout, window_times
+from .windows import (Grid, complete_trailing_mean, cut_windows, nanmedian, normalise, to_grid, window_layout,
+                      window_times)
 
 @dataclass
 class Alert:
@@ -161,7 +161,7 @@ def whole_step_levels(resid: np.ndarray, cfg: DetectConfig, scales: TimeScales,
         return None
     offset, n_win = window_layout(resid.shape[-1], cfg.window, cfg.stride)
     ends = offset + np.arange(n_win) * cfg.stride + cfg.window - 1
-    return trailing_means_at(resid, whole_step_span(cfg.level_span_s, cycle_s, cfg.step_s), ends)
+    return complete_trailing_mean(resid, whole_step_span(cfg.level_span_s, cycle_s, cfg.step_s))[..., ends]
 
 
 def denoised_windows(win: np.ndarray, metrics: list[str],

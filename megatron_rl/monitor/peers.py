@@ -17,7 +17,7 @@ window (median/MAD, floored by the metric's typical spread). `intermittency_scor
 the fraction of the last `span` windows in which a machine's own 8 s level was abnormal,
 so a fault that is on half the time scores steadily instead of in bursts.
 
-Whole steps (`whole_step_span`, `trailing_means_at`): a mean cancels the step's phase
+Whole steps (`whole_step_span`, with `windows.complete_trailing_mean`): a mean cancels the step's phase
 only if it spans a whole number of steps. 32 s of 7 s steps is four steps and 4 s, and
 those 4 s are a different part of the step on each pipeline stage; with stages apart,
 that left-over alone moved healthy machines' levels by about as much as a GPU at 85 %
@@ -79,29 +79,6 @@ def whole_step_span(target_s: float, period_s: float, step_s: float = 1.0) -> in
     """Samples in the whole number of steps (at least one) closest to `target_s`."""
     steps = max(1, int(np.floor(target_s / period_s + 0.5)))
     return max(1, int(np.floor(steps * period_s / step_s + 0.5)))
-
-
-def trailing_means_at(resid: np.ndarray, span: int, ends: np.ndarray,
-                      min_present: float = 0.9) -> np.ndarray:
-    """Mean of the last `span` samples up to and including each index in `ends`, along
-    the last axis of resid [..., T] -> [..., len(ends)].
-
-    NaN where fewer than `min_present` of those samples exist or the span reaches before
-    the first sample: a mean over part of a step depends on the step's phase again."""
-    n_t = resid.shape[-1]
-    ok = ~np.isnan(resid)
-    total = np.zeros(resid.shape[:-1] + (n_t + 1,), np.float64)
-    np.cumsum(np.where(ok, resid, 0.0), -1, out=total[..., 1:])
-    count = np.zeros(resid.shape[:-1] + (n_t + 1,), np.int32)
-    np.cumsum(ok, -1, out=count[..., 1:])
-    hi = np.asarray(ends, np.int64) + 1
-    lo = hi - span
-    inside = lo >= 0
-    lo = np.maximum(lo, 0)
-    n = count[..., hi] - count[..., lo]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = (total[..., hi] - total[..., lo]) / n
-    return np.where(inside & (n >= min_present * span), mean, np.nan).astype(np.float32)
 
 
 def intermittency_scores(means: np.ndarray, span: int, abnormal_z: float, min_machines: int,

@@ -39,7 +39,7 @@ import numpy as np
 
 from .config import DetectConfig
 from .trace import STEP_METRICS
-from .windows import Grid, fill_gaps
+from .windows import Grid, complete_trailing_mean, fill_gaps
 
 
 def reported_period(grid: Grid) -> float | None:
@@ -165,27 +165,7 @@ def step_average(values: np.ndarray, span: int, max_gap: int, metrics: list[str]
     if span <= 1:
         return values.copy()
     rows = [k for k, m in enumerate(metrics) if m not in STEP_METRICS]
-    x = fill_gaps(values[rows], max_gap)
-    n_t = x.shape[-1]
-    mean = np.full(x.shape, np.nan, values.dtype)  # the first span - 1 samples stay NaN: no whole step yet
-    if n_t >= span:
-        gap = np.isnan(x)
-        # Running sums with a leading zero (float64: metrics in bytes/s reach 1e10); a
-        # window's sum is the difference of two of them, written straight into float32.
-        run = np.zeros(x.shape[:-1] + (n_t + 1,), np.float64)
-        np.cumsum(np.where(gap, 0.0, x), -1, out=run[..., 1:])
-        np.subtract(run[..., span:], run[..., :-span], out=mean[..., span - 1:], casting="same_kind")
-        mean[..., span - 1:] /= span
-        rows_t = mean.reshape(-1, n_t)  # a view: `mean` is contiguous
-        holed = np.flatnonzero(gap.reshape(-1, n_t).any(-1))  # long gaps survive filling: few rows
-        if holed.size:
-            missing = np.zeros((holed.size, n_t + 1), np.int32)
-            np.cumsum(gap.reshape(-1, n_t)[holed], -1, out=missing[:, 1:])
-            count = span - (missing[:, span:] - missing[:, :-span])
-            sums = run.reshape(-1, n_t + 1)[holed]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                m = (sums[:, span:] - sums[:, :-span]) / count
-            rows_t[holed, span - 1:] = np.where(count >= min_present * span, m, np.nan)
+    mean = complete_trailing_mean(fill_gaps(values[rows], max_gap), span, min_present)
     if len(rows) == values.shape[0]:
         return mean
     out = values.copy()

@@ -125,6 +125,35 @@ def _subsample(size: int, target: int = 100_000) -> int:
     return 1 if size <= target else 7 * max(1, size // (7 * target))
 
 
+def complete_trailing_mean(x: np.ndarray, span: int, min_present: float = 0.9) -> np.ndarray:
+    """Mean of the last `span` samples at every sample of x [..., T], ignoring NaNs; NaN for
+    the first span - 1 samples and where fewer than `min_present` of the span exist. A mean
+    meant to cover whole training steps must not cover part of one: it would depend on the
+    step's phase again (the step average, the whole-step level)."""
+    n_t = x.shape[-1]
+    mean = np.full(x.shape, np.nan, x.dtype)
+    if n_t < span:
+        return mean
+    gap = np.isnan(x)
+    # Running sums with a leading zero (float64: metrics in bytes/s reach 1e10); a
+    # window's sum is the difference of two of them, written straight into x's dtype.
+    run = np.zeros(x.shape[:-1] + (n_t + 1,), np.float64)
+    np.cumsum(np.where(gap, 0.0, x), -1, out=run[..., 1:])
+    np.subtract(run[..., span:], run[..., :-span], out=mean[..., span - 1:], casting="same_kind")
+    mean[..., span - 1:] /= span
+    rows_t = mean.reshape(-1, n_t)  # a view: `mean` is contiguous
+    holed = np.flatnonzero(gap.reshape(-1, n_t).any(-1))  # rows with missing samples: few
+    if holed.size:
+        missing = np.zeros((holed.size, n_t + 1), np.int32)
+        np.cumsum(gap.reshape(-1, n_t)[holed], -1, out=missing[:, 1:])
+        count = span - (missing[:, span:] - missing[:, :-span])
+        sums = run.reshape(-1, n_t + 1)[holed]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            m = (sums[:, span:] - sums[:, :-span]) / count
+        rows_t[holed, span - 1:] = np.where(count >= min_present * span, m, np.nan)
+    return mean
+
+
 def window_layout(n_t: int, window: int, stride: int) -> tuple[int, int]:
     """(first sample offset, number of windows); the last window ends at the last sample."""
     if n_t < window:

@@ -3,8 +3,7 @@
 import numpy as np
 
 from megatron_rl.monitor.detect import DetectConfig, detect
-from megatron_rl.monitor.peers import (intermittency_scores, level_scores, trailing_mean, trailing_means_at,
-                                       whole_step_span)
+from megatron_rl.monitor.peers import intermittency_scores, level_scores, trailing_mean, whole_step_span
 
 
 def test_trailing_mean_ignores_nans_and_starts_short():
@@ -50,14 +49,3 @@ def test_whole_step_span_takes_the_whole_number_of_steps_nearest_the_target():
     assert whole_step_span(32.0, 9.5) == 29  # 3 steps = 28.5 s
     assert whole_step_span(32.0, 40.0) == 40  # never less than one step
     assert whole_step_span(32.0, 8.0, step_s=2.0) == 16  # in samples
-
-
-def test_trailing_means_at_average_the_span_ending_at_each_index():
-    x = np.arange(1.0, 11.0)[None]  # 1 .. 10
-    np.testing.assert_array_equal(trailing_means_at(x, 4, np.array([3, 9])), [[2.5, 8.5]])
-    assert np.isnan(trailing_means_at(x, 4, np.array([2]))).all()  # reaches before the first sample
-    gappy = x.copy()
-    gappy[0, 5] = np.nan
-    # 9 of 10 samples are enough (90 %), 3 of 4 are not.
-    np.testing.assert_array_equal(trailing_means_at(gappy, 10, np.array([9])), [[np.float32(49.0 / 9)]])
-    assert np.isnan(trailing_means_at(gappy, 4, np.array([7]))).all()

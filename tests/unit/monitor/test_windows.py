@@ -3,8 +3,8 @@
 import numpy as np
 
 from megatron_rl.monitor.trace import Trace
-from megatron_rl.monitor.windows import (cut_windows, fill_gaps, nanmedian, normal_windows, normalise,
-                                         to_grid, window_times)
+from megatron_rl.monitor.windows import (complete_trailing_mean, cut_windows, fill_gaps, nanmedian, normal_windows,
+                                         normalise, to_grid, window_times)
 
 
 def test_to_grid_bins_to_nearest_second_averages_duplicates_and_orders_metrics():
@@ -106,3 +106,14 @@ def test_nanmedian_of_nothing_is_nan_and_a_too_short_trace_declares_nothing():
     assert np.isnan(nanmedian(np.empty((3, 0), np.float32), axis=1)).all()
     short = Grid(np.ones((2, 5, 4), np.float32), ["cpu_util", "gpu_power"], [f"m{i}" for i in range(5)], 0.0)
     assert detect(short).alerts == []  # 4 s: no 8 s window yet
+
+
+def test_complete_trailing_mean_averages_the_span_ending_at_each_sample():
+    x = np.arange(1.0, 11.0, dtype=np.float32)[None]  # 1 .. 10
+    np.testing.assert_array_equal(complete_trailing_mean(x, 4)[..., [3, 9]], [[2.5, 8.5]])
+    assert np.isnan(complete_trailing_mean(x, 4)[..., :3]).all()  # reaches before the first sample
+    gappy = x.copy()
+    gappy[0, 5] = np.nan
+    # 9 of 10 samples are enough (90 %), 3 of 4 are not.
+    np.testing.assert_array_equal(complete_trailing_mean(gappy, 10)[..., [9]], [[np.float32(49.0 / 9)]])
+    assert np.isnan(complete_trailing_mean(gappy, 4)[..., [7]]).all()
