@@ -394,6 +394,16 @@ def _launch_rank_pids(launcher: int, rank: int) -> list[int]:
     return found
 
 
+def _disaggregated_grpo(run_dir, base, *overrides) -> list[str]:
+    """The torchrun command of a world-2 GRPO run with its vLLM on rank 1 (one training rank,
+    one rollout rank), for the rollout-rank failure tests."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={_free_port()}",
+            "-m", "megatron_rl", "train", "--config", "examples/grpo.yaml", f"trainer.run_dir={run_dir}",
+            f"model.hf_path={base}", f"data.source={base}/train.jsonl", "data.reward=digits",
+            "rollout.prompts_per_step=4", "rollout.n_samples=4", "trainer.micro_batch_size=2",
+            "rollout.placement=disaggregated", "rollout.num_ranks=1", *overrides]
+
+
 def _signal_rollout_rank_after_step_2(tmp_path, base, signum, *overrides):
     """A disaggregated GRPO run (world 2, a checkpoint every step) whose rollout rank gets
     ``signum`` once step 2 is logged: (exit code, output, seconds from the signal to the
@@ -405,11 +415,7 @@ def _signal_rollout_rank_after_step_2(tmp_path, base, signum, *overrides):
     from megatron_rl.checkpoint.recovery import newest_intact_step
 
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={_free_port()}",
-           "-m", "megatron_rl", "train", "--config", "examples/grpo.yaml", f"trainer.run_dir={run_dir}",
-           f"model.hf_path={base}", f"data.source={base}/train.jsonl", "data.reward=digits",
-           "trainer.max_steps=200", "rollout.prompts_per_step=4", "rollout.n_samples=4", "trainer.micro_batch_size=2",
-           "checkpoint.save_interval=1", "rollout.placement=disaggregated", "rollout.num_ranks=1", *overrides]
+    cmd = _disaggregated_grpo(run_dir, base, "trainer.max_steps=200", "checkpoint.save_interval=1", *overrides)
     proc = subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -435,11 +441,7 @@ def test_rollout_engines_slower_to_start_than_the_start_timeout_end_the_launch_n
     its own: at 1 s (a vLLM start takes several) the launch ends with one error line naming
     the rollout rank and that setting, exit 1, before any step."""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={_free_port()}",
-           "-m", "megatron_rl", "train", "--config", "examples/grpo.yaml", f"trainer.run_dir={run_dir}",
-           f"model.hf_path={bases['qwen3']}", f"data.source={bases['qwen3']}/train.jsonl", "data.reward=digits",
-           "rollout.prompts_per_step=4", "rollout.n_samples=4", "trainer.micro_batch_size=2",
-           "rollout.placement=disaggregated", "rollout.num_ranks=1", "rollout.start_timeout_s=1"]
+    cmd = _disaggregated_grpo(run_dir, bases["qwen3"], "rollout.start_timeout_s=1")
     proc = run_process_group(cmd, dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"), timeout_s=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]

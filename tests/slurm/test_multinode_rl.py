@@ -168,9 +168,9 @@ def test_dp2_across_two_nodes_trains_what_one_node_does(runs):
     _check_same_layout_on_one_host(nodes, host)
     for got in nodes.rows:
         assert got["rollout/parity_max_abs_diff"] < FP32_PARITY_MAX and got["rollout/weight_check_elements"] > 0
-    # Across namespaces no memory is shared: the sync broadcast; on one host it used the arena.
+    # Across namespaces no memory is shared: the sync broadcast (on one host it used the arena,
+    # which _check_same_layout_on_one_host checks).
     assert [r["rollout/weight_sync_broadcast"] for r in nodes.rows] == [1.0] * STEPS
-    assert [r["rollout/weight_sync_broadcast"] for r in host.rows] == [0.0] * STEPS
 
 
 def test_each_node_writes_its_share_of_the_checkpoint(runs):
