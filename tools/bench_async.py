@@ -3,6 +3,8 @@ partial rollouts.
 
     python tools/bench_async.py                                   # 1 training + 1 rollout rank
     python tools/bench_async.py --task digits_max_steps --max-new-tokens 32   # longer answers
+    python tools/bench_async.py --task digits_max_work --max-new-tokens 160 --prompts-per-step 8 \
+        --steps 10 --set trainer.seq_length=192 --set trainer.lr=0.0003   # generation-heavy
     python tools/bench_async.py --train-ranks 2 --rollout-ranks 2 --dir runs/bench-async-w4
 
 Runs `megatron-rl bench async` in its own process (it launches one trainer run per mode with
@@ -28,7 +30,8 @@ def main() -> int:
     p.add_argument("--n-samples", default="8")
     p.add_argument("--max-new-tokens", default="16")
     p.add_argument("--task", default="digits_max")
-    p.add_argument("--partial-chunk-tokens", default="4")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run")
+    p.add_argument("--partial-chunk-tokens", default="32")
     p.add_argument("--modes", default="colocated,disaggregated_k0,disaggregated_k1,disaggregated_k1_partial")
     p.add_argument("--dir", default="runs/bench-async")
     p.add_argument("--json", default="bench_async.json")
@@ -37,26 +40,27 @@ def main() -> int:
         "--steps", args.steps, "--train-ranks", args.train_ranks, "--rollout-ranks", args.rollout_ranks,
         "--prompts-per-step", args.prompts_per_step, "--n-samples", args.n_samples,
         "--max-new-tokens", args.max_new_tokens, "--task", args.task,
-        "--partial-chunk-tokens", args.partial_chunk_tokens, "--modes", args.modes, "--dir", args.dir], args.json))
+        "--partial-chunk-tokens", args.partial_chunk_tokens, "--modes", args.modes, "--dir", args.dir,
+        *[a for kv in args.set for a in ("--set", kv)]], args.json))
     return 0
 
 
 def print_table(result: dict) -> None:
     print(f"{result['recipe']}, {result['date']}, {result['machine']['cpus']} CPUs")
-    print("| mode | world | tokens/s | step s | train s | rollout s | generation s | overlap | rollout busy "
+    print("| mode | world | tokens/s | samples/s | step s | train s | rollout s | generation s | overlap | rollout busy "
           "| train idle s | rollout idle s | staleness mean / max | partial samples | length | reward step 1 -> N |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for mode in result["modes"]:
         m, world = result["modes"][mode], result["runs"][mode]["world"]
         curve = m["reward_curve"]
-        print(f"| {mode} | {world} | {m['tokens_per_s']:.0f} | {m['step_s']:.2f} | {m['train_s']:.2f} | "
+        print(f"| {mode} | {world} | {m['tokens_per_s']:.0f} | {_fmt(m['samples_per_s'], '.1f')} | {m['step_s']:.2f} | {m['train_s']:.2f} | "
               f"{m['rollout_s']:.2f} | {_fmt(m['generation_s'], '.2f')} | {_fmt(m['overlap_fraction'], '.2f')} | "
               f"{_fmt(m['rollout_busy_fraction'], '.2f')} | "
               f"{_fmt(m['train_idle_s'], '.2f')} | {_fmt(m['rollout_idle_s'], '.2f')} | "
               f"{_fmt(m['staleness_mean'], '.1f')} / {_fmt(m['staleness_max'], 'd')} | "
               f"{_fmt(m['partial_samples'], '.1f')} | {_fmt(m['response_length'], '.1f')} | "
               f"{curve[0]:.3f} -> {curve[-1]:.3f} |")
-    speedups = [f"{k.removeprefix('speedup_').replace('_vs_', ' vs ')}: {v:.2f}x"
+    speedups = [f"{k.removeprefix('speedup_').replace('_vs_', ' vs ').replace('samples_', 'samples/s ')}: {v:.2f}x"
                 for k, v in result.items() if k.startswith("speedup_")]
     print("speedup " + "; ".join(speedups))
 

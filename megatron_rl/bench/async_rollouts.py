@@ -28,6 +28,8 @@ of their step times, not the mean of the per-step rates: a mean of rates weights
 step like a long one and overstates what a run achieves when step times vary. Step 1 is
 left out of every mean: it pays one-time costs (the engines' first batch, the optimizer's
 first step), and at k = 1 it has nothing in flight yet, so it is synchronous by construction.
+Trained samples per second are reported beside it: all modes train the same samples per
+step, so that ratio does not move when one mode's policy drifts to longer or shorter answers.
 :func:`summarize` turns the runs' metrics.jsonl rows into the JSON (a pure function).
 
     megatron-rl bench async --dir runs/bench-async --json bench_async.json
@@ -63,6 +65,8 @@ EPILOG = """\
 examples:
   megatron-rl bench async --json bench_async.json                 # 1 training + 1 rollout rank
   megatron-rl bench async --train-ranks 2 --rollout-ranks 2 --dir runs/bench-async-w4
+  megatron-rl bench async --task digits_max_work --max-new-tokens 160 --prompts-per-step 8 \\
+      --set trainer.seq_length=192 --set trainer.lr=0.0003       # answers ~7x the prompt
   python tools/bench_async.py   # the same, with a markdown table
 """
 
@@ -82,6 +86,7 @@ class Plan:
     task: str
     partial_chunk_tokens: int
     modes: tuple[str, ...]
+    extra_overrides: tuple[str, ...]
     seed: int
     dir: Path
     json_path: Optional[Path]
@@ -118,8 +123,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--n-samples", type=positive, default=8, help="rollout.n_samples (GRPO's group size)")
     p.add_argument("--max-new-tokens", type=positive, default=16, help="rollout.max_new_tokens")
     p.add_argument("--task", default="digits_max", help="the synthetic task (data.source=task:NAME); "
-                   "digits_max_steps answers in more tokens")
-    p.add_argument("--partial-chunk-tokens", type=positive, default=4, help="rollout.partial_chunk_tokens")
+                   "digits_max_steps answers in ~9 tokens, digits_max_work in ~95 (with --set trainer.seq_length=192)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every run, after the bench's own (repeatable; e.g. "
+                        "trainer.seq_length=112 for a task whose prompt and answer need it)")
+    p.add_argument("--partial-chunk-tokens", type=positive, default=32, help="rollout.partial_chunk_tokens")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {', '.join(MODES)}")
     p.add_argument("--seed", type=int, default=1234, help="trainer.seed of every run")
     p.add_argument("--dir", type=Path, default=Path("runs/bench-async"),
@@ -146,7 +154,7 @@ def make_plan(args: argparse.Namespace, world: int) -> Plan:
     plan = Plan(steps=args.steps, train_ranks=args.train_ranks, rollout_ranks=args.rollout_ranks,
                 prompts_per_step=args.prompts_per_step, n_samples=args.n_samples,
                 max_new_tokens=args.max_new_tokens, task=args.task, partial_chunk_tokens=args.partial_chunk_tokens,
-                modes=modes, seed=args.seed, dir=args.dir,
+                modes=modes, extra_overrides=tuple(args.set), seed=args.seed, dir=args.dir,
                 json_path=Path(args.json) if args.json else None, timeout_s=float(args.timeout))
     check_configs(plan)
     return plan
@@ -156,7 +164,8 @@ def launches(plan: Plan) -> list[Launch]:
     """The runs of ``plan.modes``, in the order they are launched."""
     common = (f"trainer.max_steps={plan.steps}", f"trainer.seed={plan.seed}", "rollout.seed_per_prompt=true",
               f"rollout.prompts_per_step={plan.prompts_per_step}", f"rollout.n_samples={plan.n_samples}",
-              f"rollout.max_new_tokens={plan.max_new_tokens}", f"data.source=task:{plan.task}", CORRECTION)
+              f"rollout.max_new_tokens={plan.max_new_tokens}", f"data.source=task:{plan.task}", CORRECTION,
+              *plan.extra_overrides)
     out = []
     for mode in plan.modes:
         if MODES[mode] is None:
@@ -189,13 +198,15 @@ def _mean(rows: Sequence[dict], key: str) -> Optional[float]:
     return statistics.fmean(values) if values else None
 
 
-def summarize_mode(rows: Sequence[dict], first_step: int = FIRST_STEP) -> dict:
+def summarize_mode(rows: Sequence[dict], first_step: int = FIRST_STEP, n_samples: int = 1) -> dict:
     """One run's numbers from its metrics.jsonl rows; means over steps >= ``first_step``.
     Keys a placement does not log (colocated: no overlap, idle or staleness) are None.
     ``rollout_s`` is the step's rollout phase as the training ranks saw it (colocated: generating
     and scoring; disaggregated: waiting for the batch and scoring it). ``rollout_idle_s`` is
     the trainer's metric (the rollout ranks' waits for commands since their previous
-    generation); ``rollout_busy_fraction`` is the share of the timed steps they spent generating."""
+    generation); ``rollout_busy_fraction`` is the share of the timed steps they spent generating.
+    ``samples_per_s`` counts trained samples (``rollout/kept_groups`` x ``n_samples``): unlike
+    tokens/s it does not move when one mode's policy drifts to longer or shorter answers."""
     timed = [r for r in rows if r["step"] >= first_step]
     if not timed:
         raise ValueError(f"no metrics rows from step {first_step} on (steps logged: {[r['step'] for r in rows]})")
@@ -203,9 +214,11 @@ def summarize_mode(rows: Sequence[dict], first_step: int = FIRST_STEP) -> dict:
     seconds = sum(r["timing/step_s"] for r in timed)
     staleness = [r["rollout/staleness_max"] for r in timed if "rollout/staleness_max" in r]
     generated = [r["timing/generation_s"] for r in timed if "timing/generation_s" in r]
+    kept = [r["rollout/kept_groups"] for r in timed if "rollout/kept_groups" in r]
     return {
         "steps": len(rows), "timed_steps": len(timed),
         "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+        "samples_per_s": sum(kept) * n_samples / seconds if len(kept) == len(timed) else None,
         "step_s": _mean(timed, "timing/step_s"), "train_s": _mean(timed, "timing/train_s"),
         "rollout_s": _mean(timed, "timing/rollout_s"),
         "generation_s": _mean(timed, "timing/generation_s"),
@@ -219,16 +232,19 @@ def summarize_mode(rows: Sequence[dict], first_step: int = FIRST_STEP) -> dict:
     }
 
 
-def summarize(rows_by_mode: dict[str, Sequence[dict]], first_step: int = FIRST_STEP) -> dict:
-    """Per-mode numbers and the tokens/s ratios between the modes run (``speedup_<a>_vs_<b>``)."""
-    modes = {mode: summarize_mode(rows, first_step) for mode, rows in rows_by_mode.items()}
-    rate = {mode: m["tokens_per_s"] for mode, m in modes.items()}
+def summarize(rows_by_mode: dict[str, Sequence[dict]], first_step: int = FIRST_STEP, n_samples: int = 1) -> dict:
+    """Per-mode numbers and the ratios between the modes run: tokens/s (``speedup_<a>_vs_<b>``)
+    and trained samples/s (``speedup_samples_<a>_vs_<b>``)."""
+    modes = {mode: summarize_mode(rows, first_step, n_samples) for mode, rows in rows_by_mode.items()}
     pairs = [("k1", "k0"), ("k1_partial", "k0"), ("k1_partial", "k1"), ("k0", "colocated"), ("k1", "colocated")]
     name = {"colocated": "colocated", **{m.removeprefix("disaggregated_"): m for m in MODES if m != "colocated"}}
+    ratios = {}
+    for prefix, key in (("speedup", "tokens_per_s"), ("speedup_samples", "samples_per_s")):
+        rate = {mode: m[key] for mode, m in modes.items() if m[key] is not None}
+        ratios.update({f"{prefix}_{a}_vs_{b}": rate[name[a]] / rate[name[b]] for a, b in pairs
+                       if name[a] in rate and name[b] in rate})
     return {
-        "modes": modes,
-        **{f"speedup_{a}_vs_{b}": rate[name[a]] / rate[name[b]] for a, b in pairs
-           if name[a] in rate and name[b] in rate},
+        "modes": modes, **ratios,
         "tokens_per_s_is": f"sum over steps {first_step}..N of throughput/tokens_per_s x timing/step_s "
                            "(generated + trained tokens) / sum of timing/step_s",
     }
@@ -268,7 +284,7 @@ def run(plan: Plan) -> dict:
         runs[launch.mode] = {"world": launch.world, "wall_s": wall, "loadavg_start": load,
                              "loadavg_end": os.getloadavg(), "command": shlex.join(launch.command())}
     result = {"bench": "async", "recipe": str(RECIPE.relative_to(RECIPE.parents[1])),
-              **summarize(rows), "runs": runs,
+              **summarize(rows, n_samples=plan.n_samples), "runs": runs,
               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(plan).items()},
               "date": started.isoformat(timespec="seconds"), "command": shlex.join(["megatron-rl", *sys.argv[1:]]),
               "machine": {"host": host.node(), "cpus": os.cpu_count(), "platform": host.platform(),

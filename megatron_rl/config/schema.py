@@ -182,9 +182,10 @@ class RolloutConfig:
     ``partial_chunk_tokens`` at a time and load waiting weights between chunks; every token
     keeps the policy version that sampled it. Off: a generation finishes under the weights
     it started with."""
-    partial_chunk_tokens: int = 4
+    partial_chunk_tokens: int = 32
     """partial: new tokens per sample between two looks for new weights (smaller: fresher
-    tokens, more vLLM calls)."""
+    tokens, more vLLM calls). Every chunk after the first prefills the sample's prefix again:
+    on ~95-token answers 4-token chunks made generation 3.5x slower, 32-token ones 1.1x."""
     tensor_parallel_size: int = 1
     """vLLM's TP (may differ from training TP); must divide the ranks that run vLLM."""
     prompts_per_step: int = 16

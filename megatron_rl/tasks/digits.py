@@ -11,6 +11,10 @@ Text format (the verifier and the warm-up data share it)::
     prompt:   "max of 3 7 1 4"          ("sum mod 10 of ..." for op="sum_mod10")
     solution: "Answer: 7"               (reasoning=False)
               "3 7 7 7 Answer: 7"       (reasoning=True: running max after each digit)
+              "3 max(3,7)=7 max(7,1)=7 max(7,4)=7 Answer: 7"    (reasoning="work")
+
+``reasoning="work"`` writes every step out, so the answer is several times as long as the
+prompt, as in reasoning RL, where rollouts are bound by their decode steps.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ _OPS: dict[str, tuple[str, Callable[[int, int], int]]] = {
     "min": ("min of", min),
     "sum_mod10": ("sum mod 10 of", lambda acc, d: (acc + d) % 10),
 }
+_WORK = {"max": "max({a},{d})={v}", "min": "min({a},{d})={v}", "sum_mod10": "{a}+{d}={v}"}
+"""How ``reasoning="work"`` writes one step: running value ``a``, next digit ``d``, result ``v``."""
+REASONING = (False, True, "work")
 ANSWER_SPACE = tuple(str(d) for d in range(10))
 
 
@@ -48,12 +55,15 @@ class DigitTask:
     """Fewest digits in a prompt."""
     max_digits: int = 5
     """Most digits in a prompt."""
-    reasoning: bool = False
-    """Write the running values before the answer (response length grows with the prompt)."""
+    reasoning: bool | str = False
+    """Write the running values before the answer (response length grows with the prompt);
+    ``"work"``: write each step as ``max(a,d)=v``."""
 
     def __post_init__(self) -> None:
         if self.op not in _OPS:
             raise ValueError(f"DigitTask.op={self.op!r} is not known; allowed: {sorted(_OPS)}")
+        if self.reasoning not in REASONING:
+            raise ValueError(f"DigitTask.reasoning={self.reasoning!r} is not known; allowed: {REASONING}")
         if not 1 <= self.min_digits <= self.max_digits <= 32:
             raise ValueError(
                 f"DigitTask needs 1 <= min_digits <= max_digits <= 32, got "
@@ -85,6 +95,9 @@ class DigitTask:
         if not self.reasoning:
             return f"Answer: {answer}"
         steps = self.running_values(digits) if steps is None else steps
+        if self.reasoning == "work":
+            steps = [steps[0], *(_WORK[self.op].format(a=a, d=d, v=v)
+                                 for a, d, v in zip(steps, digits[1:], steps[1:]))]
         return " ".join(str(v) for v in steps) + f" Answer: {answer}"
 
     def example(self, digits: Sequence[int]) -> TaskExample:
@@ -106,6 +119,9 @@ TASKS: dict[str, DigitTask] = {
     "digits_sum": DigitTask(op="sum_mod10"),
     "digits_max_steps": DigitTask(op="max", min_digits=2, max_digits=8, reasoning=True),
     "digits_sum_steps": DigitTask(op="sum_mod10", min_digits=2, max_digits=8, reasoning=True),
+    # Every step written out: answers several times as long as the prompt (the async bench's
+    # generation-heavy workload).
+    "digits_max_work": DigitTask(op="max", min_digits=8, max_digits=16, reasoning="work"),
 }
 
 

@@ -41,19 +41,25 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys):
     assert main(["async", "--steps", "1", "--dir", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("megatron-rl bench async: error: --steps 1") and err.count("\n") == 1
+    assert main(["async", "--set", "trainer.seq_lenght=112", "--dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("megatron-rl bench async: error: colocated (world 1): ") and "seq_lenght" in err
+    assert err.count("\n") == 1
 
 
 def test_the_launches(tmp_path):
     plan = bench.make_plan(_args(tmp_path, "--train-ranks", "2", "--rollout-ranks", "2", "--steps", "5",
-                                 "--task", "digits_max_steps", "--partial-chunk-tokens", "3"), world=1)
+                                 "--task", "digits_max_work", "--partial-chunk-tokens", "3",
+                                 "--set", "trainer.seq_length=112"), world=1)
     colocated, k0, k1, partial = bench.launches(plan)
     assert [(x.mode, x.world) for x in (colocated, k0, k1, partial)] == [
         ("colocated", 2), ("disaggregated_k0", 4), ("disaggregated_k1", 4), ("disaggregated_k1_partial", 4)]
     assert [x.run_dir for x in (colocated, k0, k1, partial)] == [tmp_path / "runs" / m for m in bench.MODES]
     assert colocated.config_overrides()[0] == f"trainer.run_dir={tmp_path / 'runs' / 'colocated'}"
     common = set(colocated.overrides)
-    assert {"trainer.max_steps=5", "rollout.seed_per_prompt=true", "data.source=task:digits_max_steps",
+    assert {"trainer.max_steps=5", "rollout.seed_per_prompt=true", "data.source=task:digits_max_work",
             bench.CORRECTION} <= common
+    assert colocated.overrides[-1] == "trainer.seq_length=112"  # --set comes after the bench's own
     disaggregated = {"rollout.placement=disaggregated", "rollout.num_ranks=2"}
     for launch, k in ((k0, 0), (k1, 1)):
         assert set(launch.overrides) == common | disaggregated | {f"rollout.max_staleness={k}"}
@@ -112,6 +118,18 @@ def test_summary_of_metrics_rows():
     assert out["modes"]["disaggregated_k1_partial"]["partial_samples"] == 5.0  # steps 2, 3: 4 and 6
     assert out["speedup_k1_partial_vs_k0"] == pytest.approx(550 / 3 / 100)
     assert set(k for k in out if k.startswith("speedup")) == {"speedup_k1_partial_vs_k0"}
+
+
+def test_trained_samples_per_second_ignore_answer_length():
+    """k1's answers are twice as long here: twice the tokens/s in the same step time, but the
+    same trained samples per second (kept groups x n_samples over the step times)."""
+    k0 = [{**r, "rollout/kept_groups": 4} for r in ROWS["disaggregated_k0"]]
+    k1 = [{**r, "rollout/kept_groups": 4, "timing/step_s": 2.0, "throughput/tokens_per_s": 200.0}
+          for r in ROWS["disaggregated_k0"]]
+    out = bench.summarize({"disaggregated_k0": k0, "disaggregated_k1": k1}, n_samples=8)
+    assert out["modes"]["disaggregated_k0"]["samples_per_s"] == 32 * 2 / 4.0  # steps 2, 3: 2 s each
+    assert (out["speedup_k1_vs_k0"], out["speedup_samples_k1_vs_k0"]) == (2.0, 1.0)
+    assert bench.summarize({"colocated": ROWS["colocated"]})["modes"]["colocated"]["samples_per_s"] is None
 
 
 def test_summary_needs_rows_past_the_first_step():

@@ -12,6 +12,12 @@ def test_hand_computed_examples():
     assert (e.prompt, e.answer, e.solution) == ("sum mod 10 of 9 2 7", "8", "9 1 8 Answer: 8")
     e = DigitTask(op="min", reasoning=True).example((5, 8, 2, 6))
     assert e.solution == "5 5 2 2 Answer: 2"
+    e = DigitTask(op="max", reasoning="work").example((3, 7, 1))
+    assert e.solution == "3 max(3,7)=7 max(7,1)=7 Answer: 7"
+    e = DigitTask(op="sum_mod10", reasoning="work").example((9, 2, 7))
+    assert e.solution == "9 9+2=1 1+7=8 Answer: 8"
+    # the warm-up's random steps keep the format: each step starts from the previous value
+    assert DigitTask(op="min", reasoning="work").solution((5, 8), answer="4", steps=[1, 2]) == "1 min(1,8)=2 Answer: 4"
 
 
 def test_generator_is_deterministic_and_respects_lengths():
@@ -35,6 +41,8 @@ def test_answers_cover_the_answer_space():
 def test_bad_settings_name_what_is_allowed():
     with pytest.raises(ValueError, match=r"op='avg' is not known; allowed: \['max', 'min', 'sum_mod10'\]"):
         DigitTask(op="avg")
+    with pytest.raises(ValueError, match=r"reasoning='long' is not known; allowed: \(False, True, 'work'\)"):
+        DigitTask(reasoning="long")
     with pytest.raises(ValueError, match="min_digits <= max_digits"):
         DigitTask(min_digits=4, max_digits=2)
     with pytest.raises(ValueError, match="allowed"):
