@@ -9,8 +9,9 @@ of its (denoised) window to the cross-machine median window. The Minder paper su
 machine's distances to all others; for Manhattan distance (which the paper reports did
 as well as Euclidean) the median is the point that sum is built around, and using it is
 O(machines) instead of O(machines^2), which is what keeps 1024 machines under a second.
-Scores are normalised across machines: (score - median) / spread, the spread being the
-larger of this window's robust spread and the metric's typical one over the call.
+Scores are normalised across machines: (score - median) / spread, the spread being this
+window's robust spread, at least the metric's typical one over the call and at most twice
+it (`peers.peer_spread`).
 
 Candidates: `mode="top1"` is the paper's rule (one machine per window: the top scorer of
 the first metric, in priority order, whose top scorer passes the threshold).
@@ -31,7 +32,7 @@ import numpy as np
 
 from .config import DetectConfig
 from .denoise import Denoiser, WindowMedian
-from .peers import intermittency_scores, level_scores, level_z, whole_step_span, window_means
+from .peers import intermittency_scores, level_scores, level_z, peer_spread, whole_step_span, window_means
 from .period import TimeScales, cycle_period, estimate_period, reported_period, step_average, time_scales
 from .trace import STEP_METRICS, Trace
 from .windows import (Grid, complete_trailing_mean, cut_windows, nanmedian, normalise, to_grid, window_layout,
@@ -89,12 +90,11 @@ def median_distance(rec: np.ndarray) -> np.ndarray:
 
 
 def normalise_scores(s: np.ndarray, min_machines: int) -> np.ndarray:
-    """(s - median) / spread across machines; s: [metrics, machines, windows]."""
+    """(s - median) / spread across machines (`peers.peer_spread`); s: [metrics, machines, windows]."""
     n = (~np.isnan(s)).sum(1, keepdims=True)
     med = nanmedian(s, axis=1, keepdims=True)
     mad = 1.4826 * nanmedian(np.abs(s - med), axis=1, keepdims=True)
-    typical = nanmedian(mad, axis=2, keepdims=True)  # the metric's usual spread
-    denom = np.fmax(mad, typical)
+    denom = peer_spread(mad)  # this window's spread, within [1, 2] x the metric's usual one
     with np.errstate(invalid="ignore", divide="ignore"):
         z = (s - med) / np.where(denom > 0, denom, np.nan)
     z[np.broadcast_to(n < min_machines, z.shape)] = np.nan
@@ -110,7 +110,7 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     if abs(grid.step_s - cfg.step_s) > 1e-9:
         raise ValueError(f"grid step {grid.step_s} s differs from DetectConfig.step_s {cfg.step_s} s")
     step_s, cycle_s = periods(grid, cfg)
-    scales = time_scales(cfg, step_s)
+    scales = time_scales(cfg, step_s, cycle_s)
     max_fill = int(cfg.max_fill_s / cfg.step_s)
     values = grid.values
     if scales.average_s:  # long steps: compare step means, where stage phases cancel
@@ -139,10 +139,11 @@ def periods(grid: Grid, cfg: DetectConfig) -> tuple[float | None, float | None]:
 
     The step period is the reported one, else the per-second cycle (without follow_step
     only a reported one, for the step metrics' continuity: then this is the detector with
-    fixed time constants). The cycle is what a whole-step level average must span."""
+    fixed time constants). The cycle is what an average over whole steps must span: the
+    whole-step level with short steps, the step average with long ones."""
     reported = reported_period(grid)
     short = reported is None or reported <= cfg.level_span_s / 2  # long steps: no whole-step level
-    need_cycle = (cfg.whole_step_level and short) or (cfg.follow_step and reported is None)
+    need_cycle = (cfg.whole_step_level and short) or cfg.follow_step
     cycle = cycle_period(grid) if need_cycle else None
     step = reported if reported is not None or not cfg.follow_step else cycle
     return step, cycle

@@ -53,12 +53,33 @@ def trailing_mean(x: np.ndarray, span: int) -> np.ndarray:
         return np.where(count > 0, total / count, np.nan).astype(np.float32)
 
 
+SPREAD_CAP = 2.0
+"""A window's own cross-machine spread may widen a z's denominator to at most this many
+times the metric's typical spread (docs/monitor.md, "Cycle-length step averages and a
+cap on the window spread")."""
+
+
+def peer_spread(mad: np.ndarray) -> np.ndarray:
+    """The denominator of a robust z from the per-window spreads mad [metrics, 1, windows]:
+    this window's spread, at least the metric's typical one (median over the call's
+    windows) and at most SPREAD_CAP times it.
+
+    Why a cap: with step-averaged metrics a job-wide event that is not periodic (a
+    checkpoint pause, the edge of a load change) separates pipeline stages for about a
+    step, and the healthy machines' spread grows 2-5x while a faulty machine's deviation
+    does not change; dividing by the whole of it hid sustained faults for a step and
+    broke their runs. Up to twice the typical spread still discounts a window in which
+    everyone is scattered."""
+    typical = nanmedian(mad, axis=2, keepdims=True)
+    return np.fmin(np.fmax(mad, typical), SPREAD_CAP * typical)
+
+
 def robust_z(s: np.ndarray, floor: float, min_machines: int) -> np.ndarray:
-    """(s - median) / max(MAD spread, metric's typical spread, floor) across machines;
-    s: [metrics, machines, windows]."""
+    """(s - median) / max(`peer_spread`, floor) across machines; s: [metrics, machines,
+    windows]."""
     med = nanmedian(s, axis=1, keepdims=True)
     mad = 1.4826 * nanmedian(np.abs(s - med), axis=1, keepdims=True)
-    denom = np.fmax(np.fmax(mad, nanmedian(mad, axis=2, keepdims=True)), floor)
+    denom = np.fmax(peer_spread(mad), floor)
     z = (s - med) / denom
     z[np.broadcast_to((~np.isnan(s)).sum(1, keepdims=True) < min_machines, z.shape)] = np.nan
     return z.astype(np.float32, copy=False)

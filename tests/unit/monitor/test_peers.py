@@ -3,7 +3,8 @@
 import numpy as np
 
 from megatron_rl.monitor.detect import DetectConfig, detect
-from megatron_rl.monitor.peers import intermittency_scores, level_scores, trailing_mean, whole_step_span
+from megatron_rl.monitor.peers import (SPREAD_CAP, intermittency_scores, level_scores, peer_spread, robust_z,
+                                      trailing_mean, whole_step_span)
 
 
 def test_trailing_mean_ignores_nans_and_starts_short():
@@ -49,3 +50,24 @@ def test_whole_step_span_takes_the_whole_number_of_steps_nearest_the_target():
     assert whole_step_span(32.0, 9.5) == 29  # 3 steps = 28.5 s
     assert whole_step_span(32.0, 40.0) == 40  # never less than one step
     assert whole_step_span(32.0, 8.0, step_s=2.0) == 16  # in samples
+
+
+def test_peer_spread_is_the_windows_own_spread_between_one_and_two_typical_spreads():
+    mad = np.array([[[1.0, 0.5, 1.0, 1.5, 5.0, 1.0, 0.8]]])  # typical (median over windows): 1.0
+    assert SPREAD_CAP == 2.0
+    np.testing.assert_allclose(peer_spread(mad), [[[1.0, 1.0, 1.0, 1.5, 2.0, 1.0, 1.0]]])
+
+
+def test_a_deviation_keeps_half_its_z_when_the_healthy_machines_scatter():
+    # 16 machines, 10 windows; in windows 6-7 the healthy machines split into two groups
+    # 8 typical spreads apart (pipeline stages after a job-wide pause, seen through a step
+    # average), and machine 0 sits 20 typical spreads below its peers throughout.
+    rng = np.random.default_rng(0)
+    s = rng.normal(0, 1, (1, 16, 10))
+    s[0, 8:, 6:8] += 8.0  # half the healthy machines move together
+    s[0, 0] -= 20.0
+    z = robust_z(s, 0.05, 3)
+    typical = np.median(1.4826 * np.median(np.abs(s - np.median(s, 1, keepdims=True)), 1))
+    # The scattered windows' own spread is ~4x typical; the cap keeps the divisor at 2x.
+    assert np.all(-z[0, 0, 6:8] > 20.0 / (2 * typical) - 2)
+    assert np.all(-z[0, 0, 6:8] > 6.5)

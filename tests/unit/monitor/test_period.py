@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from megatron_rl.monitor.config import DetectConfig
-from megatron_rl.monitor.period import (autocorrelation_period, estimate_period, step_average,
+from megatron_rl.monitor.period import (autocorrelation_period, average_span, estimate_period, step_average,
                                         time_scales)
 from megatron_rl.monitor.windows import Grid
 
@@ -153,3 +153,29 @@ def test_long_steps_are_step_averaged_not_given_whole_step_levels():
     step, cycle = periods(grid, cfg)
     assert step == pytest.approx(60.0, rel=0.04) and cycle == step
     assert whole_step_levels(np.zeros((3, 16, 900), np.float32), cfg, time_scales(cfg, step), cycle) is None
+
+
+def test_the_step_average_spans_the_metrics_own_cycle_when_it_is_the_same_step():
+    assert average_span(62.4, 60.0) == 60.0  # the reported median step a few per cent long
+    assert average_span(60.0, None) == 60.0  # no clear cycle: the reported step
+    assert average_span(60.0, 30.0) == 60.0  # half a step (or a sub-step cycle) is not the step
+    assert average_span(60.0, 120.0) == 60.0
+    cfg = DetectConfig()
+    s = time_scales(cfg, 62.4, 60.0)
+    assert (s.average_s, s.continuity_s) == (60.0, 4 * 62.4)  # continuity still counts reported steps
+    assert s.intermittency_span_s == 180.0 + 3 * 60.0
+    assert time_scales(cfg, 8.0, 8.1).average_s == 0.0  # short steps are not averaged
+
+
+def test_a_reported_step_four_percent_long_still_averages_whole_cycles():
+    # Four pipeline stages 15 s apart, 60 s steps; the trainer's step times say 62.4 s.
+    from megatron_rl.monitor.detect import detect
+
+    grid = stepping_grid(period=60.0, machines=16, stages=4, noise=0.0, jitter=0.0, seed=4)
+    step = np.full((1, 16, 900), 62.4, np.float32)
+    both = Grid(np.concatenate([grid.values, step]), METRICS + ["step_time"], grid.machines, 0.0)
+    scales = detect(both, DetectConfig()).scores.scales
+    assert scales.period_s == pytest.approx(62.4) and scales.average_s == pytest.approx(60.0, rel=0.01)
+    # Healthy machines' step means of GPU power: spread by the stages over 62 s, not over 60 s.
+    power = lambda span: step_average(grid.values, span, 3, METRICS)[2, :, 120:]  # noqa: E731
+    assert np.ptp(power(60), axis=0).max() < 0.25 * np.ptp(power(62), axis=0).max()
