@@ -32,7 +32,7 @@ import numpy as np
 
 from .config import DetectConfig
 from .denoise import Denoiser, WindowMedian
-from .peers import intermittency_scores, level_scores, level_z, peer_spread, whole_step_span, window_means
+from .peers import intermittency_scores, level_scores, level_z, robust_z, whole_step_span, window_means
 from .period import TimeScales, cycle_period, estimate_period, reported_period, step_average, time_scales
 from .trace import STEP_METRICS, Trace
 from .windows import (Grid, complete_trailing_mean, cut_windows, nanmedian, normalise, to_grid, window_layout,
@@ -89,18 +89,6 @@ def median_distance(rec: np.ndarray) -> np.ndarray:
     return np.abs(d, out=d).mean(-2)  # NaN columns stay NaN
 
 
-def normalise_scores(s: np.ndarray, min_machines: int) -> np.ndarray:
-    """(s - median) / spread across machines (`peers.peer_spread`); s: [metrics, machines, windows]."""
-    n = (~np.isnan(s)).sum(1, keepdims=True)
-    med = nanmedian(s, axis=1, keepdims=True)
-    mad = 1.4826 * nanmedian(np.abs(s - med), axis=1, keepdims=True)
-    denom = peer_spread(mad)  # this window's spread, within [1, 2] x the metric's usual one
-    with np.errstate(invalid="ignore", divide="ignore"):
-        z = (s - med) / np.where(denom > 0, denom, np.nan)
-    z[np.broadcast_to(n < min_machines, z.shape)] = np.nan
-    return z.astype(np.float32, copy=False)
-
-
 def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
                denoiser: Denoiser | WindowMedian | None = None) -> Scores:
     """Normalised dissimilarity of every machine, metric and window of a grid.
@@ -119,7 +107,7 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     win = cut_windows(resid, cfg.window, cfg.stride)  # [metrics, machines, windows, window]
     rec = denoised_windows(win, grid.metrics, denoiser)  # [metrics, windows, window, machines]
     s = median_distance(rec).transpose(0, 2, 1)  # [metrics, machines, windows]
-    z = normalise_scores(s, cfg.min_machines)
+    z = robust_z(s, 0.0, cfg.min_machines)  # the window score: no floor
     if cfg.peer_scores:
         levels = whole_step_levels(resid, cfg, scales, cycle_s)
         peer = peer_scores(win, cfg, scales.intermittency_span_s, levels)

@@ -76,11 +76,13 @@ def peer_spread(mad: np.ndarray) -> np.ndarray:
 
 def robust_z(s: np.ndarray, floor: float, min_machines: int) -> np.ndarray:
     """(s - median) / max(`peer_spread`, floor) across machines; s: [metrics, machines,
-    windows]."""
+    windows]. NaN where that spread is 0 (floor 0: the window score) or fewer than
+    `min_machines` machines have a score."""
     med = nanmedian(s, axis=1, keepdims=True)
     mad = 1.4826 * nanmedian(np.abs(s - med), axis=1, keepdims=True)
     denom = np.fmax(peer_spread(mad), floor)
-    z = (s - med) / denom
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = (s - med) / np.where(denom > 0, denom, np.nan)
     z[np.broadcast_to((~np.isnan(s)).sum(1, keepdims=True) < min_machines, z.shape)] = np.nan
     return z.astype(np.float32, copy=False)
 

@@ -71,3 +71,15 @@ def test_a_deviation_keeps_half_its_z_when_the_healthy_machines_scatter():
     # The scattered windows' own spread is ~4x typical; the cap keeps the divisor at 2x.
     assert np.all(-z[0, 0, 6:8] > 20.0 / (2 * typical) - 2)
     assert np.all(-z[0, 0, 6:8] > 6.5)
+
+
+def test_robust_z_without_a_floor_is_nan_where_nobody_spreads():
+    """The window score's z (floor 0): where every machine has the same score in every
+    window (no spread, no typical spread) there is no z, rather than inf or 0/0 warnings;
+    with the level's floor of 0.05 the same scores give z 0. Too few machines: none."""
+    s = np.full((1, 4, 3), 2.0)
+    s[0, 3, 1] = 9.0  # one machine off in one window: the MAD is still 0
+    assert np.isnan(robust_z(s, 0.0, 3)).all()
+    np.testing.assert_allclose(robust_z(s, 0.05, 3)[0, :, 0], 0.0)
+    assert robust_z(s, 0.05, 3)[0, 3, 1] == np.float32(7.0 / 0.05)
+    assert np.isnan(robust_z(s, 0.05, 5)).all()  # 4 machines < min_machines 5
