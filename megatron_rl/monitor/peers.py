@@ -69,9 +69,12 @@ def peer_spread(mad: np.ndarray) -> np.ndarray:
     step, and the healthy machines' spread grows 2-5x while a faulty machine's deviation
     does not change; dividing by the whole of it hid sustained faults for a step and
     broke their runs. Up to twice the typical spread still discounts a window in which
-    everyone is scattered."""
+    everyone is scattered. A metric with no typical spread (identical on every machine in
+    most windows, as pause-frame counters of a healthy job are) has nothing to cap by: its
+    windows keep their own spread, as before the cap, instead of a zero divisor."""
     typical = nanmedian(mad, axis=2, keepdims=True)
-    return np.fmin(np.fmax(mad, typical), SPREAD_CAP * typical)
+    cap = np.where(typical > 0, SPREAD_CAP * typical, np.inf)
+    return np.fmin(np.fmax(mad, typical), cap)
 
 
 def robust_z(s: np.ndarray, floor: float, min_machines: int) -> np.ndarray:

@@ -83,3 +83,15 @@ def test_robust_z_without_a_floor_is_nan_where_nobody_spreads():
     np.testing.assert_allclose(robust_z(s, 0.05, 3)[0, :, 0], 0.0)
     assert robust_z(s, 0.05, 3)[0, 3, 1] == np.float32(7.0 / 0.05)
     assert np.isnan(robust_z(s, 0.05, 5)).all()  # 4 machines < min_machines 5
+
+
+def test_a_metric_with_no_typical_spread_keeps_each_windows_own_spread():
+    """Scores equal on every machine in most windows (typical spread 0): the window where
+    they differ is scored against its own spread, not lost to a cap of 2 x 0."""
+    mad = np.array([[[0.0, 0.0, 3.0, 0.0, 0.0]]])
+    np.testing.assert_array_equal(peer_spread(mad), mad)
+    s = np.zeros((1, 4, 5))
+    s[0, :, 2] = [1.0, 2.0, 3.0, 10.0]  # median 2.5, MAD 1.0 -> spread 1.4826
+    z = robust_z(s, 0.0, 3)
+    np.testing.assert_allclose(z[0, :, 2], (np.array([1.0, 2.0, 3.0, 10.0]) - 2.5) / 1.4826, rtol=1e-6)
+    assert np.isnan(z[0, :, [0, 1, 3, 4]]).all()  # no spread at all there: no z
