@@ -8,7 +8,9 @@ partial rollouts.
     python tools/bench_async.py --train-ranks 2 --rollout-ranks 2 --dir runs/bench-async-w4
 
 Runs `megatron-rl bench async` in its own process (it launches one trainer run per mode with
-torchrun) and prints a markdown table (docs/benchmarks.md keeps the measured one).
+torchrun) and prints a markdown table (docs/benchmarks.md keeps the measured one). Every
+option but --json goes to the bench as given, with the bench's defaults (its options:
+`megatron-rl bench async --help`).
 """
 
 import argparse
@@ -23,25 +25,9 @@ def _fmt(value, spec: str) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", default="8")
-    p.add_argument("--train-ranks", default="1")
-    p.add_argument("--rollout-ranks", default="1")
-    p.add_argument("--prompts-per-step", default="64")
-    p.add_argument("--n-samples", default="8")
-    p.add_argument("--max-new-tokens", default="16")
-    p.add_argument("--task", default="digits_max")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run")
-    p.add_argument("--partial-chunk-tokens", default="32")
-    p.add_argument("--modes", default="colocated,disaggregated_k0,disaggregated_k1,disaggregated_k1_partial")
-    p.add_argument("--dir", default="runs/bench-async")
     p.add_argument("--json", default="bench_async.json")
-    args = p.parse_args()
-    print_table(run_bench("async", [
-        "--steps", args.steps, "--train-ranks", args.train_ranks, "--rollout-ranks", args.rollout_ranks,
-        "--prompts-per-step", args.prompts_per_step, "--n-samples", args.n_samples,
-        "--max-new-tokens", args.max_new_tokens, "--task", args.task,
-        "--partial-chunk-tokens", args.partial_chunk_tokens, "--modes", args.modes, "--dir", args.dir,
-        *[a for kv in args.set for a in ("--set", kv)]], args.json))
+    args, bench_options = p.parse_known_args()
+    print_table(run_bench("async", bench_options, args.json))
     return 0
 
 

@@ -112,6 +112,8 @@ class Launch:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
+    from megatron_rl.config.schema import RolloutConfig
+
     p = sub.add_parser("async", help="colocated vs disaggregated rollouts at max_staleness 0 and 1, and 1 with "
                                      "partial rollouts (launches torchrun)",
                        description=__doc__.split("\n\n")[0], epilog=EPILOG,
@@ -127,7 +129,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override for every run, after the bench's own (repeatable; e.g. "
                         "trainer.seq_length=112 for a task whose prompt and answer need it)")
-    p.add_argument("--partial-chunk-tokens", type=positive, default=32, help="rollout.partial_chunk_tokens")
+    p.add_argument("--partial-chunk-tokens", type=positive, default=RolloutConfig.partial_chunk_tokens,
+                   help="rollout.partial_chunk_tokens (default: the config's)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {', '.join(MODES)}")
     p.add_argument("--seed", type=int, default=1234, help="trainer.seed of every run")
     p.add_argument("--dir", type=Path, default=Path("runs/bench-async"),
@@ -198,15 +201,16 @@ def _mean(rows: Sequence[dict], key: str) -> Optional[float]:
     return statistics.fmean(values) if values else None
 
 
-def summarize_mode(rows: Sequence[dict], first_step: int = FIRST_STEP, n_samples: int = 1) -> dict:
+def summarize_mode(rows: Sequence[dict], first_step: int = FIRST_STEP, n_samples: Optional[int] = None) -> dict:
     """One run's numbers from its metrics.jsonl rows; means over steps >= ``first_step``.
     Keys a placement does not log (colocated: no overlap, idle or staleness) are None.
     ``rollout_s`` is the step's rollout phase as the training ranks saw it (colocated: generating
     and scoring; disaggregated: waiting for the batch and scoring it). ``rollout_idle_s`` is
     the trainer's metric (the rollout ranks' waits for commands since their previous
     generation); ``rollout_busy_fraction`` is the share of the timed steps they spent generating.
-    ``samples_per_s`` counts trained samples (``rollout/kept_groups`` x ``n_samples``): unlike
-    tokens/s it does not move when one mode's policy drifts to longer or shorter answers."""
+    ``samples_per_s`` counts trained samples (``rollout/kept_groups`` x ``n_samples``; None
+    without ``n_samples``): unlike tokens/s it does not move when one mode's policy drifts to
+    longer or shorter answers."""
     timed = [r for r in rows if r["step"] >= first_step]
     if not timed:
         raise ValueError(f"no metrics rows from step {first_step} on (steps logged: {[r['step'] for r in rows]})")
@@ -218,7 +222,7 @@ def summarize_mode(rows: Sequence[dict], first_step: int = FIRST_STEP, n_samples
     return {
         "steps": len(rows), "timed_steps": len(timed),
         "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-        "samples_per_s": sum(kept) * n_samples / seconds if len(kept) == len(timed) else None,
+        "samples_per_s": sum(kept) * n_samples / seconds if n_samples and len(kept) == len(timed) else None,
         "step_s": _mean(timed, "timing/step_s"), "train_s": _mean(timed, "timing/train_s"),
         "rollout_s": _mean(timed, "timing/rollout_s"),
         "generation_s": _mean(timed, "timing/generation_s"),
@@ -232,7 +236,8 @@ def summarize_mode(rows: Sequence[dict], first_step: int = FIRST_STEP, n_samples
     }
 
 
-def summarize(rows_by_mode: dict[str, Sequence[dict]], first_step: int = FIRST_STEP, n_samples: int = 1) -> dict:
+def summarize(rows_by_mode: dict[str, Sequence[dict]], first_step: int = FIRST_STEP,
+              n_samples: Optional[int] = None) -> dict:
     """Per-mode numbers and the ratios between the modes run: tokens/s (``speedup_<a>_vs_<b>``)
     and trained samples/s (``speedup_samples_<a>_vs_<b>``)."""
     modes = {mode: summarize_mode(rows, first_step, n_samples) for mode, rows in rows_by_mode.items()}

@@ -129,6 +129,7 @@ def test_trained_samples_per_second_ignore_answer_length():
     out = bench.summarize({"disaggregated_k0": k0, "disaggregated_k1": k1}, n_samples=8)
     assert out["modes"]["disaggregated_k0"]["samples_per_s"] == 32 * 2 / 4.0  # steps 2, 3: 2 s each
     assert (out["speedup_k1_vs_k0"], out["speedup_samples_k1_vs_k0"]) == (2.0, 1.0)
+    assert bench.summarize({"disaggregated_k0": k0})["modes"]["disaggregated_k0"]["samples_per_s"] is None  # no n_samples
     assert bench.summarize({"colocated": ROWS["colocated"]})["modes"]["colocated"]["samples_per_s"] is None
 
 
