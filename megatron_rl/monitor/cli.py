@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .actions import append_exclude, format_alerts, write_alerts
 from .detect import DetectConfig, detect
-from .trace import TraceError, read_trace, validate, write_trace
+from .trace import TraceError, check_strict, read_trace, validate, write_trace
 
 BAD_INPUT = 2
 
@@ -66,6 +66,8 @@ def cmd_detect(args) -> int:
                                                "window_s": args.window_s, "mode": args.mode})
         trace = read_trace(args.trace)
         report = validate(trace)
+        if args.strict:
+            check_strict(trace, where=str(args.trace))
         denoiser, model = _load_model(args.model)
     except (TraceError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -169,6 +171,9 @@ def add_monitor_subcommands(subparsers) -> None:
     p.add_argument("--window-s", type=float)
     p.add_argument("--mode", choices=("any", "top1"))
     p.add_argument("--exclude-file", help="append declared hostnames here (Slurm requeue)")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse non-canonical metric names and time going back within a series "
+                        "(by default both are counted and tolerated)")
     p.set_defaults(func=cmd_detect)
 
     p = subparsers.add_parser("eval", help="precision/recall/F1 on synthetic traces vs baselines")

@@ -11,6 +11,7 @@ or leaving) are counted in a `TraceReport` instead.
 from __future__ import annotations
 
 import csv
+import difflib
 import math
 import os
 import tempfile
@@ -169,7 +170,8 @@ class TraceReport:
                   ("duplicate rows (averaged)", self.duplicates)]
         out += [f"{name}: {n}" for name, n in counts if n]
         if self.unknown_metrics:
-            out.append("non-canonical metrics (lowest priority): " + ", ".join(self.unknown_metrics))
+            out.append("non-canonical metrics (lowest priority): "
+                       + ", ".join(name + _did_you_mean(name) for name in self.unknown_metrics))
         if self.missing_metrics:
             out.append("priority metrics absent: " + ", ".join(self.missing_metrics))
         for metric, n in self.partial_metrics.items():
@@ -221,6 +223,39 @@ def validate(trace: Trace, presence_tolerance_s: float = 5.0) -> TraceReport:
         if last[i] < rep.end - presence_tolerance_s:
             rep.left[name] = float(last[i])
     return rep
+
+
+def _did_you_mean(name: str) -> str:
+    close = difflib.get_close_matches(name, CANONICAL_METRICS, n=1, cutoff=0.8)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def check_strict(trace: Trace, where: str = "trace") -> None:
+    """Raise TraceError on the first defect `validate` only counts and `detect --strict`
+    refuses: a metric name that is not canonical, or time going back within one machine's
+    series of a metric.
+
+    Both are tolerated by default because they are common and harmless in real traces (a
+    site's own metrics; a clock stepped back by NTP, a file concatenated from parts). A
+    pipeline that writes its own traces knows it has neither, and there a typo such as
+    `gpu_dutycycle` would otherwise be scored last under its own name while the metric
+    it meant goes missing, and a reordering bug would be averaged away unseen.
+    """
+    unknown = sorted(set(trace.metrics) - set(CANONICAL_METRICS))
+    if unknown:
+        name = unknown[0]
+        raise TraceError(f"{where}: unknown metric {name!r}{_did_you_mean(name)}; allowed: "
+                         f"{', '.join(CANONICAL_METRICS)} (without --strict, other names are scored last)")
+    series = trace.metric_idx.astype(np.int64) * len(trace.machines) + trace.machine_idx
+    order = np.argsort(series, kind="stable")  # file order within each series
+    ts = trace.timestamps[order]
+    back = np.flatnonzero((np.diff(ts) < 0) & (series[order][1:] == series[order][:-1]))
+    if back.size:
+        j = order[back[0] + 1]
+        raise TraceError(f"{where}: time goes back in machine {trace.machines[trace.machine_idx[j]]!r}, metric "
+                         f"{trace.metrics[trace.metric_idx[j]]!r}: {ts[back[0] + 1]:g} s after "
+                         f"{ts[back[0]]:g} s; with --strict each machine's series of a metric must be "
+                         f"in time order (without it, rows are sorted and counted)")
 
 
 # ----------------------------------------------------------------------------- reading

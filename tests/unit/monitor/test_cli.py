@@ -52,6 +52,19 @@ def test_bad_input_exits_2_with_the_reason(tmp_path, capsys):
     assert "unknown key(s) window" in err and "window_s" in err
 
 
+def test_strict_turns_an_unknown_metric_into_exit_2_before_any_detection(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("timestamp,machine,metric,value\n0,a,cpu_util,1\n0,b,cpu_util,1\n0,a,cpu_utl,3\n")
+    out = tmp_path / "a.jsonl"
+    assert main(["detect", "--trace", str(trace), "--out", str(out), "--model", "none"]) == 0  # tolerated
+    capsys.readouterr()
+    out.unlink()
+    assert main(["detect", "--trace", str(trace), "--out", str(out), "--model", "none", "--strict"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {trace}: unknown metric 'cpu_utl' (did you mean cpu_util?)")
+    assert "\n" not in err and not out.exists()
+
+
 def test_config_file_is_applied(tmp_path, make_grid):
     trace = tmp_path / "trace.csv"
     grid_to_csv(make_grid(machines=8, duration=400, faults=[(6, "gpu_power", 50, 400, -9.0)]), trace)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from megatron_rl.monitor.trace import (PRIORITY_METRICS, CsvTraceWriter, Trace, TraceError,
+from megatron_rl.monitor.trace import (PRIORITY_METRICS, CsvTraceWriter, Trace, TraceError, check_strict,
                                        metric_order, read_trace, validate, write_trace)
 
 HEADER = "timestamp,machine,metric,value\n"
@@ -133,3 +133,26 @@ def test_streaming_writer_appends_with_one_header(tmp_path):
 def test_a_file_grouped_by_metric_is_not_out_of_order(tmp_path):
     body = "0,a,cpu_util,1\n1,a,cpu_util,1\n0,a,gpu_power,2\n1,a,gpu_power,2\n"
     assert validate(read_trace(write(tmp_path, HEADER + body))).out_of_order == 0
+
+
+def test_strict_refuses_an_unknown_metric_and_suggests_the_close_name(tmp_path):
+    tr = read_trace(write(tmp_path, HEADER + "0,a,cpu_util,1\n0,a,gpu_dutycycle,5\n"))
+    with pytest.raises(TraceError) as e:
+        check_strict(tr, where="t.csv")
+    msg = str(e.value)
+    assert msg.startswith("t.csv: unknown metric 'gpu_dutycycle' (did you mean gpu_duty_cycle?)")
+    assert "allowed: pfc_tx_packets" in msg and "\n" not in msg
+    assert "non-canonical metrics (lowest priority): gpu_dutycycle (did you mean gpu_duty_cycle?)" \
+        in "\n".join(validate(tr).lines())
+
+
+def test_strict_names_the_first_series_that_goes_back_in_time(tmp_path):
+    body = "0,a,cpu_util,1\n5,a,gpu_power,1\n3,b,cpu_util,1\n2,b,cpu_util,1\n9,a,cpu_util,1\n"
+    tr = read_trace(write(tmp_path, HEADER + body))
+    with pytest.raises(TraceError, match=r"time goes back in machine 'b', metric 'cpu_util': 2 s after 3 s"):
+        check_strict(tr)
+
+
+def test_strict_accepts_a_canonical_trace_in_order_and_one_grouped_by_metric(tmp_path):
+    body = "0,a,cpu_util,1\n1,a,cpu_util,1\n0,a,gpu_power,2\n1,a,gpu_power,2\n0,b,step_time,7\n"
+    check_strict(read_trace(write(tmp_path, HEADER + body)))  # raises nothing
