@@ -64,6 +64,15 @@ class DetectConfig:
     continuity_steps: float = 4.0
     """With follow_step, a run needs max(continuity_s, this many steps) of candidacy
     (chosen on the tuning seeds with 40-90 s steps among 2-5; docs/monitor.md)."""
+    recurrence_s: float = 480.0
+    """A second way to be declared, for intermittent faults too weak to hold a run: a
+    machine that was the candidate in at least recurrence_fraction of its scored windows
+    over the last recurrence_s (at least 90 % of them scored). Off (0) with step-averaged
+    metrics, whose windows within a step are not independent (docs/monitor.md)."""
+    recurrence_fraction: float = 0.5
+    """See recurrence_s. With 0.5 over 480 s (30 of 60 windows), a healthy machine's
+    transient slowdowns (a candidate for the slowdown plus up to half a minute of the
+    level's smear) must come three or four times in eight minutes to be declared."""
 
     def __post_init__(self):
         checks = [
@@ -77,6 +86,8 @@ class DetectConfig:
             (0 < self.min_fraction <= 1, "min_fraction must be in (0, 1]"),
             (self.straggler_steps >= 1, "straggler_steps must be >= 1"),
             (self.continuity_steps >= 0, "continuity_steps must be >= 0"),
+            (self.recurrence_s >= 0, "recurrence_s must be >= 0 (0: off)"),
+            (0 < self.recurrence_fraction <= 1, "recurrence_fraction must be in (0, 1]"),
             (self.min_machines >= 3, "min_machines must be >= 3 (two machines cannot outvote each other)"),
         ]
         for ok, msg in checks:
