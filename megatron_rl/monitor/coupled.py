@@ -629,7 +629,11 @@ def add_collection_noise(values: np.ndarray, metrics: list[str], cfg: CoupledCon
 def generate_coupled(cfg: CoupledConfig) -> SynthTrace:
     """A 1 Hz trace of the simulated job and the label of its fault (if any)."""
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence([cfg.seed, 0xC0B1ED]).spawn(6)]
-    machines_rng, job_rng, distractor_rng, fault_rng, step_rng, noise_rng = streams
+    machines_rng, job_rng, distractor_rng, _, step_rng, noise_rng = streams
+    # Each kind draws its machine, start and strength from its own stream, so one seed's
+    # faults of different kinds do not all hit the same machine at the same second.
+    kind_index = COUPLED_FAULT_KINDS.index(cfg.fault) + 1 if cfg.fault else 0
+    fault_rng = np.random.default_rng([cfg.seed, 0xC0B1ED, 0xFA, kind_index])
     tl = Timeline(origin=-WARMUP_S, ticks=int(round((cfg.duration_s + WARMUP_S + 4.0) / TICK_S)))
     mach = draw_machines(cfg.machines, machines_rng)
     job = draw_job(cfg, job_rng)
