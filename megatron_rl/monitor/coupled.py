@@ -150,6 +150,7 @@ class CoupledConfig:
 
     @property
     def with_step_metrics(self) -> bool:
+        """A straggler is what step metrics exist to show, so its traces always carry them."""
         return self.step_metrics or self.fault == "straggler_slow"
 
 
@@ -201,7 +202,8 @@ class Fault:
 def draw_fault(cfg: CoupledConfig, rng: np.random.Generator) -> Fault | None:
     """Where, when and how strong. Strengths: link and NIC at 40-60 % of peers, a
     straggler at 0.75-0.85x, thermal throttling to 0.62-0.75x with a 2-5 minute time
-    constant, CPU saturation and PFC storm fixed in `_apply_fault_*`."""
+    constant. CPU saturation and the PFC storm have fixed effects (`Factors.of`,
+    `apply_fault_activity`, `sample_chunk`); a flapping GPU is gone 16-24 s, back 16-24 s."""
     if cfg.fault is None:
         return None
     d = cfg.duration_s
