@@ -19,6 +19,8 @@ from .detect import DetectConfig, detect
 from .trace import TraceError, check_strict, read_trace, validate, write_trace
 
 BAD_INPUT = 2
+GENERATOR_NAMES = ("synth", "coupled")
+"""Trace generators (`evaluate.GENERATORS`), listed here so the parser needs no import of them."""
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -127,10 +129,10 @@ def cmd_eval(args) -> int:
     plan = EvalPlan(
         tune=EvalConfig(seed=args.tune_seed, machines=args.tune_machines, faulty_per_cell=args.tune_faulty,
                         fault_free_per_size=args.tune_fault_free, distractors=args.distractors,
-                        step_metrics=args.step_metrics, **extra),
+                        step_metrics=args.step_metrics, generator=args.generator, **extra),
         test=EvalConfig(seed=args.seed, machines=args.machines, faulty_per_cell=args.faulty,
                         fault_free_per_size=args.fault_free, distractors=args.distractors,
-                        step_metrics=args.step_metrics, **extra),
+                        step_metrics=args.step_metrics, generator=args.generator, **extra),
         timing_machines=args.timing, only=tuple(args.only or ()), threshold=args.threshold)
     if plan.tune.seed + 1000 > plan.test.seed and plan.test.seed + 1000 > plan.tune.seed:
         print("warning: tuning and test seeds are within 1000 of each other and may overlap", file=sys.stderr)
@@ -145,10 +147,15 @@ def cmd_eval(args) -> int:
 
 
 def cmd_synth(args) -> int:
+    from .coupled import CoupledConfig, generate_coupled
     from .synth import SynthConfig, generate
     try:
-        st = generate(SynthConfig(machines=args.machines, seed=args.seed, fault=args.fault,
-                                  duration_s=args.duration_s, step_metrics=args.step_metrics))
+        if args.generator == "coupled":
+            st = generate_coupled(CoupledConfig(machines=args.machines, seed=args.seed, fault=args.fault,
+                                                duration_s=args.duration_s, step_metrics=args.step_metrics))
+        else:
+            st = generate(SynthConfig(machines=args.machines, seed=args.seed, fault=args.fault,
+                                      duration_s=args.duration_s, step_metrics=args.step_metrics))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return BAD_INPUT
@@ -193,12 +200,15 @@ def add_monitor_subcommands(subparsers) -> None:
     p.add_argument("--mode", choices=("any", "top1"), default="any")
     p.add_argument("--continuity-s", type=float, default=DetectConfig.continuity_s)
     p.add_argument("--only", nargs="*", help="evaluate methods whose name contains these")
+    p.add_argument("--generator", choices=GENERATOR_NAMES, default="synth",
+                   help="trace generator (coupled: the independent step-schedule simulation)")
     p.add_argument("--distractors", action="store_true",
-                   help="harder traces: job-wide load changes, pipeline phases, sensor spikes")
+                   help="harder synth traces: job-wide load changes, pipeline phases, sensor spikes "
+                        "(coupled traces always carry their own)")
     p.add_argument("--step-metrics", action="store_true",
                    help="every trace carries step and section times (straggler traces always do)")
     p.add_argument("--step-period", type=_ints, help="range of the step length in s, e.g. 40,90 (default 6,12)")
-    p.add_argument("--kinds", nargs="*", help="fault kinds to evaluate (default: all)")
+    p.add_argument("--kinds", nargs="*", help="fault kinds to evaluate (default: all of the generator's)")
     p.add_argument("--threshold", type=float, help="use this threshold for every method; skip tuning")
     p.add_argument("--threads", type=int, default=1, help="torch threads (timings are for 1)")
     p.add_argument("--out", help="write the report as JSON here (and .md beside it)")
@@ -219,6 +229,7 @@ def add_monitor_subcommands(subparsers) -> None:
     p = subparsers.add_parser("synth", help="write a synthetic trace (and its fault labels)")
     p.add_argument("--out", required=True, help="trace file (.csv or .parquet)")
     p.add_argument("--machines", type=int, default=16)
+    p.add_argument("--generator", choices=GENERATOR_NAMES, default="synth", help="trace generator")
     p.add_argument("--fault", default=None, help="fault kind (default: fault-free)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--duration-s", type=int, default=900)

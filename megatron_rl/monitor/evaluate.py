@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from .baseline import mahalanobis_scores, zscore_scores
+from .coupled import COUPLED_FAULT_KINDS, CoupledConfig, generate_coupled
 from .denoise import Denoiser, DenoiserConfig, WindowMedian, train_denoiser
 from .detect import Alert, DetectConfig, Scores, declare, score_grid
 from .synth import FAULT_KINDS, SynthConfig, SynthTrace, generate
@@ -28,7 +29,8 @@ from .windows import Grid, normal_windows
 class EvalConfig:
     """Which synthetic traces to evaluate on."""
 
-    kinds: tuple[str, ...] = FAULT_KINDS
+    kinds: tuple[str, ...] | None = None
+    """Fault kinds to generate; None: all of the generator's kinds."""
     machines: tuple[int, ...] = (8, 32, 128)
     faulty_per_cell: int = 4
     """Faulty traces per (fault kind, machine count)."""
@@ -43,21 +45,59 @@ class EvalConfig:
     """Every trace also carries step and section times (`straggler` traces always do), so
     fault-free traces measure the false alarms they add."""
     step_period_s: tuple[float, float] = (6.0, 12.0)
-    """`SynthConfig.step_period_s` of every trace."""
+    """`step_period_s` of every trace."""
+    generator: str = "synth"
+    """Which generator builds the traces: a key of GENERATORS."""
 
-    def scenarios(self) -> list[SynthConfig]:
+    def __post_init__(self) -> None:
+        if self.generator not in GENERATORS:
+            raise ValueError(f"generator: {self.generator!r}; allowed: {', '.join(GENERATORS)}")
+        if self.kinds is None:
+            object.__setattr__(self, "kinds", GENERATORS[self.generator].kinds)
+
+    def scenarios(self) -> list:
+        make = GENERATORS[self.generator].config
         out = []
         for n in self.machines:
             for j in range(self.fault_free_per_size):
-                out.append(SynthConfig(machines=n, seed=self.seed + j, duration_s=self.duration_s,
-                                       distractors=self.distractors, step_metrics=self.step_metrics,
-                                       step_period_s=self.step_period_s))
+                out.append(make(self, n, self.seed + j, None))
             for kind in self.kinds:
                 for j in range(self.faulty_per_cell):
-                    out.append(SynthConfig(machines=n, seed=self.seed + j, fault=kind, duration_s=self.duration_s,
-                                           distractors=self.distractors, step_metrics=self.step_metrics,
-                                       step_period_s=self.step_period_s))
+                    out.append(make(self, n, self.seed + j, kind))
         return out
+
+    def generate(self, config) -> SynthTrace:
+        return GENERATORS[self.generator].generate(config)
+
+
+def _synth_config(ec: EvalConfig, machines: int, seed: int, fault: str | None) -> SynthConfig:
+    return SynthConfig(machines=machines, seed=seed, fault=fault, duration_s=ec.duration_s,
+                       distractors=ec.distractors, step_metrics=ec.step_metrics, step_period_s=ec.step_period_s)
+
+
+def _coupled_config(ec: EvalConfig, machines: int, seed: int, fault: str | None) -> CoupledConfig:
+    """Coupled traces always carry their own distractors (they are part of its model), so
+    `ec.distractors` does not apply."""
+    return CoupledConfig(machines=machines, seed=seed, fault=fault, duration_s=ec.duration_s,
+                         step_metrics=ec.step_metrics, step_period_s=tuple(ec.step_period_s))
+
+
+@dataclass(frozen=True)
+class Generator:
+    """A trace generator as the evaluation sees it: its fault kinds, how an EvalConfig
+    becomes one trace's config, and the function that builds the trace."""
+
+    kinds: tuple[str, ...]
+    config: Callable[[EvalConfig, int, int, str | None], object]
+    generate: Callable[[object], SynthTrace]
+
+
+GENERATORS = {
+    "synth": Generator(FAULT_KINDS, _synth_config, generate),
+    "coupled": Generator(COUPLED_FAULT_KINDS, _coupled_config, generate_coupled),
+}
+ALL_KINDS = tuple(dict.fromkeys(k for g in GENERATORS.values() for k in g.kinds))
+"""Every generator's kinds, for tallies and report rows (kinds without faults are skipped)."""
 
 
 @dataclass
@@ -89,7 +129,7 @@ def methods(denoiser: Denoiser | None, cfg: DetectConfig = DetectConfig()) -> li
 class Outcome:
     """One trace: its labels and, per (method, threshold), the alerts declared."""
 
-    config: SynthConfig
+    config: SynthConfig | CoupledConfig
     labels: list
     alerts: dict[tuple[str, float], list[Alert]]
 
@@ -101,7 +141,7 @@ def run_all(ms: list[Method], ec: EvalConfig, thresholds: dict[str, tuple[float,
     out = []
     scen = ec.scenarios()
     for j, sc in enumerate(scen):
-        st: SynthTrace = generate(sc)
+        st: SynthTrace = ec.generate(sc)
         alerts = {}
         for m in ms:
             scores = m.score(st.grid)
@@ -143,7 +183,7 @@ class Tally:
 def tally(outcomes: list[Outcome], name: str, threshold: float) -> dict:
     """Per-kind tallies ("fault-free" holds the false alarms of fault-free traces) plus
     the machine-hours of fault-free traces under "machine_hours"."""
-    out: dict = {k: Tally() for k in ("fault-free",) + FAULT_KINDS}
+    out: dict = {k: Tally() for k in ("fault-free",) + ALL_KINDS}
     hours = 0.0
     for o in outcomes:
         out[o.config.fault or "fault-free"].add(o.alerts[(name, float(threshold))], o.labels)
@@ -199,7 +239,7 @@ def train_synthetic_denoiser(seed: int = 100, traces: int = 4, machines: int = 6
 def report_rows(t: dict) -> list[dict]:
     """One row per fault kind plus the overall row, ready for a table or JSON."""
     rows = []
-    for kind in FAULT_KINDS + ("overall",):
+    for kind in ALL_KINDS + ("overall",):
         v = overall(t) if kind == "overall" else t[kind]
         if kind == "overall" or v.tp + v.fn:
             p, r, f = v.prf()
