@@ -117,6 +117,11 @@ def cmd_eval(args) -> int:
     import torch
     from .denoise import DenoiserConfig
     from .evaluate import EvalConfig, EvalPlan, format_report, run_evaluation, train_synthetic_denoiser
+    try:
+        cfg = load_detect_config(args.config, {"mode": args.mode, "continuity_s": args.continuity_s})
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return BAD_INPUT
     torch.set_num_threads(args.threads)
     if args.model == "train":
         print(f"training a denoiser on {args.train_traces} fault-free traces (seeds from {args.train_seed})")
@@ -136,7 +141,7 @@ def cmd_eval(args) -> int:
         timing_machines=args.timing, only=tuple(args.only or ()), threshold=args.threshold)
     if plan.tune.seed + 1000 > plan.test.seed and plan.test.seed + 1000 > plan.tune.seed:
         print("warning: tuning and test seeds are within 1000 of each other and may overlap", file=sys.stderr)
-    result = run_evaluation(plan, den, DetectConfig(mode=args.mode, continuity_s=args.continuity_s))
+    result = run_evaluation(plan, den, cfg)
     text = format_report(result)
     print(text)
     if args.out:
@@ -197,8 +202,9 @@ def add_monitor_subcommands(subparsers) -> None:
     p.add_argument("--train-seed", type=int, default=100)
     p.add_argument("--train-traces", type=int, default=4)
     p.add_argument("--steps", type=int, default=600, help="denoiser steps with --model train")
-    p.add_argument("--mode", choices=("any", "top1"), default="any")
-    p.add_argument("--continuity-s", type=float, default=DetectConfig.continuity_s)
+    p.add_argument("--config", help="YAML/JSON file of DetectConfig fields (as for detect)")
+    p.add_argument("--mode", choices=("any", "top1"), help="overrides the config (default: any)")
+    p.add_argument("--continuity-s", type=float, help=f"overrides the config (default: {DetectConfig.continuity_s})")
     p.add_argument("--only", nargs="*", help="evaluate methods whose name contains these")
     p.add_argument("--generator", choices=GENERATOR_NAMES, default="synth",
                    help="trace generator (coupled: the independent step-schedule simulation)")

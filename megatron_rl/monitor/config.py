@@ -64,6 +64,14 @@ class DetectConfig:
     continuity_steps: float = 4.0
     """With follow_step, a run needs max(continuity_s, this many steps) of candidacy
     (chosen on the tuning seeds with 40-90 s steps among 2-5; docs/monitor.md)."""
+    step_lag_s: float = 3.0
+    """Step metrics change at each machine's own next sample after a step ends, so
+    machines switch to the new value up to this many seconds apart; each is compared
+    with the closest of the cross-machine medians within this lag (windows.normalise_lagged)."""
+    crowd_fraction: float = 0.1
+    """A metric-window in which more than max(2, this fraction of the scored machines)
+    are above the threshold is a crowd, not an outlier: it makes no machine a candidate,
+    and a run already open bridges it without counting it toward continuity (detect.py)."""
     recurrence_s: float = 480.0
     """A second way to be declared, for intermittent faults too weak to hold a run: a
     machine that was the candidate in at least recurrence_fraction of its scored windows
@@ -87,6 +95,8 @@ class DetectConfig:
             (self.straggler_steps >= 1, "straggler_steps must be >= 1"),
             (self.continuity_steps >= 0, "continuity_steps must be >= 0"),
             (self.recurrence_s >= 0, "recurrence_s must be >= 0 (0: off)"),
+            (self.step_lag_s >= 0, "step_lag_s must be >= 0"),
+            (0 < self.crowd_fraction <= 1, "crowd_fraction must be in (0, 1] (1: off)"),
             (0 < self.recurrence_fraction <= 1, "recurrence_fraction must be in (0, 1]"),
             (self.min_machines >= 3, "min_machines must be >= 3 (two machines cannot outvote each other)"),
         ]

@@ -35,8 +35,8 @@ from .denoise import Denoiser, WindowMedian
 from .peers import intermittency_scores, level_scores, level_z, robust_z, whole_step_span, window_means
 from .period import TimeScales, cycle_period, estimate_period, reported_period, step_average, time_scales
 from .trace import STEP_METRICS, Trace
-from .windows import (Grid, complete_trailing_mean, cut_windows, nanmedian, normalise, to_grid, window_layout,
-                      window_times)
+from .windows import (Grid, complete_trailing_mean, cut_windows, nanmedian, normalise, normalise_lagged, to_grid,
+                      window_layout, window_times)
 
 @dataclass
 class Alert:
@@ -104,6 +104,9 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     if scales.average_s:  # long steps: compare step means, where stage phases cancel
         values = step_average(values, int(round(scales.average_s / cfg.step_s)), max_fill, grid.metrics)
     resid, _ = normalise(values, max_fill)
+    steps = [k for k, m in enumerate(grid.metrics) if m in STEP_METRICS]
+    if steps and cfg.step_lag_s:  # step values switch at each machine's own sample
+        resid[steps] = normalise_lagged(values[steps], max_fill, int(round(cfg.step_lag_s / cfg.step_s)))[0]
     win = cut_windows(resid, cfg.window, cfg.stride)  # [metrics, machines, windows, window]
     rec = denoised_windows(win, grid.metrics, denoiser)  # [metrics, windows, window, machines]
     s = median_distance(rec).transpose(0, 2, 1)  # [metrics, machines, windows]
@@ -231,6 +234,29 @@ class _Run:
     z_sum: float = 0.0
     metrics: Counter = field(default_factory=Counter)
     need_s: float = 0.0  # the longest continuity any of its metrics asks for
+    bridged: int = 0  # windows where it was above the threshold only in a crowd
+
+    def span_s(self, w: int, scores: Scores, stride_s: float) -> float:
+        """Seconds of the run that count toward continuity: crowd windows do not."""
+        return scores.win_end[w] - scores.win_start[self.start] - self.bridged * stride_s
+
+    def counted_windows(self, w: int) -> int:
+        return w - self.start + 1 - self.bridged
+
+
+def crowds(z: np.ndarray, threshold: float, fraction: float) -> np.ndarray:
+    """[metrics, windows]: True where more than max(2, fraction of the scored machines)
+    are above the threshold on that metric.
+
+    The scores are robust z across machines, so in a healthy window only a few per cent
+    can be that far out. Many at once means the scale is wrong for that window, not that
+    many machines broke: a job-wide stall after which the typical spread is that of idle
+    machines, or a bursty counter whose bursts land in different seconds for different
+    machines' samplers. Such windows made hundreds of false alarms on the coupled
+    generator's traces (docs/monitor.md)."""
+    above = (z > threshold).sum(1)  # NaN compares False
+    scored = (~np.isnan(z)).sum(1)
+    return above > np.maximum(2, fraction * scored)
 
 
 class _Recurrence:
@@ -289,27 +315,35 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
     Machines in `already` (declared by an earlier call) are never candidates again, so a
     second faulty machine is not hidden behind the first one.
     """
-    z, machines, pick = scores.z, scores.machines, CANDIDATE_RULES[cfg.mode]
+    machines, pick = scores.machines, CANDIDATE_RULES[cfg.mode]
     need = continuity(scores, cfg)
     excluded = np.array([m in (already or set()) for m in machines], bool)
+    crowd = crowds(scores.z, cfg.threshold, cfg.crowd_fraction)
+    z = np.where(crowd[:, None, :], np.nan, scores.z)  # a crowd makes no candidate ...
+    in_crowd = ((scores.z > cfg.threshold) & crowd[:, None, :]).any(0)  # ... but bridges [machines, windows]
     runs: dict[int, _Run] = {}
     recurrence = _Recurrence(z, _recurrence_span(scores, cfg), cfg.recurrence_fraction)
     alerts, candidates = [], []
     for w in range(z.shape[2]):
         now = scores.win_end[w]
+        picked = set()
         for i, k, zi in pick(z[:, :, w], cfg.threshold, excluded):
+            picked.add(i)
             candidates.append((float(now), machines[i], scores.metrics[k], zi))
             recurrence.record(i, k, w, zi)
             run = runs.setdefault(i, _Run(start=w, last_hit=w))
             run.hits, run.last_hit, run.z_sum = run.hits + 1, w, run.z_sum + zi
             run.metrics[scores.metrics[k]] += 1
             run.need_s = max(run.need_s, need[k])  # a slow step cannot lend its span to continuity_s
-            span = now - scores.win_start[run.start]
-            if span >= run.need_s and run.hits >= cfg.min_fraction * (w - run.start + 1):
+            if run.span_s(w, scores, cfg.stride_s) >= run.need_s and \
+                    run.hits >= cfg.min_fraction * run.counted_windows(w):
                 alerts.append(Alert(machines[i], run.metrics.most_common(1)[0][0],
                                     float(scores.win_start[run.start]), float(now), run.z_sum / run.hits))
                 excluded[i] = True
                 del runs[i]
+        for i, run in runs.items():
+            if i not in picked and in_crowd[i, w]:  # neither a hit nor a miss
+                run.last_hit, run.bridged = w, run.bridged + 1
         for i in recurrence.due(w, excluded):  # after the runs: a run's alert names its own start
             alerts.append(recurrence.alert(i, w, scores))
             excluded[i] = True

@@ -107,8 +107,45 @@ def normalise(values: np.ndarray, max_gap: int = 3, floor_frac: float = 1e-3
     x = fill_gaps(values, max_gap)
     centre = nanmedian(x, axis=1, keepdims=True)
     resid = x - centre
-    scale = np.empty(x.shape[0], np.float32)
-    for k in range(x.shape[0]):
+    scale = _robust_scale(resid, centre, floor_frac)
+    resid /= scale[:, None, None]
+    return resid.astype(np.float32, copy=False), scale
+
+
+def normalise_lagged(values: np.ndarray, max_gap: int = 3, lag: int = 3, floor_frac: float = 1e-3
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """`normalise` for step metrics: each machine's deviation from the closest of the
+    cross-machine medians within `lag` samples either side.
+
+    A step value changes when the step ends, and each machine's collector picks the new
+    value up at its own next sample: the machines switch up to a few seconds apart. In
+    those seconds the ones still showing the last step differ from the median by a whole
+    step-to-step change, hundreds of times the timer noise that sets the scale, and the
+    machine that samples last does so at every step. Matching against the medians just
+    before and after forgives the lag; a rank that is really slower differs from all of
+    them.
+    """
+    x = fill_gaps(values, max_gap)
+    centre = nanmedian(x, axis=1, keepdims=True)
+    resid = np.full(x.shape, np.nan, np.float32)
+    best = np.full(x.shape, np.inf, np.float32)
+    n_t = x.shape[-1]
+    for shift in range(-lag, lag + 1):
+        moved = np.full_like(centre, np.nan)  # centre[t + shift]
+        moved[..., max(0, -shift):n_t - max(0, shift)] = centre[..., max(0, shift):n_t + min(0, shift)]
+        d = x - moved
+        closer = np.abs(d) < best  # NaN compares False
+        best = np.where(closer, np.abs(d), best)
+        resid = np.where(closer, d, resid)
+    scale = _robust_scale(resid, centre, floor_frac)
+    resid /= scale[:, None, None]
+    return resid.astype(np.float32, copy=False), scale
+
+
+def _robust_scale(resid: np.ndarray, centre: np.ndarray, floor_frac: float) -> np.ndarray:
+    """Per metric: 1.4826 * MAD of the residuals, at least floor_frac of the typical level."""
+    scale = np.empty(resid.shape[0], np.float32)
+    for k in range(resid.shape[0]):
         r = np.abs(resid[k].ravel()[::_subsample(resid[k].size)])  # a spread needs no 10^6 samples
         r = r[np.isfinite(r)]
         level = np.abs(centre[k]).ravel()
@@ -116,8 +153,7 @@ def normalise(values: np.ndarray, max_gap: int = 3, floor_frac: float = 1e-3
         mad = 1.4826 * float(np.median(r)) if r.size else 0.0
         typical = float(np.median(level)) if level.size else 0.0
         scale[k] = max(mad, floor_frac * typical, 1e-9)
-    resid /= scale[:, None, None]
-    return resid.astype(np.float32, copy=False), scale
+    return scale
 
 
 def _subsample(size: int, target: int = 100_000) -> int:

@@ -65,6 +65,15 @@ def test_strict_turns_an_unknown_metric_into_exit_2_before_any_detection(tmp_pat
     assert "\n" not in err and not out.exists()
 
 
+def test_eval_takes_a_detect_config_and_refuses_an_unknown_key_in_one_line(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("crowd: 1\n")
+    assert main(["eval", "--config", str(cfg), "--timing="]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {cfg}: unknown key(s) crowd; allowed:") and "crowd_fraction" in err
+    assert "\n" not in err
+
+
 def test_config_file_is_applied(tmp_path, make_grid):
     trace = tmp_path / "trace.csv"
     grid_to_csv(make_grid(machines=8, duration=400, faults=[(6, "gpu_power", 50, 400, -9.0)]), trace)

@@ -2,13 +2,15 @@
 grids: a sustained fault is declared soon after 110 s, two separate slowdowns of a
 healthy machine are not joined into one run, and a GPU that is idle half of every minute
 is still declared because the peer scores, not the gap tolerance, carry its off-periods;
-and the recurrence rule: a machine that is the candidate in half of its windows over eight
-minutes is declared without any run, on per-window scores built by hand."""
+the recurrence rule: a machine that is the candidate in half of its windows over eight
+minutes is declared without any run; and the crowd guard: a metric-window where many
+machines are above the threshold makes no candidate, and runs bridge it without counting
+it. The last three on per-window scores built by hand."""
 
 import numpy as np
 import pytest
 
-from megatron_rl.monitor.detect import DetectConfig, Scores, declare, detect
+from megatron_rl.monitor.detect import DetectConfig, Scores, crowds, declare, detect
 from megatron_rl.monitor.period import time_scales
 
 DEFAULT = DetectConfig()
@@ -89,3 +91,28 @@ def test_recurrence_is_off_for_step_averaged_metrics():
     scales = time_scales(DEFAULT, 60.0, 60.0)  # 60 s steps: metrics averaged over a step
     assert scales.average_s == 60.0
     assert declare(_scores(np.arange(0, 100, 2), scales=scales), DEFAULT).alerts == []
+
+
+def test_a_crowd_is_three_of_eight_machines_or_more_than_a_tenth():
+    z = np.zeros((1, 8, 2))
+    z[0, :3, 0] = 10.0  # three of eight above the threshold: more than max(2, 0.8)
+    z[0, :2, 1] = 10.0  # two: still outliers
+    assert crowds(z, 6.5, 0.1).tolist() == [[True, False]]
+    big = np.zeros((1, 64, 1))
+    big[0, :6, 0] = 10.0  # 6 of 64 is not more than 6.4; 7 is
+    assert not crowds(big, 6.5, 0.1)[0, 0]
+    big[0, 6, 0] = 10.0
+    assert crowds(big, 6.5, 0.1)[0, 0]
+
+
+def test_a_crowd_makes_no_candidate_and_a_run_bridges_it_without_counting_it():
+    # m0 alone above the threshold in windows 0-9 and 15-40; in windows 10-14 m1 and m2
+    # are above too: a crowd of three.
+    scores = _scores(np.r_[0:41])
+    scores.z[0, 1:3, 10:15] = 10.0
+    alerts = declare(scores, DEFAULT).alerts
+    # The run counts 0-9 and 15-: 110 s of it end at window 18 (18 * 8 + 7 - 5 * 8 = 111 s).
+    assert [(a.machine, a.first_seen, a.declared_at) for a in alerts] == [("m0", 0.0, 18 * 8 + 7.0)]
+    # Without the guard m0 is declared at 111 s, and m1, m2 (five windows) are not.
+    off = declare(scores, DetectConfig(crowd_fraction=1.0)).alerts
+    assert [(a.machine, a.declared_at) for a in off] == [("m0", 13 * 8 + 7.0)]

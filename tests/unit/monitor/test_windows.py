@@ -4,7 +4,7 @@ import numpy as np
 
 from megatron_rl.monitor.trace import Trace
 from megatron_rl.monitor.windows import (complete_trailing_mean, cut_windows, fill_gaps, nanmedian, normal_windows,
-                                         normalise, to_grid, window_times)
+                                         normalise, normalise_lagged, to_grid, window_times)
 
 
 def test_to_grid_bins_to_nearest_second_averages_duplicates_and_orders_metrics():
@@ -117,3 +117,39 @@ def test_complete_trailing_mean_averages_the_span_ending_at_each_sample():
     # 9 of 10 samples are enough (90 %), 3 of 4 are not.
     np.testing.assert_array_equal(complete_trailing_mean(gappy, 10)[..., [9]], [[np.float32(49.0 / 9)]])
     assert np.isnan(complete_trailing_mean(gappy, 4)[..., [7]]).all()
+
+
+def _step_values(lags, slow=None, n_t=120, step=10):
+    """Step times of 5 machines: step j lasts 7 + j % 3 s and is recorded at t = 10 (j+1);
+    machine i picks each new value up lags[i] s late; `slow` = (machine, factor)."""
+    v = np.zeros((1, len(lags), n_t), np.float32)
+    for i, lag in enumerate(lags):
+        for t in range(n_t):
+            j = max(0, (t - lag) // step - 1)
+            v[0, i, t] = 7.0 + j % 3 + 0.001 * i  # a millisecond of timer difference
+    if slow:
+        v[0, slow[0]] *= slow[1]
+    return v
+
+
+def test_lagged_normalisation_forgives_a_machine_that_samples_the_new_step_late():
+    v = _step_values([0, 0, 0, 0, 3])
+    plain = normalise(v)[0]
+    lagged, _ = normalise_lagged(v, lag=3)
+    # Plainly, machine 4 is a whole step change (1-2 s) off for 3 s of every step: hundreds
+    # of scale units (the scale is the millisecond differences).
+    assert np.nanmax(np.abs(plain[0, 4])) > 100
+    assert np.nanmax(np.abs(lagged[0, 4])) < 10  # within a few ms of a nearby median
+    # One second of lag too many is not forgiven.
+    assert np.nanmax(np.abs(normalise_lagged(_step_values([0, 0, 0, 0, 4]), lag=3)[0][0, 4])) > 100
+
+
+def test_lagged_normalisation_keeps_a_machine_that_is_really_slower():
+    v = _step_values([0, 0, 0, 0, 0], slow=(2, 1.25))  # 25 % slower: 1.75-2.25 s a step
+    lagged, scale = normalise_lagged(v, lag=3)
+    # Within 3 s its value meets at most two medians, this step's and a neighbour's: 8.75
+    # against 7 (or the previous step's 9 near a boundary), 10 against 8 (or 7), 11.25
+    # against 9 (or 8). So it is off by at least 0.25 s in every second, by 0.75 s or more
+    # in most, and by 2.25 s in some.
+    off_s = np.abs(lagged[0, 2, 20:]) * scale[0]
+    assert off_s.min() > 0.249 and np.median(off_s) > 0.749 and off_s.max() > 2.249
