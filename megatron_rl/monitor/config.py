@@ -42,6 +42,21 @@ class DetectConfig:
     peer_scores: bool = True
     """Also score each machine's residual level and intermittency against its peers
     (monitor/peers.py): finds partial one-metric degradations and flapping faults."""
+    peak_score: bool = True
+    """Also score each machine's peak per-second value over peak_steps steps against its
+    peers' (peers.peak_scores; only with peer_scores): a link at half speed moves the same
+    bytes per step over twice as long, so every average the other scores compare is the
+    same as its peers', and only its peak rate, about half theirs, shows the fault."""
+    peak_steps: float = 4.0
+    """The peak is the largest value over max(level_span_s, this many steps): one step's
+    transfer of ~1 s falls across two sampling seconds and reads low; over several steps
+    the sampling phase varies and the largest reading nears the link's capacity."""
+    peak_tolerance: float = 0.05
+    """A peak's shortfall below the peers' median peak is scored in units of at least this
+    fraction (threshold 6.5: a peak about a third below the peers'): healthy machines'
+    peaks of the same hardware agree within a few per cent, and a smaller unit would
+    score the sampling-phase noise of the peak. A metric whose machines' own peaks are
+    unsteady (bursts of random size) uses that unsteadiness instead (peers.peak_scores)."""
     level_span_s: float = 32.0
     """The level score averages this long (several training steps, so phases cancel)."""
     whole_step_level: bool = True
@@ -96,6 +111,7 @@ class DetectConfig:
             (self.continuity_steps >= 0, "continuity_steps must be >= 0"),
             (self.recurrence_s >= 0, "recurrence_s must be >= 0 (0: off)"),
             (self.step_lag_s >= 0, "step_lag_s must be >= 0"),
+            (self.peak_steps > 0 and self.peak_tolerance > 0, "peak_steps and peak_tolerance must be > 0"),
             (0 < self.crowd_fraction <= 1, "crowd_fraction must be in (0, 1] (1: off)"),
             (0 < self.recurrence_fraction <= 1, "recurrence_fraction must be in (0, 1]"),
             (self.min_machines >= 3, "min_machines must be >= 3 (two machines cannot outvote each other)"),

@@ -32,7 +32,8 @@ import numpy as np
 
 from .config import DetectConfig
 from .denoise import Denoiser, WindowMedian
-from .peers import intermittency_scores, level_scores, level_z, robust_z, whole_step_span, window_means
+from .peers import (intermittency_scores, level_scores, level_z, peak_scores, robust_z, whole_step_span,
+                    window_means)
 from .period import TimeScales, cycle_period, estimate_period, reported_period, step_average, time_scales
 from .trace import STEP_METRICS, Trace
 from .windows import (Grid, complete_trailing_mean, cut_windows, nanmedian, normalise, normalise_lagged, to_grid,
@@ -114,6 +115,8 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     if cfg.peer_scores:
         levels = whole_step_levels(resid, cfg, scales, cycle_s)
         peer = peer_scores(win, cfg, scales.intermittency_span_s, levels)
+        if cfg.peak_score:  # raw values: a step average has no peak left
+            peer = np.fmax(peer, peak_score(grid.values, cfg, scales.period_s or cycle_s))
         # Step metrics: the window score alone. A step value is already a step's average;
         # averaging it again (level) or counting its abnormal windows (intermittency)
         # stretches a transient slowdown well past the steps it slowed, and on the tuning
@@ -122,6 +125,14 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
         z = np.fmax(z, peer)
     start, end = window_times(grid, cfg.window, cfg.stride)
     return Scores(z, list(grid.metrics), list(grid.machines), start, end, scales)
+
+
+def peak_score(values: np.ndarray, cfg: DetectConfig, period_s: float | None) -> np.ndarray:
+    """`peers.peak_scores` of the raw per-second values [metrics, machines, seconds] over
+    max(level_span_s, peak_steps steps), in the windows of the other scores."""
+    span_s = max(cfg.level_span_s, cfg.peak_steps * (period_s or 0.0))
+    span = max(1, int(round(span_s / cfg.stride_s)))
+    return peak_scores(cut_windows(values, cfg.window, cfg.stride), span, cfg.peak_tolerance, cfg.min_machines)
 
 
 def periods(grid: Grid, cfg: DetectConfig) -> tuple[float | None, float | None]:

@@ -24,6 +24,10 @@ that left-over alone moved healthy machines' levels by about as much as a GPU at
 of its peers moves its own. So when the job's step period is known and short, the level
 is the mean of the per-second residuals over the whole number of steps nearest the
 level span, ending at each window's last second.
+
+Peaks (`peak_scores`): a link at half speed in a synchronous job moves the same bytes per
+step over twice as long, so every average above is the same as its peers'; only its peak
+rate, the largest per-second value over several steps, is about half theirs.
 """
 
 from __future__ import annotations
@@ -125,3 +129,52 @@ def intermittency_scores(means: np.ndarray, span: int, abnormal_z: float, min_ma
         shifted = np.concatenate([np.full_like(frac[..., : j * part], np.nan), frac[..., : -j * part]], -1)
         low = np.minimum(low, shifted)
     return robust_z(low, 0.05, min_machines)
+
+
+def trailing_max(x: np.ndarray, span: int) -> np.ndarray:
+    """Largest of the last `span` values along the last axis, ignoring NaNs (NaN if all
+    are). Doubling: after each pass `out` covers twice as many values, so a span of n
+    takes about log2(n) passes instead of n."""
+    out, width = x.copy(), 1
+    while 2 * width <= span:
+        out[..., width:] = np.fmax(out[..., width:], out[..., :-width])
+        width *= 2
+    rest = span - width  # join two overlapping blocks of `width` to cover the span
+    if rest > 0:
+        out[..., rest:] = np.fmax(out[..., rest:], out[..., :-rest].copy())
+    return out
+
+
+def peak_scores(win: np.ndarray, span: int, tolerance: float, min_machines: int,
+                min_present: float = 0.75) -> np.ndarray:
+    """How far each machine's peak sits BELOW its peers': [metrics, machines, windows];
+    win: raw per-second values cut into windows [metrics, machines, windows, window].
+
+    The peak is the largest per-second value over the last `span` windows (several steps:
+    one step's peak depends on how its transfers fall across sampling seconds; the largest
+    over several is close to the link's capacity). Each peak is divided by the peers'
+    median peak, and the shortfall 1 - ratio is divided by the metric's steadiness: the
+    typical (median over machines) robust spread of a machine's OWN ratio over the call,
+    at least `tolerance`. Why not the cross-machine spread, as the level score uses: a
+    capacity differs between hardware groups for good (two racks whose links differ by
+    17 % make the spread of every window as wide as a half-speed link's shortfall), while
+    on each machine it is steady; a metric whose peak is not a capacity (pause-frame
+    bursts, whose largest one in a span is a matter of luck) is unsteady on every machine,
+    so its large spread keeps its scores small. That is the rule for which metrics the
+    score applies to. Low peaks only: a trailing maximum holds a healthy machine's sensor
+    spike for a whole span, and a counter cannot run faster than its link.
+    NaN where less than `min_present` of the span has values (also at the start of the
+    call: a maximum over fewer steps reads low by chance), where the peers' median
+    peak is 0 (an idle job), or fewer than `min_machines` machines have a peak."""
+    wmax = np.fmax.reduce(win, axis=-1)  # NaN only for a window without a value
+    peak = trailing_max(wmax, span)
+    seen = np.minimum(np.arange(1, wmax.shape[-1] + 1), span) / span  # of the span, inside the call
+    peak[trailing_mean((~np.isnan(wmax)).astype(np.float32), span) * seen < min_present] = np.nan
+    med = nanmedian(peak, axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = peak / np.where(med > 0, med, np.nan)
+    own = nanmedian(ratio, axis=2, keepdims=True)
+    steady = nanmedian(1.4826 * nanmedian(np.abs(ratio - own), axis=2, keepdims=True), axis=1, keepdims=True)
+    short = (1.0 - ratio) / np.fmax(np.nan_to_num(steady, nan=tolerance), tolerance)
+    short[np.broadcast_to((~np.isnan(peak)).sum(1, keepdims=True) < min_machines, short.shape)] = np.nan
+    return short.astype(np.float32, copy=False)

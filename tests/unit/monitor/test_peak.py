@@ -1,0 +1,88 @@
+"""The peak score (peers.peak_scores): a link at half speed, seen only in its peak rate."""
+
+import numpy as np
+
+from megatron_rl.monitor.detect import DetectConfig, detect, peak_score, score_grid
+from megatron_rl.monitor.peers import peak_scores, trailing_max
+from megatron_rl.monitor.windows import Grid
+
+
+def test_trailing_max_ignores_nans_and_starts_short():
+    x = np.array([[1.0, np.nan, 3.0, 2.0, 0.0, 5.0, 1.0, 0.0, 0.0]])
+    np.testing.assert_array_equal(trailing_max(x, 1), x)
+    np.testing.assert_array_equal(trailing_max(x, 3), [[1, 1, 3, 3, 3, 5, 5, 5, 1]])
+    np.testing.assert_array_equal(trailing_max(x, 5), [[1, 1, 3, 3, 3, 5, 5, 5, 5]])
+    np.testing.assert_array_equal(trailing_max(np.array([[np.nan, np.nan, 2.0]]), 2), [[np.nan, np.nan, 2.0]])
+
+
+def _win(peaks):
+    """[machines, windows] window peaks -> [1, machines, windows, 2] windows (peak, 0)."""
+    p = np.asarray(peaks, np.float32)
+    return np.stack([p, np.zeros_like(p)], -1)[None]
+
+
+def test_a_half_speed_link_scores_its_shortfall_in_tolerances_and_racks_do_not():
+    # Two racks (capacity 10 and 8) and a rack-A machine at half speed: the peers' median
+    # peak is 9 (of 5, 8, 8, 10, 10, 10) and every machine's own ratio is steady, so the
+    # unit is the tolerance 0.05: rack B (8 / 9) scores (1 - 0.889) / 0.05 = 2.2, rack A
+    # -2.2, the slow machine (1 - 5 / 9) / 0.05 = 8.9. A robust z across machines would
+    # divide by the racks' spread (1.4826 * 1) and give the slow machine 2.7.
+    peaks = [[10] * 4, [10] * 4, [10] * 4, [8] * 4, [8] * 4, [5] * 4]
+    s = peak_scores(_win(peaks), 1, 0.05, 3)[0]
+    np.testing.assert_allclose(s[:3], -1 / 9 / 0.05, rtol=1e-5)
+    np.testing.assert_allclose(s[3:5], 1 / 9 / 0.05, rtol=1e-5)
+    np.testing.assert_allclose(s[5], 4 / 9 / 0.05, rtol=1e-5)
+
+
+def test_a_peak_that_is_not_a_capacity_scores_low():
+    # Pause-frame-like bursts: each machine's largest burst alternates 50 / 150 around a
+    # median of 100, so its own ratio is 0.5 or 1.5 (median 1, spread 1.4826 * 0.5); a
+    # machine at half the median scores (1 - 0.5) / 0.741 = 0.67, not 10.
+    peaks = [[50, 150] * 3, [50, 150] * 3, [150, 50] * 3, [150, 50] * 3]
+    s = peak_scores(_win(peaks), 1, 0.05, 3)[0]
+    np.testing.assert_allclose(s[0, 0], 0.5 / (1.4826 * 0.5), rtol=1e-5)
+
+
+def test_no_peak_score_before_a_whole_span_or_with_a_gappy_span_or_an_idle_job():
+    peaks = np.full((4, 8), 10.0)
+    peaks[3] = 5.0
+    win = _win(peaks)
+    win[0, 2, 2:4] = np.nan  # machine 2 reports nothing in windows 2-3
+    win[0, :, 5:] = 0.0  # the whole job idle from window 5: no median peak at 7
+    s = peak_scores(win, 3, 0.05, 3, min_present=0.75)[0]
+    assert np.isnan(s[:, :2]).all()  # the first two windows hold less than a span
+    assert np.isnan(s[2, 4:6]).all() and s[2, 6] == 0  # 1 / 3, 2 / 3, then 3 / 3 present
+    assert np.isnan(s[:, 7]).all()
+    np.testing.assert_allclose(s[3, 2:7], 0.5 / 0.05)  # at 4-5 among three machines
+
+
+def _link_grid(machines=16, duration=600, start=200, seed=0, step_time=False):
+    """NVLink bursts of 2 s at rate 100 every 10 s, each machine 3 s after the previous
+    (pipeline stages apart); from `start`, machine 0's link runs at half speed, so its
+    bursts last 4 s at rate 50: the same bytes per step, the same mean."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(duration)
+    phase = (t[None] + 3 * np.arange(machines)[:, None]) % 10
+    v = np.where(phase < 2, 100.0, 1.0)
+    v[0, t >= start] = np.where(phase[0, t >= start] < 4, 50.0, 1.0)
+    rows, names = [v * rng.normal(1, 0.02, v.shape)], ["nvlink_bandwidth"]
+    if step_time:  # machine 0 reports steps of 5 s, the others 10 s: a low peak of its own
+        rows.append(np.broadcast_to(np.where(np.arange(machines) == 0, 5.0, 10.0)[:, None], v.shape))
+        names.append("step_time")
+    return Grid(np.stack(rows).astype(np.float32), names, [f"node{i:02d}" for i in range(machines)], start=0.0)
+
+
+def test_a_half_speed_link_with_the_same_mean_is_declared_only_with_the_peak_score():
+    grid = _link_grid()
+    alerts = detect(grid, DetectConfig()).alerts
+    assert [(a.machine, a.metric) for a in alerts] == [("node00", "nvlink_bandwidth")]
+    assert alerts[0].first_seen >= 200
+    assert detect(grid, DetectConfig(peak_score=False)).alerts == []
+
+
+def test_step_metrics_get_no_peak_score():
+    grid = _link_grid(step_time=True)
+    on, off = score_grid(grid, DetectConfig()), score_grid(grid, DetectConfig(peak_score=False))
+    assert np.nanmax(peak_score(grid.values, DetectConfig(), None)[1, 0]) > 6.5  # it would score
+    np.testing.assert_array_equal(on.z[1], off.z[1])
+    assert np.nanmax(on.z[0, 0]) > 6.5 > np.nanmax(off.z[0, 0])
