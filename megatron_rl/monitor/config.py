@@ -57,6 +57,10 @@ class DetectConfig:
     peaks of the same hardware agree within a few per cent, and a smaller unit would
     score the sampling-phase noise of the peak. A metric whose machines' own peaks are
     unsteady (bursts of random size) uses that unsteadiness instead (peers.peak_scores)."""
+    peak_hold_windows: int = 2
+    """A peak shortfall scores only when it holds in this many consecutive windows: a
+    healthy machine's transient slowdown lowered its peak for one window, which filled
+    the gap between two candidacy runs and joined them (docs/monitor.md)."""
     level_span_s: float = 32.0
     """The level score averages this long (several training steps, so phases cancel)."""
     whole_step_level: bool = True
@@ -112,6 +116,7 @@ class DetectConfig:
             (self.recurrence_s >= 0, "recurrence_s must be >= 0 (0: off)"),
             (self.step_lag_s >= 0, "step_lag_s must be >= 0"),
             (self.peak_steps > 0 and self.peak_tolerance > 0, "peak_steps and peak_tolerance must be > 0"),
+            (self.peak_hold_windows >= 1, "peak_hold_windows must be >= 1"),
             (0 < self.crowd_fraction <= 1, "crowd_fraction must be in (0, 1] (1: off)"),
             (0 < self.recurrence_fraction <= 1, "recurrence_fraction must be in (0, 1]"),
             (self.min_machines >= 3, "min_machines must be >= 3 (two machines cannot outvote each other)"),

@@ -132,7 +132,8 @@ def peak_score(values: np.ndarray, cfg: DetectConfig, period_s: float | None) ->
     max(level_span_s, peak_steps steps), in the windows of the other scores."""
     span_s = max(cfg.level_span_s, cfg.peak_steps * (period_s or 0.0))
     span = max(1, int(round(span_s / cfg.stride_s)))
-    return peak_scores(cut_windows(values, cfg.window, cfg.stride), span, cfg.peak_tolerance, cfg.min_machines)
+    return peak_scores(cut_windows(values, cfg.window, cfg.stride), span, cfg.peak_tolerance, cfg.min_machines,
+                       hold=cfg.peak_hold_windows)
 
 
 def periods(grid: Grid, cfg: DetectConfig) -> tuple[float | None, float | None]:

@@ -146,7 +146,7 @@ def trailing_max(x: np.ndarray, span: int) -> np.ndarray:
 
 
 def peak_scores(win: np.ndarray, span: int, tolerance: float, min_machines: int,
-                min_present: float = 0.75) -> np.ndarray:
+                min_present: float = 0.75, hold: int = 1) -> np.ndarray:
     """How far each machine's peak sits BELOW its peers': [metrics, machines, windows];
     win: raw per-second values cut into windows [metrics, machines, windows, window].
 
@@ -165,7 +165,9 @@ def peak_scores(win: np.ndarray, span: int, tolerance: float, min_machines: int,
     spike for a whole span, and a counter cannot run faster than its link.
     NaN where less than `min_present` of the span has values (also at the start of the
     call: a maximum over fewer steps reads low by chance), where the peers' median
-    peak is 0 (an idle job), or fewer than `min_machines` machines have a peak."""
+    peak is 0 (an idle job), or fewer than `min_machines` machines have a peak.
+    `hold`: the score of a window is the smallest of the last `hold` windows' (NaN if
+    any is NaN), so a shortfall must last that long (`held_low`)."""
     wmax = np.fmax.reduce(win, axis=-1)  # NaN only for a window without a value
     peak = trailing_max(wmax, span)
     seen = np.minimum(np.arange(1, wmax.shape[-1] + 1), span) / span  # of the span, inside the call
@@ -177,4 +179,15 @@ def peak_scores(win: np.ndarray, span: int, tolerance: float, min_machines: int,
     steady = nanmedian(1.4826 * nanmedian(np.abs(ratio - own), axis=2, keepdims=True), axis=1, keepdims=True)
     short = (1.0 - ratio) / np.fmax(np.nan_to_num(steady, nan=tolerance), tolerance)
     short[np.broadcast_to((~np.isnan(peak)).sum(1, keepdims=True) < min_machines, short.shape)] = np.nan
-    return short.astype(np.float32, copy=False)
+    return held_low(short, hold).astype(np.float32, copy=False)
+
+
+def held_low(score: np.ndarray, hold: int) -> np.ndarray:
+    """The smallest of the last `hold` values along the last axis; NaN where any of them
+    is NaN or fewer than `hold` exist. A healthy machine's transient slowdown lowers its
+    peak over a whole span for a window or so; a slow link does so for good."""
+    out = score.copy()
+    for j in range(1, hold):
+        out[..., j:] = np.minimum(out[..., j:], score[..., :-j])  # NaN propagates
+    out[..., :hold - 1] = np.nan
+    return out

@@ -3,7 +3,7 @@
 import numpy as np
 
 from megatron_rl.monitor.detect import DetectConfig, detect, peak_score, score_grid
-from megatron_rl.monitor.peers import peak_scores, trailing_max
+from megatron_rl.monitor.peers import held_low, peak_scores, trailing_max
 from megatron_rl.monitor.windows import Grid
 
 
@@ -86,3 +86,11 @@ def test_step_metrics_get_no_peak_score():
     assert np.nanmax(peak_score(grid.values, DetectConfig(), None)[1, 0]) > 6.5  # it would score
     np.testing.assert_array_equal(on.z[1], off.z[1])
     assert np.nanmax(on.z[0, 0]) > 6.5 > np.nanmax(off.z[0, 0])
+
+
+def test_a_shortfall_scores_only_where_it_held_for_the_last_windows():
+    score = np.array([[[1.0, 9.0, 2.0, 9.0, 9.0, np.nan, 9.0, 9.0]]])
+    # Two windows: the smallest of each window and the one before; NaN at the start and
+    # next to a NaN. The lone 9 at window 1 (one window of a transient) is gone.
+    np.testing.assert_array_equal(held_low(score, 2)[0, 0], [np.nan, 1.0, 2.0, 2.0, 9.0, np.nan, np.nan, 9.0])
+    np.testing.assert_array_equal(held_low(score, 1), score)
