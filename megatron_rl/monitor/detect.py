@@ -115,8 +115,10 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     if cfg.peer_scores:
         levels = whole_step_levels(resid, cfg, scales, cycle_s)
         peer = peer_scores(win, cfg, scales.intermittency_span_s, levels)
-        if cfg.peak_score:  # raw values: a step average has no peak left
-            peer = np.fmax(peer, peak_score(grid.values, cfg, scales.period_s or cycle_s))
+        per_second = [k for k, m in enumerate(grid.metrics) if m not in STEP_METRICS]
+        if cfg.peak_score and per_second:  # raw values: a step average has no peak left
+            peer[per_second] = np.fmax(peer[per_second],
+                                       peak_score(grid.values[per_second], cfg, scales.period_s or cycle_s))
         # Step metrics: the window score alone. A step value is already a step's average;
         # averaging it again (level) or counting its abnormal windows (intermittency)
         # stretches a transient slowdown well past the steps it slowed, and on the tuning
