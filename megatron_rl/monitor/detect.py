@@ -20,6 +20,12 @@ candidate, the metric reported being the first such in priority order. With hund
 of machines some machine is nearly always briefly odd (a data-loader burst, a slow
 step), and under "top1" those brief outliers keep taking the single candidate slot
 from a faulty machine and break its continuity; docs/monitor.md measures both.
+
+Declaring (`declare`): a crowd (`crowds`: many machines above the threshold in one
+metric-window, which says the scale does not fit that window) makes no candidate and is
+bridged by open runs without counting; a run is declared after the continuity; a machine
+that is a candidate in half of its windows over eight minutes is declared without a run
+(`_Recurrence`, for weak intermittent faults; off with step-averaged metrics).
 """
 
 from __future__ import annotations
