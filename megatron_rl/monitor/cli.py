@@ -16,11 +16,10 @@ from pathlib import Path
 
 from .actions import append_exclude, format_alerts, write_alerts
 from .detect import DetectConfig, detect
+from .evaluate import GENERATORS, EvalConfig
 from .trace import TraceError, check_strict, read_trace, validate, write_trace
 
 BAD_INPUT = 2
-GENERATOR_NAMES = ("synth", "coupled")
-"""Trace generators (`evaluate.GENERATORS`), listed here so the parser needs no import of them."""
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -116,7 +115,7 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     import torch
     from .denoise import DenoiserConfig
-    from .evaluate import EvalConfig, EvalPlan, format_report, run_evaluation, train_synthetic_denoiser
+    from .evaluate import EvalPlan, format_report, run_evaluation, train_synthetic_denoiser
     try:
         cfg = load_detect_config(args.config, {"mode": args.mode, "continuity_s": args.continuity_s})
     except (ValueError, FileNotFoundError) as e:
@@ -152,15 +151,9 @@ def cmd_eval(args) -> int:
 
 
 def cmd_synth(args) -> int:
-    from .coupled import CoupledConfig, generate_coupled
-    from .synth import SynthConfig, generate
-    try:
-        if args.generator == "coupled":
-            st = generate_coupled(CoupledConfig(machines=args.machines, seed=args.seed, fault=args.fault,
-                                                duration_s=args.duration_s, step_metrics=args.step_metrics))
-        else:
-            st = generate(SynthConfig(machines=args.machines, seed=args.seed, fault=args.fault,
-                                      duration_s=args.duration_s, step_metrics=args.step_metrics))
+    try:  # the evaluation's registry turns the options into the generator's own config
+        ec = EvalConfig(generator=args.generator, duration_s=args.duration_s, step_metrics=args.step_metrics)
+        st = ec.generate(GENERATORS[args.generator].config(ec, args.machines, args.seed, args.fault))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return BAD_INPUT
@@ -206,7 +199,7 @@ def add_monitor_subcommands(subparsers) -> None:
     p.add_argument("--mode", choices=("any", "top1"), help="overrides the config (default: any)")
     p.add_argument("--continuity-s", type=float, help=f"overrides the config (default: {DetectConfig.continuity_s})")
     p.add_argument("--only", nargs="*", help="evaluate methods whose name contains these")
-    p.add_argument("--generator", choices=GENERATOR_NAMES, default="synth",
+    p.add_argument("--generator", choices=tuple(GENERATORS), default="synth",
                    help="trace generator (coupled: the independent step-schedule simulation)")
     p.add_argument("--distractors", action="store_true",
                    help="harder synth traces: job-wide load changes, pipeline phases, sensor spikes "
@@ -235,7 +228,7 @@ def add_monitor_subcommands(subparsers) -> None:
     p = subparsers.add_parser("synth", help="write a synthetic trace (and its fault labels)")
     p.add_argument("--out", required=True, help="trace file (.csv or .parquet)")
     p.add_argument("--machines", type=int, default=16)
-    p.add_argument("--generator", choices=GENERATOR_NAMES, default="synth", help="trace generator")
+    p.add_argument("--generator", choices=tuple(GENERATORS), default="synth", help="trace generator")
     p.add_argument("--fault", default=None, help="fault kind (default: fault-free)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--duration-s", type=int, default=900)

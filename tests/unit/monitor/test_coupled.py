@@ -151,9 +151,7 @@ def test_cli_synth_writes_a_coupled_trace(tmp_path):
 
 
 def test_evaluation_builds_coupled_traces_and_tallies_their_kinds():
-    from megatron_rl.monitor.cli import GENERATOR_NAMES
-    from megatron_rl.monitor.evaluate import GENERATORS, EvalConfig, Outcome, tally
-    assert GENERATOR_NAMES == tuple(GENERATORS)
+    from megatron_rl.monitor.evaluate import EvalConfig, Outcome, tally
     ec = EvalConfig(generator="coupled", machines=(4,), faulty_per_cell=1, fault_free_per_size=1)
     assert ec.kinds == COUPLED_FAULT_KINDS and EvalConfig().kinds != COUPLED_FAULT_KINDS
     scen = ec.scenarios()
