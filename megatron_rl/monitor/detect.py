@@ -111,9 +111,9 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     if scales.average_s:  # long steps: compare step means, where stage phases cancel
         values = step_average(values, int(round(scales.average_s / cfg.step_s)), max_fill, grid.metrics)
     resid, _ = normalise(values, max_fill)
-    steps = [k for k, m in enumerate(grid.metrics) if m in STEP_METRICS]
-    if steps and cfg.step_lag_s:  # step values switch at each machine's own sample
-        resid[steps] = normalise_lagged(values[steps], max_fill, int(round(cfg.step_lag_s / cfg.step_s)))[0]
+    is_step = np.array([m in STEP_METRICS for m in grid.metrics], bool)
+    if is_step.any() and cfg.step_lag_s:  # step values switch at each machine's own sample
+        resid[is_step] = normalise_lagged(values[is_step], max_fill, int(round(cfg.step_lag_s / cfg.step_s)))[0]
     win = cut_windows(resid, cfg.window, cfg.stride)  # [metrics, machines, windows, window]
     rec = denoised_windows(win, grid.metrics, denoiser)  # [metrics, windows, window, machines]
     s = median_distance(rec).transpose(0, 2, 1)  # [metrics, machines, windows]
@@ -121,15 +121,14 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     if cfg.peer_scores:
         levels = whole_step_levels(resid, cfg, scales, cycle_s)
         peer = peer_scores(win, cfg, scales.intermittency_span_s, levels)
-        per_second = [k for k, m in enumerate(grid.metrics) if m not in STEP_METRICS]
-        if cfg.peak_score and per_second:  # raw values: a step average has no peak left
-            peer[per_second] = np.fmax(peer[per_second],
-                                       peak_score(grid.values[per_second], cfg, scales.period_s or cycle_s))
+        if cfg.peak_score and not is_step.all():  # raw values: a step average has no peak left
+            peer[~is_step] = np.fmax(peer[~is_step],
+                                     peak_score(grid.values[~is_step], cfg, scales.period_s or cycle_s))
         # Step metrics: the window score alone. A step value is already a step's average;
         # averaging it again (level) or counting its abnormal windows (intermittency)
         # stretches a transient slowdown well past the steps it slowed, and on the tuning
         # seeds joined transient stragglers on one machine into false alarms.
-        peer[[m in STEP_METRICS for m in grid.metrics]] = np.nan
+        peer[is_step] = np.nan
         z = np.fmax(z, peer)
     start, end = window_times(grid, cfg.window, cfg.stride)
     return Scores(z, list(grid.metrics), list(grid.machines), start, end, scales)
