@@ -4,7 +4,7 @@ import numpy as np
 
 from megatron_rl.monitor.detect import DetectConfig, detect
 from megatron_rl.monitor.peers import (SPREAD_CAP, intermittency_scores, level_scores, peer_spread, robust_z,
-                                      trailing_mean, whole_step_span)
+                                      trailing_mean, typical_spread, whole_step_span)
 
 
 def test_trailing_mean_ignores_nans_and_starts_short():
@@ -85,13 +85,35 @@ def test_robust_z_without_a_floor_is_nan_where_nobody_spreads():
     assert np.isnan(robust_z(s, 0.05, 5)).all()  # 4 machines < min_machines 5
 
 
-def test_a_metric_with_no_typical_spread_keeps_each_windows_own_spread():
-    """Scores equal on every machine in most windows (typical spread 0): the window where
-    they differ is scored against its own spread, not lost to a cap of 2 x 0."""
+def test_a_metric_quiet_in_most_windows_is_scored_against_its_busy_windows_spread():
+    """Scores equal on every machine in most windows (a bursty counter between bursts):
+    the typical spread is that of the windows where they differ, not the zero of the
+    majority, so a busy window keeps its own spread instead of a cap of 2 x 0, and a
+    small difference in a quiet window scores against the busy spread (z 0.4), where it
+    had no z at all."""
     mad = np.array([[[0.0, 0.0, 3.0, 0.0, 0.0]]])
-    np.testing.assert_array_equal(peer_spread(mad), mad)
+    np.testing.assert_array_equal(peer_spread(mad), np.full_like(mad, 3.0))
     s = np.zeros((1, 4, 5))
     s[0, :, 2] = [1.0, 2.0, 3.0, 10.0]  # median 2.5, MAD 1.0 -> spread 1.4826
+    s[0, 3, 4] = 0.6  # one machine slightly off in a quiet window: MAD still 0
     z = robust_z(s, 0.0, 3)
     np.testing.assert_allclose(z[0, :, 2], (np.array([1.0, 2.0, 3.0, 10.0]) - 2.5) / 1.4826, rtol=1e-6)
-    assert np.isnan(z[0, :, [0, 1, 3, 4]]).all()  # no spread at all there: no z
+    np.testing.assert_allclose(z[0, :, 4], [0.0, 0.0, 0.0, 0.6 / 1.4826], rtol=1e-6)
+    np.testing.assert_array_equal(z[0, :, [0, 1, 3]], 0.0)
+
+
+def test_typical_spread_leaves_out_quiet_windows_only():
+    """Six windows in which every machine agrees to rounding (0.01) and four busy ones:
+    the median of all ten would be the rounding, the typical spread is the busy median.
+    A metric whose windows are all of one kind keeps the plain median."""
+    bimodal = np.array([[[0.01] * 6 + [2.0, 3.0, 4.0, 2.5]]])
+    assert typical_spread(bimodal).item() == 2.75
+    one_kind = np.array([[[1.0, 0.5, 1.0, 1.5, 5.0, 1.0, 0.8]]])
+    assert typical_spread(one_kind).item() == 1.0
+    assert np.isnan(typical_spread(np.zeros((1, 1, 4)))).all()  # no spread anywhere: none
+
+
+def test_a_metric_with_no_spread_in_any_window_has_no_z():
+    s = np.full((1, 4, 5), 2.0)
+    assert np.isnan(robust_z(s, 0.0, 3)).all()
+    np.testing.assert_array_equal(peer_spread(np.zeros((1, 1, 5))), 0.0)
