@@ -75,6 +75,18 @@ class DetectConfig:
     """A machine that is the candidate on a step metric (step or section time, one value
     per training step) needs this many of the job's steps as well as continuity_s: with
     steps of minutes, continuity_s alone would declare one slow step."""
+    straggler_score: bool = True
+    """Also score each rank's step and section times by their median over many steps, as a
+    channel declared on its own (monitor/stragglers.py): a rank at 0.8x its peers is three
+    to four per-step spreads off, too little for one window."""
+    straggler_span_s: float = 96.0
+    """The straggler median spans at least this long: a transient slowdown shorter than
+    about half of it, less a window, does not move the median."""
+    straggler_median_steps: int = 5
+    """... and at least this many steps (with long steps, two slow steps do not move it)."""
+    straggler_min_slowdown: float = 0.1
+    """A rank's median time must be at least this fraction above its peers' to score: ranks
+    a few per cent apart are ordinary hardware variation."""
     follow_step: bool = True
     """Make the time scales follow the job's step period, estimated from the trace
     (monitor/period.py): with steps longer than level_span_s / 2, per-second metrics are
@@ -112,6 +124,9 @@ class DetectConfig:
              "continuity_s, max_gap_s and max_fill_s must be >= 0"),
             (0 < self.min_fraction <= 1, "min_fraction must be in (0, 1]"),
             (self.straggler_steps >= 1, "straggler_steps must be >= 1"),
+            (self.straggler_span_s > 0 and self.straggler_median_steps >= 1,
+             "straggler_span_s must be > 0 and straggler_median_steps >= 1"),
+            (self.straggler_min_slowdown >= 0, "straggler_min_slowdown must be >= 0"),
             (self.continuity_steps >= 0, "continuity_steps must be >= 0"),
             (self.recurrence_s >= 0, "recurrence_s must be >= 0 (0: off)"),
             (self.step_lag_s >= 0, "step_lag_s must be >= 0"),

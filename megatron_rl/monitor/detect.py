@@ -41,6 +41,7 @@ from .denoise import Denoiser, WindowMedian
 from .peers import (intermittency_scores, level_scores, level_z, peak_scores, robust_z, whole_step_span,
                     window_means)
 from .period import TimeScales, cycle_period, estimate_period, reported_period, step_average, time_scales
+from .stragglers import straggler_scores
 from .trace import STEP_METRICS, Trace
 from .windows import (Grid, complete_trailing_mean, cut_windows, nanmedian, normalise, normalise_lagged, to_grid,
                       window_layout, window_times)
@@ -71,6 +72,8 @@ class Scores:
     win_end: np.ndarray
     scales: TimeScales | None = None
     """The time constants used (they follow the job's step period, `period.py`)."""
+    straggler: "Scores | None" = None
+    """The straggler channel (`stragglers.py`): step metrics only, declared on its own."""
 
     @property
     def step_period_s(self) -> float | None:
@@ -131,7 +134,12 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
         peer[is_step] = np.nan
         z = np.fmax(z, peer)
     start, end = window_times(grid, cfg.window, cfg.stride)
-    return Scores(z, list(grid.metrics), list(grid.machines), start, end, scales)
+    straggler = None
+    if cfg.straggler_score and is_step.any():
+        zs = straggler_scores(values[is_step], resid[is_step], cfg, scales.period_s or cycle_s)
+        straggler = Scores(zs, [m for m in grid.metrics if m in STEP_METRICS], list(grid.machines), start, end,
+                           scales)
+    return Scores(z, list(grid.metrics), list(grid.machines), start, end, scales, straggler)
 
 
 def peak_score(values: np.ndarray, cfg: DetectConfig, period_s: float | None) -> np.ndarray:
@@ -369,7 +377,18 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
             runs.pop(i, None)
         for j in [j for j, r in runs.items() if now - scores.win_end[r.last_hit] > cfg.max_gap_s]:
             del runs[j]  # out of candidacy for too long: the run is broken
+    if scores.straggler is not None:
+        alerts = earliest(alerts + declare(scores.straggler, cfg, already).alerts)
     return Detection(alerts, scores, candidates)
+
+
+def earliest(alerts: list[Alert]) -> list[Alert]:
+    """One alert per machine, the first declared (two channels may both declare it), in
+    the order they were declared."""
+    first: dict[str, Alert] = {}
+    for a in sorted(alerts, key=lambda a: a.declared_at):
+        first.setdefault(a.machine, a)
+    return list(first.values())
 
 
 def continuity(scores: Scores, cfg: DetectConfig) -> np.ndarray:

@@ -6,22 +6,25 @@ import numpy as np
 import pytest
 
 from megatron_rl.monitor.collect import Collector
+from megatron_rl.monitor.coupled import CoupledConfig, generate_coupled
 from megatron_rl.monitor.config import DetectConfig, OnlineConfig
 from megatron_rl.monitor.detect import continuity, detect, score_grid, step_period
 from megatron_rl.monitor.online import OnlineMonitor
+from megatron_rl.monitor.stragglers import straggler_span, trailing_median
 from megatron_rl.monitor.synth import SynthConfig, generate
 from megatron_rl.monitor.trace import STEP_METRICS
 from megatron_rl.monitor.windows import Grid
 
 
-def step_grid(machines=16, duration=1200, step_s=60.0, slow=(), seed=0) -> Grid:
+def step_grid(machines=16, duration=1200, step_s=60.0, slow=(), seed=0, noise=0.02) -> Grid:
     """Step metrics only, one value per `step_s` step, repeated every second until the next
-    step ends; each slow entry is (machine, first_step, last_step, factor)."""
+    step ends; each slow entry is (machine, first_step, last_step, factor); `noise`: the
+    per-rank, per-step log-normal spread of each section."""
     rng = np.random.default_rng(seed)
     n_steps = int(duration // step_s)
     common = 1 + 0.1 * rng.standard_normal(n_steps)  # the job's pace changes step to step
     share = np.array([0.5, 0.4, 0.1])
-    sec = share[:, None, None] * step_s * common * np.exp(rng.normal(0, 0.02, (3, machines, n_steps)))
+    sec = share[:, None, None] * step_s * common * np.exp(rng.normal(0, noise, (3, machines, n_steps)))
     for i, first, last, factor in slow:
         sec[:, i, first:last + 1] *= factor
     steps = np.concatenate([sec.sum(0, keepdims=True), sec])  # step_time, then the sections
@@ -109,3 +112,50 @@ def test_a_run_mixing_step_and_per_second_metrics_needs_the_step_continuity():
     fixed = DetectConfig(follow_step=False)
     assert detect(grid, fixed).alerts == []  # ~165 s in all (with the 32 s CPU level): < 3 steps
     assert [a.machine for a in detect(grid, replace(fixed, straggler_steps=2)).alerts] == ["node03"]
+
+
+def test_trailing_median_needs_most_of_its_span():
+    x = np.array([[1.0, 5.0, 2.0, np.nan, 4.0, 3.0]])
+    # span 3, at least 75 % of it (2.25 values): only the third position has three.
+    np.testing.assert_array_equal(trailing_median(x, 3), [[np.nan, np.nan, 2.0, np.nan, np.nan, np.nan]])
+    np.testing.assert_array_equal(trailing_median(x, 3, min_present=0.5), [[np.nan, 3.0, 2.0, 3.5, 3.0, 3.5]])
+
+
+def test_straggler_span_is_the_longer_of_its_seconds_and_its_steps():
+    cfg = DetectConfig()  # 96 s or 5 steps, in 8 s windows
+    assert straggler_span(cfg, 8.0) == 12 and straggler_span(cfg, None) == 12
+    assert straggler_span(cfg, 60.0) == 38  # 300 s / 8 s, rounded
+
+
+def test_rank_at_0_8x_on_coupled_traces_is_found_only_by_the_median_over_steps():
+    """The coupled generator's straggler (this seed: 0.8x from 288 s; its rollout varies 7 %
+    per step): missed by the window score, found by the median over steps."""
+    st = generate_coupled(CoupledConfig(machines=32, seed=100001, fault="straggler_slow", step_metrics=True))
+    (lab,) = st.labels
+    on = detect(st.grid, DetectConfig()).alerts
+    assert [a.machine for a in on] == [lab.machine] and on[0].metric == "rollout_time"
+    off = detect(st.grid, DetectConfig(straggler_score=False)).alerts
+    assert lab.machine not in [a.machine for a in off]
+
+
+def _channel(slow, noise=0.07, seed=0, **cfg):
+    """Straggler z [step metrics, machines, windows] of 32 ranks with 8 s steps."""
+    grid = step_grid(machines=32, duration=900, step_s=8.0, slow=slow, seed=seed, noise=noise)
+    scores = score_grid(grid, DetectConfig(**cfg))
+    return scores.straggler.z
+
+
+def test_a_rank_25_percent_slower_scores_above_the_threshold_once_its_median_moves():
+    z = _channel([(5, 30, 120, 1.25)])  # slow from step 30: shown from 248 s, window 31
+    assert np.nanmin(z[1, 5, 31 + 12:]) > 6.5  # rollout_time, once the slow steps are most of the span
+    assert np.nanmax(np.delete(z, 5, 1)) < 6.5
+
+
+def test_short_transients_fast_ranks_and_a_few_percent_do_not_score():
+    # A 32 s slowdown at 2x (a window under half of the 96 s span) and a rank 20 % fast, 7 % noise:
+    z = _channel([(7, 40, 43, 2.0), (9, 20, 120, 0.8)])
+    assert np.nanmax(z[:, 7]) < 6.5 and np.nanmax(z[:, 9]) <= 0.0
+    # 6 % slower with 1 % noise: far outside the peers' spread, under straggler_min_slowdown.
+    z = _channel([(4, 10, 120, 1.06)], noise=0.01)
+    assert np.nanmax(z[:, 4]) <= 0.0
+    assert np.nanmin(_channel([(4, 10, 120, 1.06)], noise=0.01, straggler_min_slowdown=0.0)[1, 4, 30:]) > 6.5
