@@ -144,8 +144,8 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
 
 def peak_score(values: np.ndarray, cfg: DetectConfig, period_s: float | None) -> np.ndarray:
     """`peers.peak_scores` of the raw per-second values [metrics, machines, seconds] over
-    max(level_span_s, peak_steps steps), in the windows of the other scores."""
-    span_s = max(cfg.level_span_s, cfg.peak_steps * (period_s or 0.0))
+    max(peak_span_s, peak_steps steps), in the windows of the other scores."""
+    span_s = max(cfg.peak_span_s, cfg.peak_steps * (period_s or 0.0))
     span = max(1, int(round(span_s / cfg.stride_s)))
     return peak_scores(cut_windows(values, cfg.window, cfg.stride), span, cfg.peak_tolerance, cfg.min_machines,
                        hold=cfg.peak_hold_windows)

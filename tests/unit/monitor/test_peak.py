@@ -1,5 +1,7 @@
 """The peak score (peers.peak_scores): a link at half speed, seen only in its peak rate."""
 
+from dataclasses import replace
+
 import numpy as np
 
 from megatron_rl.monitor.detect import DetectConfig, detect, peak_score, score_grid
@@ -94,3 +96,13 @@ def test_a_shortfall_scores_only_where_it_held_for_the_last_windows():
     # next to a NaN. The lone 9 at window 1 (one window of a transient) is gone.
     np.testing.assert_array_equal(held_low(score, 2)[0, 0], [np.nan, 1.0, 2.0, 2.0, 9.0, np.nan, np.nan, 9.0])
     np.testing.assert_array_equal(held_low(score, 1), score)
+
+
+def test_the_peak_spans_at_least_peak_span_s_or_peak_steps_steps():
+    grid = _link_grid()
+    cfg = DetectConfig()  # peak_span_s 80, peak_steps 4
+    s = peak_score(grid.values, cfg, 8.0)  # 4 steps of 8 s = 32 s: the 80 s span rules
+    np.testing.assert_array_equal(s, peak_score(grid.values, replace(cfg, peak_span_s=10.0, peak_steps=10), 8.0))
+    assert not np.array_equal(s, peak_score(grid.values, replace(cfg, peak_span_s=32.0), 8.0), equal_nan=True)
+    long = peak_score(grid.values, cfg, 60.0)  # 4 steps of 60 s = 240 s: the steps rule
+    np.testing.assert_array_equal(long, peak_score(grid.values, replace(cfg, peak_span_s=240.0), None))
