@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -378,7 +378,8 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
         for j in [j for j, r in runs.items() if now - scores.win_end[r.last_hit] > cfg.max_gap_s]:
             del runs[j]  # out of candidacy for too long: the run is broken
     if scores.straggler is not None:
-        alerts = earliest(alerts + declare(scores.straggler, cfg, already).alerts)
+        channel = replace(cfg, threshold=cfg.straggler_threshold)
+        alerts = earliest(alerts + declare(scores.straggler, channel, already).alerts)
     return Detection(alerts, scores, candidates)
 
 
