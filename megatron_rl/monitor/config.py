@@ -97,6 +97,9 @@ class DetectConfig:
     theirs because the slowdown gate above already holds healthy ranks back: on the design
     seeds 4.5-5 found every straggler with no more alarms, 4 added alarms and 5.5 and 6.5
     missed ranks whose 13-14 s steps put fewer steps in the span."""
+    stale_steps: float = 3.0
+    """Step and section times not renewed for max(this many steps, 30 s) are stale and not
+    scored: during a hang every rank repeats its last step (period.without_stale_steps)."""
     follow_step: bool = True
     """Make the time scales follow the job's step period, estimated from the trace
     (monitor/period.py): with steps longer than level_span_s / 2, per-second metrics are
@@ -140,7 +143,7 @@ class DetectConfig:
              "straggler_min_slowdown must be >= 0 and straggler_threshold > 0"),
             (self.continuity_steps >= 0, "continuity_steps must be >= 0"),
             (self.recurrence_s >= 0, "recurrence_s must be >= 0 (0: off)"),
-            (self.step_lag_s >= 0, "step_lag_s must be >= 0"),
+            (self.step_lag_s >= 0 and self.stale_steps >= 0, "step_lag_s and stale_steps must be >= 0 (0: off)"),
             (self.peak_steps > 0 and self.peak_tolerance > 0 and self.peak_span_s > 0,
              "peak_steps, peak_span_s and peak_tolerance must be > 0"),
             (self.peak_hold_windows >= 1, "peak_hold_windows must be >= 1"),

@@ -40,7 +40,8 @@ from .config import DetectConfig
 from .denoise import Denoiser, WindowMedian
 from .peers import (intermittency_scores, level_scores, level_z, peak_scores, robust_z, whole_step_span,
                     window_means)
-from .period import TimeScales, cycle_period, estimate_period, reported_period, step_average, time_scales
+from .period import (TimeScales, cycle_period, estimate_period, reported_period, step_average, time_scales,
+                     without_stale_steps)
 from .stragglers import straggler_scores
 from .trace import STEP_METRICS, Trace
 from .windows import (Grid, complete_trailing_mean, cut_windows, nanmedian, normalise, normalise_lagged, to_grid,
@@ -107,6 +108,7 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     """
     if abs(grid.step_s - cfg.step_s) > 1e-9:
         raise ValueError(f"grid step {grid.step_s} s differs from DetectConfig.step_s {cfg.step_s} s")
+    grid = without_stale_steps(grid, cfg.stale_steps)
     step_s, cycle_s = periods(grid, cfg)
     scales = time_scales(cfg, step_s, cycle_s)
     max_fill = int(cfg.max_fill_s / cfg.step_s)

@@ -52,6 +52,47 @@ def reported_period(grid: Grid) -> float | None:
     return float(sum(medians)) if medians else None
 
 
+STALE_MIN_S = 30.0
+"""A step value is stale after max(stale_steps steps, this long) without a new step."""
+
+
+def unchanged_for(x: np.ndarray) -> np.ndarray:
+    """Samples since each value of x [..., T] last changed (NaNs are gaps: the value before
+    them carries on), counted from the first sample."""
+    t = np.arange(x.shape[-1])
+    seen = np.where(np.isnan(x), 0, t)
+    np.maximum.accumulate(seen, axis=-1, out=seen)
+    carried = np.take_along_axis(x, seen, -1)  # forward-filled (leading NaNs stay NaN)
+    changed = np.ones(x.shape, bool)
+    changed[..., 1:] = carried[..., 1:] != carried[..., :-1]  # NaN != NaN: leading gaps count as new
+    last = np.where(changed, t, 0)
+    np.maximum.accumulate(last, axis=-1, out=last)
+    return t - last
+
+
+def without_stale_steps(grid: Grid, stale_steps: float) -> Grid:
+    """The grid with step and section times blanked (NaN) where a machine has not reported a
+    new step for max(stale_steps reported steps, STALE_MIN_S): what is left is the last
+    step before a stall, not a measurement of now.
+
+    Why: when the job hangs (a machine stops, and every collective waits for it), no rank
+    finishes a step and every collector repeats its rank's last step times. A rank whose
+    last step happened to be slow (a transient) then looks slow for as long as the hang
+    lasts, long enough to be declared: on the coupled generator's hang traces these were
+    half of the false alarms with step metrics (docs/monitor.md). The stalled rank itself
+    is found by its GPU and host metrics. 0 keeps every value."""
+    is_step = np.array([m in STEP_METRICS for m in grid.metrics], bool)
+    period = reported_period(grid)
+    if not stale_steps or not is_step.any() or period is None:
+        return grid
+    limit = max(stale_steps * period, STALE_MIN_S) / grid.step_s
+    values = grid.values.copy()
+    step = values[is_step]
+    step[unchanged_for(step) > limit] = np.nan
+    values[is_step] = step
+    return Grid(values, grid.metrics, grid.machines, grid.start, grid.step_s)
+
+
 def autocorrelation_period(values: np.ndarray, max_machines: int = 64, min_lag: int = 2,
                            max_frac: float = 1 / 3, min_prominence: float = 0.05) -> float | None:
     """Dominant period (in samples) of per-machine series; values: [metrics, machines, T].

@@ -4,7 +4,10 @@ import numpy as np
 import pytest
 
 from megatron_rl.monitor.config import DetectConfig
+from megatron_rl.monitor.detect import detect
+from megatron_rl.monitor.trace import STEP_METRICS
 from megatron_rl.monitor.period import (autocorrelation_period, average_span, estimate_period, step_average,
+                                       unchanged_for, without_stale_steps,
                                         time_scales)
 from megatron_rl.monitor.windows import Grid
 
@@ -179,3 +182,33 @@ def test_a_reported_step_four_percent_long_still_averages_whole_cycles():
     # Healthy machines' step means of GPU power: spread by the stages over 62 s, not over 60 s.
     power = lambda span: step_average(grid.values, span, 3, METRICS)[2, :, 120:]  # noqa: E731
     assert np.ptp(power(60), axis=0).max() < 0.25 * np.ptp(power(62), axis=0).max()
+
+
+def test_unchanged_for_counts_samples_since_the_value_last_changed_across_gaps():
+    x = np.array([[np.nan, 5.0, 5.0, 7.0, np.nan, 7.0, 7.0, 8.0]])
+    # A leading gap is new, a gap inside carries the value on, 7 -> 7 across it is no change.
+    np.testing.assert_array_equal(unchanged_for(x), [[0, 0, 1, 0, 1, 2, 3, 0]])
+
+
+def _hung_steps(machines=16, steps_before=30, duration=600, step_s=8.0, slow_last=3):
+    """Step metrics of `machines` ranks with 8 s steps until step `steps_before`, after
+    which the job hangs and every collector repeats its rank's last step; rank `slow_last`
+    had a transient slowdown (2x) in that last step."""
+    rng = np.random.default_rng(0)
+    share = np.array([1.0, 0.5, 0.4, 0.1])[:, None, None]  # step_time, then its sections
+    sec = step_s * share * np.exp(rng.normal(0, 0.02, (4, machines, steps_before)))
+    sec[:, slow_last, -1] *= 2.0
+    last = np.minimum(np.floor(np.arange(duration) / step_s).astype(int) - 1, steps_before - 1)
+    values = np.where(last >= 0, sec[:, :, np.maximum(last, 0)], np.nan).astype(np.float32)
+    return Grid(values, list(STEP_METRICS), [f"node{i:02d}" for i in range(machines)], start=0.0)
+
+
+def test_step_times_repeated_through_a_hang_are_stale_and_not_scored():
+    grid = _hung_steps()  # step 29, the last, ends at 240 s and is repeated from then on
+    kept = without_stale_steps(grid, 3.0).values  # stale after max(3 x 8 s, 30 s) = 30 s
+    assert np.isfinite(kept[:, :, 240 + 30]).all() and np.isnan(kept[:, :, 240 + 31:]).all()
+    assert np.isfinite(kept[:, :, 8:240]).all()  # steps still coming: nothing blanked
+    np.testing.assert_array_equal(without_stale_steps(grid, 0.0).values, grid.values, strict=True)
+    # The rank whose last step was slow: declared on stale values, not on fresh ones.
+    assert [a.machine for a in detect(grid, DetectConfig(stale_steps=0.0)).alerts] == ["node03"]
+    assert detect(grid, DetectConfig()).alerts == []
