@@ -58,16 +58,17 @@ STALE_MIN_S = 30.0
 
 def unchanged_for(x: np.ndarray) -> np.ndarray:
     """Samples since each value of x [..., T] last changed (NaNs are gaps: the value before
-    them carries on), counted from the first sample."""
-    t = np.arange(x.shape[-1])
-    seen = np.where(np.isnan(x), 0, t)
+    them carries on), counted from the first sample; int32."""
+    t = np.arange(x.shape[-1], dtype=np.int32)
+    seen = np.where(np.isnan(x), np.int32(0), t)
     np.maximum.accumulate(seen, axis=-1, out=seen)
     carried = np.take_along_axis(x, seen, -1)  # forward-filled (leading NaNs stay NaN)
     changed = np.ones(x.shape, bool)
-    changed[..., 1:] = carried[..., 1:] != carried[..., :-1]  # NaN != NaN: leading gaps count as new
-    last = np.where(changed, t, 0)
+    np.not_equal(carried[..., 1:], carried[..., :-1], out=changed[..., 1:])  # NaN != NaN: leading gaps are new
+    last = np.where(changed, t, np.int32(0))
     np.maximum.accumulate(last, axis=-1, out=last)
-    return t - last
+    np.subtract(t, last, out=last)
+    return last
 
 
 def without_stale_steps(grid: Grid, stale_steps: float) -> Grid:
@@ -80,15 +81,19 @@ def without_stale_steps(grid: Grid, stale_steps: float) -> Grid:
     last step happened to be slow (a transient) then looks slow for as long as the hang
     lasts, long enough to be declared: on the coupled generator's hang traces these were
     half of the false alarms with step metrics (docs/monitor.md). The stalled rank itself
-    is found by its GPU and host metrics. 0 keeps every value."""
-    is_step = np.array([m in STEP_METRICS for m in grid.metrics], bool)
+    is found by its GPU and host metrics. 0 keeps every value; so does a grid with nothing
+    stale (the same object, no copy)."""
+    is_step = np.flatnonzero([m in STEP_METRICS for m in grid.metrics])
     period = reported_period(grid)
-    if not stale_steps or not is_step.any() or period is None:
+    if not stale_steps or not is_step.size or period is None:
         return grid
     limit = max(stale_steps * period, STALE_MIN_S) / grid.step_s
+    stale = unchanged_for(grid.values[is_step]) > limit
+    if not stale.any():
+        return grid
     values = grid.values.copy()
     step = values[is_step]
-    step[unchanged_for(step) > limit] = np.nan
+    step[stale] = np.nan
     values[is_step] = step
     return Grid(values, grid.metrics, grid.machines, grid.start, grid.step_s)
 
