@@ -23,9 +23,11 @@ from a faulty machine and break its continuity; docs/monitor.md measures both.
 
 Declaring (`declare`): a crowd (`crowds`: many machines above the threshold in one
 metric-window, which says the scale does not fit that window) makes no candidate and is
-bridged by open runs without counting; a run is declared after the continuity; a machine
-that is a candidate in half of its windows over eight minutes is declared without a run
-(`_Recurrence`, for weak intermittent faults; off with step-averaged metrics).
+bridged by open runs without counting; a run is declared after the continuity, of which
+the echo of a window score in the averaged scores counts only once it outlasts `echo_s`
+(`_Run.counted_until`); a machine that is a candidate in half of its windows over eight
+minutes is declared without a run (`_Recurrence`, for weak intermittent faults; off with
+step-averaged metrics); the straggler channel is declared on its own (`stragglers.py`).
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ class Scores:
     """The time constants used (they follow the job's step period, `period.py`)."""
     straggler: "Scores | None" = None
     """The straggler channel (`stragglers.py`): step metrics only, declared on its own."""
+    instant: np.ndarray | None = None
+    """The window score alone (without the level, intermittency and peak scores), the
+    shape of z; None: not kept (declare then has no echo rule)."""
 
     @property
     def step_period_s(self) -> float | None:
@@ -123,6 +128,7 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     rec = denoised_windows(win, grid.metrics, denoiser)  # [metrics, windows, window, machines]
     s = median_distance(rec).transpose(0, 2, 1)  # [metrics, machines, windows]
     z = robust_z(s, 0.0, cfg.min_machines)  # the window score: no floor
+    instant = z.copy()
     if cfg.peer_scores:
         levels = whole_step_levels(resid, cfg, scales, cycle_s)
         peer = peer_scores(win, cfg, scales.intermittency_span_s, levels)
@@ -141,7 +147,7 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
         zs = straggler_scores(values[is_step], resid[is_step], cfg, scales.period_s or cycle_s)
         straggler = Scores(zs, [m for m in grid.metrics if m in STEP_METRICS], list(grid.machines), start, end,
                            scales)
-    return Scores(z, list(grid.metrics), list(grid.machines), start, end, scales, straggler)
+    return Scores(z, list(grid.metrics), list(grid.machines), start, end, scales, straggler, instant)
 
 
 def peak_score(values: np.ndarray, cfg: DetectConfig, period_s: float | None) -> np.ndarray:
@@ -264,6 +270,15 @@ class _Run:
     metrics: Counter = field(default_factory=Counter)
     need_s: float = 0.0  # the longest continuity any of its metrics asks for
     bridged: int = 0  # windows where it was above the threshold only in a crowd
+    last_instant: int = -1  # the last window where its window score itself was above the threshold
+
+    def counted_until(self, w: int, scores: Scores, echo_s: float) -> int:
+        """The window up to which the run's span counts at window w: w, or while the run is
+        in the echo of its window score (above the threshold only through the averaged
+        scores, for at most echo_s since the window score last was), that last window."""
+        if self.last_instant < 0 or w == self.last_instant:
+            return w
+        return self.last_instant if scores.win_end[w] - scores.win_end[self.last_instant] <= echo_s else w
 
     def span_s(self, w: int, scores: Scores, stride_s: float) -> float:
         """Seconds of the run that count toward continuity: crowd windows do not."""
@@ -348,6 +363,8 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
     need = continuity(scores, cfg)
     excluded = np.array([m in (already or set()) for m in machines], bool)
     crowd = crowds(scores.z, cfg.threshold, cfg.crowd_fraction)
+    instant = None if not cfg.echo_s or scores.instant is None else np.where(crowd[:, None, :], np.nan, scores.instant)
+    # the window score alone, for the echo rule (`_Run.counted_until`); crowds count for nothing there either
     z = np.where(crowd[:, None, :], np.nan, scores.z)  # a crowd makes no candidate ...
     in_crowd = ((scores.z > cfg.threshold) & crowd[:, None, :]).any(0)  # ... but bridges [machines, windows]
     runs: dict[int, _Run] = {}
@@ -364,7 +381,10 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
             run.hits, run.last_hit, run.z_sum = run.hits + 1, w, run.z_sum + zi
             run.metrics[scores.metrics[k]] += 1
             run.need_s = max(run.need_s, need[k])  # a slow step cannot lend its span to continuity_s
-            if run.span_s(w, scores, cfg.stride_s) >= run.need_s and \
+            if instant is not None and (instant[:, i, w] > cfg.threshold).any():
+                run.last_instant = w
+            upto = run.counted_until(w, scores, cfg.echo_s) if instant is not None else w
+            if run.span_s(upto, scores, cfg.stride_s) >= run.need_s and \
                     run.hits >= cfg.min_fraction * run.counted_windows(w):
                 alerts.append(Alert(machines[i], run.metrics.most_common(1)[0][0],
                                     float(scores.win_start[run.start]), float(now), run.z_sum / run.hits))

@@ -7,6 +7,8 @@ minutes is declared without any run; and the crowd guard: a metric-window where 
 machines are above the threshold makes no candidate, and runs bridge it without counting
 it. The last three on per-window scores built by hand."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -50,7 +52,11 @@ def test_a_gpu_idle_half_of_every_minute_is_declared_by_the_peer_scores(make_gri
     grid = make_grid(duration=900, seed=seed, faults=flaps)
     alerts = detect(grid, DEFAULT).alerts
     assert [a.machine for a in alerts] == ["node05"]
-    assert alerts[0].declared_at <= 200 + DEFAULT.continuity_s + DEFAULT.window_s
+    # Continuity reached while the GPU is on is in the echo of its window score (echo_s):
+    # declared when the score fires again, at the next off-period, 30 s later at most.
+    assert alerts[0].declared_at <= 200 + DEFAULT.continuity_s + 30 + DEFAULT.window_s
+    assert detect(grid, replace(DEFAULT, echo_s=0.0)).alerts[0].declared_at <= \
+        200 + DEFAULT.continuity_s + DEFAULT.window_s
     # Without the peer scores and the recurrence rule nothing is declared; the recurrence
     # rule alone finds it, eight minutes into the fault at the latest.
     assert detect(grid, DetectConfig(peer_scores=False, recurrence_s=0)).alerts == []
@@ -116,3 +122,17 @@ def test_a_crowd_makes_no_candidate_and_a_run_bridges_it_without_counting_it():
     # Without the guard m0 is declared at 111 s, and m1, m2 (five windows) are not.
     off = declare(scores, DetectConfig(crowd_fraction=1.0)).alerts
     assert [(a.machine, a.declared_at) for a in off] == [("m0", 13 * 8 + 7.0)]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_level_echo_of_a_slowdown_does_not_complete_continuity(make_grid, seed):
+    # 90-100 s of a high window score, then the 32 s level echoes it: 110 s of candidacy,
+    # declared without the echo rule. 110 s of the window score itself is declared by both,
+    # at the same time.
+    for length in (90, 100):
+        grid = make_grid(seed=seed, faults=[(3, "cpu_util", 200, 200 + length, 8.0)])
+        assert detect(grid, DEFAULT).alerts == []
+        assert [a.machine for a in detect(grid, replace(DEFAULT, echo_s=0.0)).alerts] == ["node03"]
+    grid = make_grid(seed=seed, faults=[(3, "cpu_util", 200, 310, 8.0)])
+    on, off = detect(grid, DEFAULT).alerts, detect(grid, replace(DEFAULT, echo_s=0.0)).alerts
+    assert [a.machine for a in on] == ["node03"] and on[0].declared_at == off[0].declared_at
