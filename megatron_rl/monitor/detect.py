@@ -363,8 +363,9 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
     need = continuity(scores, cfg)
     excluded = np.array([m in (already or set()) for m in machines], bool)
     crowd = crowds(scores.z, cfg.threshold, cfg.crowd_fraction)
-    instant = None if not cfg.echo_s or scores.instant is None else np.where(crowd[:, None, :], np.nan, scores.instant)
-    # the window score alone, for the echo rule (`_Run.counted_until`); crowds count for nothing there either
+    instant = None  # the window score alone, for the echo rule (`_Run.counted_until`); crowds do not count
+    if cfg.echo_s and scores.instant is not None:
+        instant = np.where(crowd[:, None, :], np.nan, scores.instant)
     z = np.where(crowd[:, None, :], np.nan, scores.z)  # a crowd makes no candidate ...
     in_crowd = ((scores.z > cfg.threshold) & crowd[:, None, :]).any(0)  # ... but bridges [machines, windows]
     runs: dict[int, _Run] = {}
