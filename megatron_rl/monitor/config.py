@@ -54,8 +54,9 @@ class DetectConfig:
     peak_span_s: float = 80.0
     """... and over at least this long. With 6-12 s steps, 4 steps left the healthy
     machines' own peaks unsteady by 6 %, the unit of the score, so a link at 0.6x on the
-    faster of two racks scored 5-6 (docs/monitor.md, "Quiet windows, a straggler channel
-    and a longer peak span"); 64-96 s gave the same results on the design seeds."""
+    faster of two racks scored 5-6 (docs/monitor.md, "Quiet windows, a straggler channel,
+    stale step times, longer peaks and the echo rule"); 64-96 s gave the same results on
+    the design seeds."""
     peak_tolerance: float = 0.05
     """A peak's shortfall below the peers' median peak is scored in units of at least this
     fraction (threshold 6.5: a peak about a third below the peers'): healthy machines'

@@ -120,15 +120,13 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     values = grid.values
     if scales.average_s:  # long steps: compare step means, where stage phases cancel
         values = step_average(values, int(round(scales.average_s / cfg.step_s)), max_fill, grid.metrics)
-    resid, _ = normalise(values, max_fill)
     is_step = np.array([m in STEP_METRICS for m in grid.metrics], bool)
-    if is_step.any() and cfg.step_lag_s:  # step values switch at each machine's own sample
-        resid[is_step] = normalise_lagged(values[is_step], max_fill, int(round(cfg.step_lag_s / cfg.step_s)))[0]
+    resid = residuals(values, is_step, cfg, max_fill)
     win = cut_windows(resid, cfg.window, cfg.stride)  # [metrics, machines, windows, window]
     rec = denoised_windows(win, grid.metrics, denoiser)  # [metrics, windows, window, machines]
     s = median_distance(rec).transpose(0, 2, 1)  # [metrics, machines, windows]
     z = robust_z(s, 0.0, cfg.min_machines)  # the window score: no floor
-    instant = z.copy()
+    instant = z  # kept for the echo rule: the fmax below makes a new z, this one is not written
     if cfg.peer_scores:
         levels = whole_step_levels(resid, cfg, scales, cycle_s)
         peer = peer_scores(win, cfg, scales.intermittency_span_s, levels)
@@ -148,6 +146,22 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
         straggler = Scores(zs, [m for m in grid.metrics if m in STEP_METRICS], list(grid.machines), start, end,
                            scales)
     return Scores(z, list(grid.metrics), list(grid.machines), start, end, scales, straggler, instant)
+
+
+def residuals(values: np.ndarray, is_step: np.ndarray, cfg: DetectConfig, max_fill: int) -> np.ndarray:
+    """Normalised residuals [metrics, machines, seconds]: per-second metrics against the
+    median at each second (`windows.normalise`), step metrics (with `step_lag_s`) against
+    the closest median within the lag (`windows.normalise_lagged`: step values switch at
+    each machine's own sample). Each metric is normalised once, by the rule it needs."""
+    lag = int(round(cfg.step_lag_s / cfg.step_s))
+    if not lag or not is_step.any():
+        return normalise(values, max_fill)[0]
+    if is_step.all():
+        return normalise_lagged(values, max_fill, lag)[0]
+    resid = np.empty(values.shape, np.float32)
+    resid[~is_step] = normalise(values[~is_step], max_fill)[0]
+    resid[is_step] = normalise_lagged(values[is_step], max_fill, lag)[0]
+    return resid
 
 
 def peak_score(values: np.ndarray, cfg: DetectConfig, period_s: float | None) -> np.ndarray:
@@ -384,7 +398,7 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
             run.need_s = max(run.need_s, need[k])  # a slow step cannot lend its span to continuity_s
             if instant is not None and (instant[:, i, w] > cfg.threshold).any():
                 run.last_instant = w
-            upto = run.counted_until(w, scores, cfg.echo_s) if instant is not None else w
+            upto = run.counted_until(w, scores, cfg.echo_s)  # w itself unless the window score fired before
             if run.span_s(upto, scores, cfg.stride_s) >= run.need_s and \
                     run.hits >= cfg.min_fraction * run.counted_windows(w):
                 alerts.append(Alert(machines[i], run.metrics.most_common(1)[0][0],

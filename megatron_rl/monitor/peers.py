@@ -80,7 +80,7 @@ def typical_spread(mad: np.ndarray) -> np.ndarray:
     more than half are of the first kind, the median is the rounding: the cap then held
     the denominator of a busy window at twice the rounding, and healthy machines scored
     z in the hundreds. On the coupled generator's design seeds this made 22 of 24 false
-    alarms with 6-12 s steps (docs/monitor.md, "Quiet windows and the typical spread").
+    alarms with 6-12 s steps (docs/monitor.md, "Quiet windows, a straggler channel, ...").
     A metric whose spread is of one kind throughout (every metric of the synth generator)
     has no window below a twentieth of its 90th percentile, so nothing changes for it."""
     with warnings.catch_warnings():

@@ -10,8 +10,8 @@ were found late through the GPU metrics or not at all. The median over many step
 spread several times smaller, and a transient slowdown (a garbage collection, a page-cache
 flush: seconds to a minute) shifts a median only when it covers about half of the span.
 
-Three conditions, each for a reason measured in docs/monitor.md ("Stragglers by the median
-over many steps"):
+Three conditions, each for a reason measured in docs/monitor.md ("Quiet windows, a
+straggler channel, ..."):
 - the span is at least `straggler_span_s` and `straggler_median_steps` steps, and it must
   be complete (a median of the first two steps of a call is a single step's luck);
 - slow side only: a fast rank is not a fault, and in a synchronous job the slow rank's
