@@ -121,23 +121,27 @@ def cmd_eval(args) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return BAD_INPUT
+    extra = dict(kinds=tuple(args.kinds)) if args.kinds else {}
+    if args.step_period:
+        extra["step_period_s"] = tuple(float(x) for x in args.step_period)
+    shared = dict(distractors=args.distractors, step_metrics=args.step_metrics, generator=args.generator,
+                  duration_s=args.duration_s, **extra)
+    try:  # before any model is loaded: a bad generator, kind or duration is one line
+        plan = EvalPlan(
+            tune=EvalConfig(seed=args.tune_seed, machines=args.tune_machines, faulty_per_cell=args.tune_faulty,
+                            fault_free_per_size=args.tune_fault_free, **shared),
+            test=EvalConfig(seed=args.seed, machines=args.machines, faulty_per_cell=args.faulty,
+                            fault_free_per_size=args.fault_free, **shared),
+            timing_machines=args.timing, only=tuple(args.only or ()), threshold=args.threshold)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return BAD_INPUT
     torch.set_num_threads(args.threads)
     if args.model == "train":
         print(f"training a denoiser on {args.train_traces} fault-free traces (seeds from {args.train_seed})")
         den = train_synthetic_denoiser(args.train_seed, args.train_traces, cfg=DenoiserConfig(steps=args.steps))
     else:
         den, _ = _load_model(args.model)
-    extra = dict(kinds=tuple(args.kinds)) if args.kinds else {}
-    if args.step_period:
-        extra["step_period_s"] = tuple(float(x) for x in args.step_period)
-    plan = EvalPlan(
-        tune=EvalConfig(seed=args.tune_seed, machines=args.tune_machines, faulty_per_cell=args.tune_faulty,
-                        fault_free_per_size=args.tune_fault_free, distractors=args.distractors,
-                        step_metrics=args.step_metrics, generator=args.generator, **extra),
-        test=EvalConfig(seed=args.seed, machines=args.machines, faulty_per_cell=args.faulty,
-                        fault_free_per_size=args.fault_free, distractors=args.distractors,
-                        step_metrics=args.step_metrics, generator=args.generator, **extra),
-        timing_machines=args.timing, only=tuple(args.only or ()), threshold=args.threshold)
     if plan.tune.seed + 1000 > plan.test.seed and plan.test.seed + 1000 > plan.tune.seed:
         print("warning: tuning and test seeds are within 1000 of each other and may overlap", file=sys.stderr)
     result = run_evaluation(plan, den, cfg)
@@ -207,6 +211,8 @@ def add_monitor_subcommands(subparsers) -> None:
     p.add_argument("--step-metrics", action="store_true",
                    help="every trace carries step and section times (straggler traces always do)")
     p.add_argument("--step-period", type=_ints, help="range of the step length in s, e.g. 40,90 (default 6,12)")
+    p.add_argument("--duration-s", type=int, default=900,
+                   help="length of every trace in s")
     p.add_argument("--kinds", nargs="*", help="fault kinds to evaluate (default: all of the generator's)")
     p.add_argument("--threshold", type=float, help="use this threshold for every method; skip tuning")
     p.add_argument("--threads", type=int, default=1, help="torch threads (timings are for 1)")

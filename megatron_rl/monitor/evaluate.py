@@ -52,6 +52,8 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.generator not in GENERATORS:
             raise ValueError(f"generator: {self.generator!r}; allowed: {', '.join(GENERATORS)}")
+        for n in self.machines[:1]:  # the generator's own config checks duration and step period now
+            GENERATORS[self.generator].config(self, n, self.seed, None)
         if self.kinds is None:
             object.__setattr__(self, "kinds", GENERATORS[self.generator].kinds)
 

@@ -74,6 +74,12 @@ def test_eval_takes_a_detect_config_and_refuses_an_unknown_key_in_one_line(tmp_p
     assert "\n" not in err
 
 
+def test_eval_refuses_a_bad_duration_in_one_line_before_loading_a_model(capsys):
+    assert main(["eval", "--generator", "coupled", "--duration-s", "100", "--timing=", "--model", "/nonexistent"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: duration_s: 100; allowed: an integer from 300 to 86400"
+
+
 def test_config_file_is_applied(tmp_path, make_grid):
     trace = tmp_path / "trace.csv"
     grid_to_csv(make_grid(machines=8, duration=400, faults=[(6, "gpu_power", 50, 400, -9.0)]), trace)
