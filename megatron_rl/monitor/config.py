@@ -109,12 +109,6 @@ class DetectConfig:
     continuity_steps: float = 4.0
     """With follow_step, a run needs max(continuity_s, this many steps) of candidacy
     (chosen on the tuning seeds with 40-90 s steps among 2-5; docs/monitor.md)."""
-    continuity_cap_s: float = 360.0
-    """...but never more than max(this, continuity_steps / 2 steps) (0: no cap). A fault
-    that slows the whole job lengthens the steps it is counted in: a GPU gone half the
-    time doubles a 90 s step, so four steps asked for 12 minutes, more than many faults
-    had left in a 15-minute trace. Half the steps stay the floor, so jobs with steps of
-    several minutes still need two of them (docs/monitor.md, "A cap on continuity")."""
     step_lag_s: float = 3.0
     """Step metrics change at each machine's own next sample after a step ends, so
     machines switch to the new value up to this many seconds apart; each is compared
@@ -155,8 +149,7 @@ class DetectConfig:
              "straggler_span_s must be > 0 and straggler_median_steps >= 1"),
             (self.straggler_min_slowdown >= 0 and self.straggler_threshold > 0,
              "straggler_min_slowdown must be >= 0 and straggler_threshold > 0"),
-            (self.continuity_steps >= 0 and self.continuity_cap_s >= 0,
-             "continuity_steps and continuity_cap_s must be >= 0"),
+            (self.continuity_steps >= 0, "continuity_steps must be >= 0"),
             (self.recurrence_s >= 0 and self.echo_s >= 0, "recurrence_s and echo_s must be >= 0 (0: off)"),
             (self.step_lag_s >= 0 and self.stale_steps >= 0, "step_lag_s and stale_steps must be >= 0 (0: off)"),
             (self.peak_steps > 0 and self.peak_tolerance > 0 and self.peak_span_s > 0,
@@ -191,7 +184,11 @@ class OnlineConfig:
     """Gather samples and run the detector every this many training steps (RL steps
     take tens of seconds to minutes, so this adds that much to the detection delay)."""
     lookback_s: float = 900.0
-    """Seconds of history the detector looks at on each run."""
+    """Seconds of history the detector looks at on each run (with `grow_lookback`, more
+    when the steps are long)."""
+    grow_lookback: bool = True
+    """Look back far enough for a run to be declared with long steps: the peak's span,
+    then the continuity, then a step (`OnlineMonitor.history_s`); False: lookback_s only."""
     exclude_file: str | None = None
     """Hostnames declared faulty are appended here; default <run_dir>/monitor/exclude_hosts.txt."""
     model_dir: str | None = None

@@ -4,7 +4,8 @@ The trainer owns the timing: it calls `on_step` after every step on every rank. 
 `detect_every_steps` steps the ranks hand their new samples to a gather function (a
 collective, so all ranks must call it at the same step, which is why this is driven by
 steps and not by a timer thread), and the detector rank runs the same detector as the
-offline command over the last `lookback_s` seconds, appends alerts to
+offline command over the last `lookback_s` seconds (longer with long steps: see
+`OnlineMonitor.history_s`), appends alerts to
 `<run_dir>/monitor/alerts.jsonl` and the machines to the exclude file.
 
 torch.distributed is optional: `gather` is any function taking this rank's samples (a
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
+from collections import deque
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -25,6 +28,7 @@ from .collect import Collector, default_hostname
 from .denoise import Denoiser
 from .config import OnlineConfig
 from .detect import Alert, detect
+from .period import time_scales
 from .trace import Trace
 from .windows import to_grid
 
@@ -71,6 +75,7 @@ class OnlineMonitor:
         self.alerts: list[Alert] = []
         self.stop_requested = False
         self._steps = 0
+        self._step_times: deque[float] = deque(maxlen=20)  # this rank's recent steps, for history_s
 
     def start(self) -> "OnlineMonitor":
         if self.collector is not None:
@@ -89,6 +94,8 @@ class OnlineMonitor:
         "sync_time"} in seconds), the straggler signal; recorded where this rank samples.
         """
         self._steps += 1
+        if step_time_s is not None and step_time_s > 0:
+            self._step_times.append(float(step_time_s))
         if self.collector is not None and (step_time_s is not None or sections):
             self.collector.record_step_time(step_time_s, sections)
         if self._steps % self.cfg.detect_every_steps:
@@ -100,13 +107,29 @@ class OnlineMonitor:
         self._chunks += [t for t in gathered if t is not None and len(t)]
         return self.detect_now()
 
+    def history_s(self) -> float:
+        """Seconds of samples each detection sees: lookback_s, or with long steps what a
+        run needs to be declared: the slowest score to fill (the peak over peak_steps
+        steps), then its continuity, plus a step of margin.
+
+        With `follow_step` both are counted in steps: with 4-minute steps that is 16
+        minutes each, and a fixed 15-minute lookback never held a run that long, so the
+        monitor declared nothing (docs/monitor.md, "The online lookback")."""
+        if not self.cfg.grow_lookback or not self._step_times:
+            return self.cfg.lookback_s
+        period = statistics.median(self._step_times)
+        d = self.cfg.detect
+        scales = time_scales(d, period)
+        fill = max(d.peak_span_s, d.peak_steps * period, scales.average_s)
+        return max(self.cfg.lookback_s, fill + max(scales.continuity_s, scales.step_continuity_s) + period)
+
     def detect_now(self) -> list[Alert]:
-        """Run the detector over the last lookback_s seconds and act on new alerts."""
+        """Run the detector over the last history_s() seconds and act on new alerts."""
         if not self._chunks:
             return []
         trace = Trace.concat(self._chunks)
         end = float(trace.timestamps.max())
-        trace = trace.select(trace.timestamps >= end - self.cfg.lookback_s)
+        trace = trace.select(trace.timestamps >= end - self.history_s())
         self._chunks = [trace]  # older rows are dropped for good
         grid = to_grid(trace, self.cfg.detect.step_s)
         if grid.values.shape[1] < self.cfg.detect.min_machines:

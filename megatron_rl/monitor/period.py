@@ -22,8 +22,6 @@ What follows the step period P (`time_scales`):
   continuity_s: 4 x 12 s < 110 s). Step averaging makes a transient slowdown last a step
   longer and, noise averaged away, stand out more; several steps of candidacy is what
   still tells it from a fault.
-  It is capped at max(continuity_cap_s, continuity_steps / 2 x P): a fault that slows
-  the whole job lengthens the very steps its continuity is counted in.
 - **Intermittency span**: its slices must outlast one step-averaged transient
   (60 s plus the step), so each slice is stretched by P when step averaging is on.
 
@@ -193,7 +191,7 @@ def time_scales(cfg: DetectConfig, period_s: float | None, cycle_s: float | None
     p = period_s or 0.0
     followed = p if cfg.follow_step else 0.0  # without follow_step: the fixed time constants
     average = average_span(followed, cycle_s) if followed > cfg.level_span_s / 2 else 0.0
-    continuity = max(cfg.continuity_s, capped_steps(cfg, followed))
+    continuity = max(cfg.continuity_s, cfg.continuity_steps * followed)
     return TimeScales(
         period_s=period_s,
         average_s=average,
@@ -201,14 +199,6 @@ def time_scales(cfg: DetectConfig, period_s: float | None, cycle_s: float | None
         step_continuity_s=max(cfg.continuity_s, cfg.straggler_steps * p),
         intermittency_span_s=cfg.intermittency_span_s + 3 * average,
     )
-
-
-def capped_steps(cfg: DetectConfig, period_s: float) -> float:
-    """continuity_steps steps of period_s, at most max(continuity_cap_s, half as many steps)."""
-    steps = cfg.continuity_steps * period_s
-    if not cfg.continuity_cap_s:
-        return steps
-    return min(steps, max(cfg.continuity_cap_s, steps / 2))
 
 
 def average_span(period_s: float, cycle_s: float | None) -> float:

@@ -93,3 +93,39 @@ def test_samples_from_other_ranks_are_merged(tmp_path, make_grid):
     mon = OnlineMonitor(cfg, tmp_path, gather=gather, collector=FakeCollector(grid, 40, machines=range(5)))
     found = sum((mon.on_step() for _ in range(30)), [])
     assert [a.machine for a in found] == ["node07"]
+
+
+def test_history_grows_with_long_steps_to_hold_a_declarable_run(tmp_path, make_grid):
+    mon = OnlineMonitor(OnlineConfig(lookback_s=900.0, detect=DetectConfig()), tmp_path,
+                        collector=FakeCollector(make_grid(machines=5, duration=400, seed=1), per_drain=40),
+                        denoiser=None)
+    assert mon.history_s() == 900.0  # no step seen yet
+    mon._step_times.extend([10.0] * 5)  # short steps: 80 s peak + 110 s continuity + 10 s < 900 s
+    assert mon.history_s() == 900.0
+    mon._step_times.clear()
+    mon._step_times.extend([230.0, 240.0, 250.0])
+    # 240 s steps: the peak over 4 steps (960 s) fills, then 4 steps of continuity (960 s), then a step
+    assert mon.history_s() == 4 * 240 + 4 * 240 + 240
+
+
+def test_long_steps_keep_the_longer_history(tmp_path, make_grid):
+    mon = monitor(tmp_path, make_grid(machines=5, duration=2000, seed=1))
+    mon.collector.per_drain = 120  # 3 steps of 40 s per detection
+    for _ in range(45):
+        mon.on_step(step_time_s=40.0)
+    times = np.concatenate([c.timestamps for c in mon._chunks])
+    need = mon.history_s()
+    assert need > mon.cfg.lookback_s  # FAST continuity 60 s, but 4 steps of peak and continuity
+    assert need <= times.max() - times.min() + 1 <= need + 120
+
+
+def test_a_fault_in_a_job_with_4_minute_steps_is_declared_only_with_the_longer_history(tmp_path):
+    from megatron_rl.monitor.coupled import CoupledConfig, generate_coupled
+    from megatron_rl.monitor.replay import replay_online
+    st = generate_coupled(CoupledConfig(machines=8, duration_s=2400, seed=0, fault="cpu_saturation",
+                                        step_period_s=(240.0, 240.0), step_metrics=True))
+    grown = replay_online(st.grid, 240.0, OnlineConfig(detect=DetectConfig()), tmp_path / "grown")
+    assert [(d.at, d.alert.machine) for d in grown] == [(2400.0, st.labels[0].machine)]  # second detection
+    # A fixed 900 s: 4 steps of peak span and 4 of continuity never fit, nothing is declared.
+    fixed = replay_online(st.grid, 240.0, OnlineConfig(detect=DetectConfig(), grow_lookback=False), tmp_path / "fixed")
+    assert fixed == []

@@ -81,18 +81,10 @@ def test_long_steps_average_one_step_and_need_several_steps_of_continuity():
     assert s.step_continuity_s == max(cfg.continuity_s, cfg.straggler_steps * 60.0)
     assert time_scales(cfg, 30.0).continuity_s == 120.0  # max(110 s, 4 steps of 30 s)
     assert time_scales(cfg, 30.0).average_s == 30.0  # > level_span_s / 2: averaged
-    # The cap: 4 steps of 150 s would be 600 s, capped at 360 s; 4 steps of 300 s keep
-    # half of them (600 s); no cap (0) leaves 4 steps.
-    assert time_scales(cfg, 150.0).continuity_s == 360.0
-    assert time_scales(cfg, 300.0).continuity_s == 600.0
-    assert time_scales(DetectConfig(continuity_cap_s=0), 150.0).continuity_s == 600.0
-    assert time_scales(cfg, 150.0).step_continuity_s == 3 * 150.0  # step metrics: not capped
     off = time_scales(DetectConfig(follow_step=False), 60.0)
     assert (off.average_s, off.continuity_s, off.step_continuity_s) == (0.0, cfg.continuity_s, 180.0)
     with pytest.raises(ValueError, match="continuity_steps"):
         DetectConfig(continuity_steps=-1)
-    with pytest.raises(ValueError, match="continuity_cap_s"):
-        DetectConfig(continuity_cap_s=-1)
 
 
 def test_a_step_average_removes_pipeline_stage_phases_but_keeps_a_slow_machine():
