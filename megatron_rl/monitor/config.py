@@ -67,6 +67,13 @@ class DetectConfig:
     """A peak shortfall scores only when it holds in this many consecutive windows: a
     healthy machine's transient slowdown lowered its peak for one window, which filled
     the gap between two candidacy runs and joined them (docs/monitor.md)."""
+    peak_since_shortfall: float = 0.5
+    """A run whose window has a peak at least this far below its peers' (0.5: under half
+    theirs; 0: off) counts its continuity from where that peak's span began, not from
+    the window. A trailing maximum under half the peers' says every transfer in the span
+    ran under half speed: one split across two sampling seconds still reads at least
+    half in one of them, so sampling luck cannot make it (docs/monitor.md, "Runs backed
+    by a peak under half the peers'")."""
     level_span_s: float = 32.0
     """The level score averages this long (several training steps, so phases cancel)."""
     whole_step_level: bool = True
@@ -155,6 +162,7 @@ class DetectConfig:
             (self.peak_steps > 0 and self.peak_tolerance > 0 and self.peak_span_s > 0,
              "peak_steps, peak_span_s and peak_tolerance must be > 0"),
             (self.peak_hold_windows >= 1, "peak_hold_windows must be >= 1"),
+            (0 <= self.peak_since_shortfall <= 1, "peak_since_shortfall must be in [0, 1] (0: off)"),
             (0 < self.crowd_fraction <= 1, "crowd_fraction must be in (0, 1] (1: off)"),
             (0 < self.recurrence_fraction <= 1, "recurrence_fraction must be in (0, 1]"),
             (self.min_machines >= 3, "min_machines must be >= 3 (two machines cannot outvote each other)"),

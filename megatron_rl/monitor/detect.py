@@ -40,7 +40,7 @@ import numpy as np
 
 from .config import DetectConfig
 from .denoise import Denoiser, WindowMedian
-from .peers import (intermittency_scores, level_scores, level_z, peak_scores, robust_z, whole_step_span,
+from .peers import (held_low, intermittency_scores, level_scores, level_z, peak_shortfalls, robust_z, whole_step_span,
                     window_means)
 from .period import (TimeScales, cycle_period, estimate_period, reported_period, step_average, time_scales,
                      without_stale_steps)
@@ -80,6 +80,11 @@ class Scores:
     instant: np.ndarray | None = None
     """The window score alone (without the level, intermittency and peak scores), the
     shape of z; None: not kept (declare then has no echo rule)."""
+    deep_peak: np.ndarray | None = None
+    """Where a capacity's peak is under (1 - peak_since_shortfall) of the peers', the
+    shape of z (`deep_peaks`); None: not kept (runs count from their first window)."""
+    peak_reach_s: float = 0.0
+    """Seconds before a window's start that its peak covers (`peak_reach_s`)."""
 
     @property
     def step_period_s(self) -> float | None:
@@ -127,12 +132,16 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     s = median_distance(rec).transpose(0, 2, 1)  # [metrics, machines, windows]
     z = robust_z(s, 0.0, cfg.min_machines)  # the window score: no floor
     instant = z  # kept for the echo rule: the fmax below makes a new z, this one is not written
+    deep, reach = None, 0.0
     if cfg.peer_scores:
         levels = whole_step_levels(resid, cfg, scales, cycle_s)
         peer = peer_scores(win, cfg, scales.intermittency_span_s, levels)
         if cfg.peak_score and not is_step.all():  # raw values: a step average has no peak left
-            peer[~is_step] = np.fmax(peer[~is_step],
-                                     peak_score(grid.values[~is_step], cfg, scales.period_s or cycle_s))
+            peak, deep_rows = peak_score(grid.values[~is_step], cfg, scales.period_s or cycle_s)
+            peer[~is_step] = np.fmax(peer[~is_step], peak)
+            deep = np.zeros(z.shape, bool)
+            deep[~is_step] = deep_rows
+            reach = peak_reach_s(cfg, scales.period_s or cycle_s)
         # Step metrics: the window score alone. A step value is already a step's average;
         # averaging it again (level) or counting its abnormal windows (intermittency)
         # stretches a transient slowdown well past the steps it slowed, and on the tuning
@@ -145,7 +154,7 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
         zs = straggler_scores(values[is_step], resid[is_step], cfg, scales.period_s or cycle_s)
         straggler = Scores(zs, [m for m in grid.metrics if m in STEP_METRICS], list(grid.machines), start, end,
                            scales)
-    return Scores(z, list(grid.metrics), list(grid.machines), start, end, scales, straggler, instant)
+    return Scores(z, list(grid.metrics), list(grid.machines), start, end, scales, straggler, instant, deep, reach)
 
 
 def residuals(values: np.ndarray, is_step: np.ndarray, cfg: DetectConfig, max_fill: int) -> np.ndarray:
@@ -164,13 +173,48 @@ def residuals(values: np.ndarray, is_step: np.ndarray, cfg: DetectConfig, max_fi
     return resid
 
 
-def peak_score(values: np.ndarray, cfg: DetectConfig, period_s: float | None) -> np.ndarray:
+def peak_score(values: np.ndarray, cfg: DetectConfig, period_s: float | None) -> tuple[np.ndarray, np.ndarray]:
     """`peers.peak_scores` of the raw per-second values [metrics, machines, seconds] over
-    max(peak_span_s, peak_steps steps), in the windows of the other scores."""
+    max(peak_span_s, peak_steps steps), in the windows of the other scores, and where
+    that peak is deep (`deep_peaks`)."""
     span_s = max(cfg.peak_span_s, cfg.peak_steps * (period_s or 0.0))
     span = max(1, int(round(span_s / cfg.stride_s)))
-    return peak_scores(cut_windows(values, cfg.window, cfg.stride), span, cfg.peak_tolerance, cfg.min_machines,
-                       hold=cfg.peak_hold_windows)
+    short, steady = peak_shortfalls(cut_windows(values, cfg.window, cfg.stride), span, cfg.min_machines)
+    unit = np.fmax(np.nan_to_num(steady, nan=cfg.peak_tolerance), cfg.peak_tolerance)
+    score = held_low(short / unit, cfg.peak_hold_windows).astype(np.float32, copy=False)
+    return score, deep_peaks(score, short, steady, span, cfg)
+
+
+STEADY_SPANS = 5
+"""A peak's steadiness (the spread of a machine's own peak ratio over the call) is only
+measured when the call holds this many of its spans; with 4-minute steps a 15-minute
+call holds one, every metric looked steady, and a pause-frame counter's lucky bursts
+passed for a capacity."""
+
+
+def deep_peaks(score: np.ndarray, short: np.ndarray, steady: np.ndarray, span: int,
+               cfg: DetectConfig) -> np.ndarray:
+    """[metrics, machines, windows]: above the threshold, a peak under (1 -
+    peak_since_shortfall) of the peers' for peak_hold_windows windows, on a metric whose
+    peak is a capacity (its machines' own peaks steady within peak_tolerance).
+
+    Such a peak says every transfer of the span ran under half speed: a transfer split
+    across two sampling seconds still reads at least half its rate in one of them. On a
+    bursty counter (pause frames) the largest burst of a span is luck, so no such claim."""
+    if not cfg.peak_since_shortfall or score.shape[-1] < STEADY_SPANS * span:
+        return np.zeros(score.shape, bool)
+    capacity = np.nan_to_num(steady, nan=np.inf) <= cfg.peak_tolerance  # [metrics, 1, 1]
+    with np.errstate(invalid="ignore"):
+        low = held_low(short, cfg.peak_hold_windows) >= cfg.peak_since_shortfall
+        return (score > cfg.threshold) & low & capacity
+
+
+def peak_reach_s(cfg: DetectConfig, period_s: float | None) -> float:
+    """Seconds before a window's start that its peak covers: the span's earlier windows,
+    and those of the windows it was held over (`held_low`)."""
+    span_s = max(cfg.peak_span_s, cfg.peak_steps * (period_s or 0.0))
+    span = max(1, int(round(span_s / cfg.stride_s)))
+    return (span + cfg.peak_hold_windows - 2) * cfg.stride_s
 
 
 def periods(grid: Grid, cfg: DetectConfig) -> tuple[float | None, float | None]:
@@ -285,6 +329,7 @@ class _Run:
     need_s: float = 0.0  # the longest continuity any of its metrics asks for
     bridged: int = 0  # windows where it was above the threshold only in a crowd
     last_instant: int = -1  # the last window where its window score itself was above the threshold
+    since: float = float("inf")  # the earliest start of a peak span backing it (peak_since_shortfall)
 
     def counted_until(self, w: int, scores: Scores, echo_s: float) -> int:
         """The window up to which the run's span counts at window w: w, or while the run is
@@ -295,8 +340,9 @@ class _Run:
         return self.last_instant if scores.win_end[w] - scores.win_end[self.last_instant] <= echo_s else w
 
     def span_s(self, w: int, scores: Scores, stride_s: float) -> float:
-        """Seconds of the run that count toward continuity: crowd windows do not."""
-        return scores.win_end[w] - scores.win_start[self.start] - self.bridged * stride_s
+        """Seconds of the run that count toward continuity, from its first window or from
+        the start of a deep peak shortfall's span before it; crowd windows do not count."""
+        return scores.win_end[w] - min(scores.win_start[self.start], self.since) - self.bridged * stride_s
 
     def counted_windows(self, w: int) -> int:
         return w - self.start + 1 - self.bridged
@@ -382,6 +428,7 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
         instant = np.where(crowd[:, None, :], np.nan, scores.instant)
     z = np.where(crowd[:, None, :], np.nan, scores.z)  # a crowd makes no candidate ...
     in_crowd = ((scores.z > cfg.threshold) & crowd[:, None, :]).any(0)  # ... but bridges [machines, windows]
+    deep = scores.deep_peak  # [metrics, machines, windows]: a capacity's peak under half the peers'
     runs: dict[int, _Run] = {}
     recurrence = _Recurrence(z, _recurrence_span(scores, cfg), cfg.recurrence_fraction)
     alerts, candidates = [], []
@@ -398,6 +445,8 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
             run.need_s = max(run.need_s, need[k])  # a slow step cannot lend its span to continuity_s
             if instant is not None and (instant[:, i, w] > cfg.threshold).any():
                 run.last_instant = w
+            if deep is not None and deep[k, i, w]:  # every transfer of the span ran under half speed
+                run.since = min(run.since, float(scores.win_start[w]) - scores.peak_reach_s)
             upto = run.counted_until(w, scores, cfg.echo_s)  # w itself unless the window score fired before
             if run.span_s(upto, scores, cfg.stride_s) >= run.need_s and \
                     run.hits >= cfg.min_fraction * run.counted_windows(w):

@@ -195,6 +195,15 @@ def peak_scores(win: np.ndarray, span: int, tolerance: float, min_machines: int,
     peak is 0 (an idle job), or fewer than `min_machines` machines have a peak.
     `hold`: the score of a window is the smallest of the last `hold` windows' (NaN if
     any is NaN), so a shortfall must last that long (`held_low`)."""
+    short, steady = peak_shortfalls(win, span, min_machines, min_present)
+    return held_low(short / np.fmax(np.nan_to_num(steady, nan=tolerance), tolerance), hold).astype(np.float32,
+                                                                                                  copy=False)
+
+
+def peak_shortfalls(win: np.ndarray, span: int, min_machines: int,
+                    min_present: float = 0.75) -> tuple[np.ndarray, np.ndarray]:
+    """(1 - each machine's peak / its peers' median peak [metrics, machines, windows], each
+    metric's steadiness [metrics, 1, 1]): the two parts of `peak_scores`, with its NaNs."""
     wmax = np.fmax.reduce(win, axis=-1)  # NaN only for a window without a value
     peak = trailing_max(wmax, span)
     seen = np.minimum(np.arange(1, wmax.shape[-1] + 1), span) / span  # of the span, inside the call
@@ -204,9 +213,9 @@ def peak_scores(win: np.ndarray, span: int, tolerance: float, min_machines: int,
         ratio = peak / np.where(med > 0, med, np.nan)
     own = nanmedian(ratio, axis=2, keepdims=True)
     steady = nanmedian(1.4826 * nanmedian(np.abs(ratio - own), axis=2, keepdims=True), axis=1, keepdims=True)
-    short = (1.0 - ratio) / np.fmax(np.nan_to_num(steady, nan=tolerance), tolerance)
+    short = 1.0 - ratio
     short[np.broadcast_to((~np.isnan(peak)).sum(1, keepdims=True) < min_machines, short.shape)] = np.nan
-    return held_low(short, hold).astype(np.float32, copy=False)
+    return short, steady
 
 
 def held_low(score: np.ndarray, hold: int) -> np.ndarray:

@@ -85,7 +85,7 @@ def test_a_half_speed_link_with_the_same_mean_is_declared_only_with_the_peak_sco
 def test_step_metrics_get_no_peak_score():
     grid = _link_grid(step_time=True)
     on, off = score_grid(grid, DetectConfig()), score_grid(grid, DetectConfig(peak_score=False))
-    assert np.nanmax(peak_score(grid.values, DetectConfig(), None)[1, 0]) > 6.5  # it would score
+    assert np.nanmax(peak_score(grid.values, DetectConfig(), None)[0][1, 0]) > 6.5  # it would score
     np.testing.assert_array_equal(on.z[1], off.z[1])
     assert np.nanmax(on.z[0, 0]) > 6.5 > np.nanmax(off.z[0, 0])
 
@@ -106,3 +106,49 @@ def test_the_peak_spans_at_least_peak_span_s_or_peak_steps_steps():
     assert not np.array_equal(s, peak_score(grid.values, replace(cfg, peak_span_s=32.0), 8.0), equal_nan=True)
     long = peak_score(grid.values, cfg, 60.0)  # 4 steps of 60 s = 240 s: the steps rule
     np.testing.assert_array_equal(long, peak_score(grid.values, replace(cfg, peak_span_s=240.0), None))
+
+
+def _slow_link_grid(speed, machines=16, duration=600, start=200, seed=0):
+    """As _link_grid, with machine 0's link at `speed` of its peers' from `start`."""
+    grid = _link_grid(machines, duration, start, seed)
+    t = np.arange(duration)
+    phase = (t + 0) % 10
+    slow = np.where(phase < 2 / speed, 100.0 * speed, 1.0)
+    grid.values[0, 0, t >= start] = slow[t >= start] * np.random.default_rng(seed + 1).normal(1, 0.02, (t >= start).sum())
+    return grid
+
+
+def test_a_link_under_half_speed_counts_its_continuity_from_the_fault():
+    # At 0.4x every transfer runs under half speed, so from the first window whose peak
+    # shows it, the run counts from where that peak's span began: the fault's start
+    # (200 s), or up to 8 s before it, since no burst was due there (the last healthy one
+    # is at 190-191 s). Declared continuity_s (110 s) after that, within two windows.
+    # Counted from its first window instead, the run starts a peak span (80 s) later.
+    cfg = DetectConfig()
+    grid = _slow_link_grid(0.4)
+    early = detect(grid, cfg).alerts
+    late = detect(grid, replace(cfg, peak_since_shortfall=0.0)).alerts
+    assert [a.machine for a in early] == [a.machine for a in late] == ["node00"]
+    assert 192 + cfg.continuity_s <= early[0].declared_at <= 200 + cfg.continuity_s + 2 * cfg.stride_s
+    assert late[0].declared_at - early[0].declared_at >= cfg.peak_span_s
+
+
+def test_a_peak_only_somewhat_low_counts_from_its_first_window():
+    # At 0.6x the peak is 40 % short (score 8 > 6.5): a fault, but not every transfer of
+    # the span has to have been slow, so nothing is counted before the run's first window.
+    cfg = DetectConfig()
+    grid = _slow_link_grid(0.6)
+    assert detect(grid, cfg).alerts == detect(grid, replace(cfg, peak_since_shortfall=0.0)).alerts != []
+
+
+def test_deep_peaks_need_a_capacity_and_enough_spans():
+    from megatron_rl.monitor.detect import deep_peaks
+    cfg = DetectConfig()
+    short = np.full((2, 4, 60), 0.6, np.float32)  # every machine 60 % short (only the rule is tested)
+    score = short / 0.05
+    steady = np.array([0.01, 0.3]).reshape(2, 1, 1)  # a capacity, and bursts of random size
+    deep = deep_peaks(score, short, steady, 10, cfg)
+    assert deep[0, :, 1:].all() and not deep[1].any()  # the first window has no window before it to hold
+    assert not deep_peaks(score, short, steady, 13, cfg).any()  # 60 windows hold fewer than 5 spans of 13
+    assert not deep_peaks(score, short * 0.75, steady, 10, cfg).any()  # 45 % short: not under half
+    assert not deep_peaks(score, short, steady, 10, replace(cfg, peak_since_shortfall=0.0)).any()
