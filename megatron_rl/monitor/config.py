@@ -74,6 +74,13 @@ class DetectConfig:
     ran under half speed: one split across two sampling seconds still reads at least
     half in one of them, so sampling luck cannot make it (docs/monitor.md, "Runs backed
     by a peak under half the peers'")."""
+    gpu_joint: bool = True
+    """On traces without step metrics, also score the middle of each machine's three GPU
+    scores (duty cycle, power, tensor activity) against its peers as one more metric,
+    `gpu_joint` (detect.gpu_joint_scores): a GPU whose clock decays moves all three by a
+    few peer spreads, none of them to the threshold. With step metrics the slowdown shows
+    in the rollout time, and the joint score only added alarms (docs/monitor.md, "A joint
+    GPU score without step times")."""
     level_span_s: float = 32.0
     """The level score averages this long (several training steps, so phases cancel)."""
     whole_step_level: bool = True

@@ -148,13 +148,38 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
         # seeds joined transient stragglers on one machine into false alarms.
         peer[is_step] = np.nan
         z = np.fmax(z, peer)
+    metrics = list(grid.metrics)
+    if cfg.gpu_joint and not is_step.any():
+        joint = gpu_joint_scores(z, metrics, cfg.min_machines)
+        if joint is not None:  # one more metric, scored last: only the scores, nothing to denoise
+            z, metrics = np.concatenate([z, joint[None]]), metrics + [GPU_JOINT]
+            instant = np.concatenate([instant, np.full_like(joint[None], np.nan)])
+            deep = None if deep is None else np.concatenate([deep, np.zeros_like(joint[None], bool)])
     start, end = window_times(grid, cfg.window, cfg.stride)
     straggler = None
     if cfg.straggler_score and is_step.any():
         zs = straggler_scores(values[is_step], resid[is_step], cfg, scales.period_s or cycle_s)
         straggler = Scores(zs, [m for m in grid.metrics if m in STEP_METRICS], list(grid.machines), start, end,
                            scales)
-    return Scores(z, list(grid.metrics), list(grid.machines), start, end, scales, straggler, instant, deep, reach)
+    return Scores(z, metrics, list(grid.machines), start, end, scales, straggler, instant, deep, reach)
+
+
+GPU_JOINT = "gpu_joint"
+JOINT_METRICS = ("gpu_duty_cycle", "gpu_power", "gpu_tensor_activity")
+
+
+def gpu_joint_scores(z: np.ndarray, metrics: list[str], min_machines: int) -> np.ndarray | None:
+    """[machines, windows]: robust z across machines of the middle of each machine's three
+    GPU scores (negative ones counted as 0); None unless all three metrics are there.
+
+    The middle, not the mean: it needs two of the three GPU metrics off together, so one
+    metric's noise or a single sensor's spike does not carry it. Re-scoring across
+    machines puts it back in units of the peers' spread, whatever the three metrics'
+    correlation on healthy machines."""
+    if not all(m in metrics for m in JOINT_METRICS):
+        return None
+    rows = np.clip(z[[metrics.index(m) for m in JOINT_METRICS]], 0.0, None)  # NaN stays NaN
+    return robust_z(nanmedian(rows, axis=0)[None], 0.0, min_machines)[0]
 
 
 def residuals(values: np.ndarray, is_step: np.ndarray, cfg: DetectConfig, max_fill: int) -> np.ndarray:
