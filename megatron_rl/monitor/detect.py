@@ -40,8 +40,8 @@ import numpy as np
 
 from .config import DetectConfig
 from .denoise import Denoiser, WindowMedian
-from .peers import (held_low, intermittency_scores, level_scores, level_z, peak_shortfalls, robust_z, whole_step_span,
-                    window_means)
+from .peers import (held_low, intermittency_scores, level_scores, level_z, peak_shortfalls, robust_z, trailing_max,
+                    whole_step_span, window_means)
 from .period import (TimeScales, cycle_period, estimate_period, reported_period, step_average, time_scales,
                      without_stale_steps)
 from .stragglers import straggler_scores
@@ -204,10 +204,15 @@ def peak_score(values: np.ndarray, cfg: DetectConfig, period_s: float | None) ->
     that peak is deep (`deep_peaks`)."""
     span_s = max(cfg.peak_span_s, cfg.peak_steps * (period_s or 0.0))
     span = max(1, int(round(span_s / cfg.stride_s)))
-    short, steady = peak_shortfalls(cut_windows(values, cfg.window, cfg.stride), span, cfg.min_machines)
+    win = cut_windows(values, cfg.window, cfg.stride)
+    short, steady = peak_shortfalls(win, span, cfg.min_machines)
     unit = np.fmax(np.nan_to_num(steady, nan=cfg.peak_tolerance), cfg.peak_tolerance)
     score = held_low(short / unit, cfg.peak_hold_windows).astype(np.float32, copy=False)
-    return score, deep_peaks(score, short, steady, span, cfg)
+    # Deep only where every second of the span (and of the held windows) was sampled: a
+    # dropped sample may have been the burst, and the peak then reads low for no fault.
+    gaps = np.isnan(win).any(-1).astype(np.float32)
+    sampled = trailing_max(gaps, span + cfg.peak_hold_windows - 1) == 0
+    return score, deep_peaks(score, short, steady, span, cfg) & sampled
 
 
 STEADY_SPANS = 5

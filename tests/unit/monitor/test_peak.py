@@ -152,3 +152,16 @@ def test_deep_peaks_need_a_capacity_and_enough_spans():
     assert not deep_peaks(score, short, steady, 13, cfg).any()  # 60 windows hold fewer than 5 spans of 13
     assert not deep_peaks(score, short * 0.75, steady, 10, cfg).any()  # 45 % short: not under half
     assert not deep_peaks(score, short, steady, 10, replace(cfg, peak_since_shortfall=0.0)).any()
+
+
+def test_a_peak_missing_its_burst_samples_is_not_deep():
+    # Healthy machines; node05's sampler drops both burst seconds of every step from 300 s
+    # (its bursts are at 5-6 s of each 10, pipeline offset 15 s). Its peak then reads at
+    # the idle level, far under half the peers', and scores; but the seconds that would
+    # have shown the burst were never sampled, so the peak is not deep.
+    grid = _link_grid(start=10_000)  # no slow link
+    t = np.arange(grid.values.shape[-1])
+    grid.values[0, 5, (t >= 300) & ((t + 15) % 10 < 2)] = np.nan
+    score, deep = peak_score(grid.values, DetectConfig(), None)
+    assert np.nanmax(score[0, 5]) > 6.5 and not deep[0, 5].any()
+    assert not deep.any()
