@@ -40,8 +40,8 @@ import numpy as np
 
 from .config import DetectConfig
 from .denoise import Denoiser, WindowMedian
-from .peers import (held_low, intermittency_scores, level_scores, level_z, peak_shortfalls, robust_z, trailing_max,
-                    whole_step_span, window_means)
+from .peers import (held_low, intermittency_scores, level_scores, level_z, peak_shortfalls, robust_z,
+                    shortfall_scores, trailing_max, whole_step_span, window_means)
 from .period import (TimeScales, cycle_period, estimate_period, reported_period, step_average, time_scales,
                      without_stale_steps)
 from .stragglers import straggler_scores
@@ -202,12 +202,10 @@ def peak_score(values: np.ndarray, cfg: DetectConfig, period_s: float | None) ->
     """`peers.peak_scores` of the raw per-second values [metrics, machines, seconds] over
     max(peak_span_s, peak_steps steps), in the windows of the other scores, and where
     that peak is deep (`deep_peaks`)."""
-    span_s = max(cfg.peak_span_s, cfg.peak_steps * (period_s or 0.0))
-    span = max(1, int(round(span_s / cfg.stride_s)))
+    span = peak_span(cfg, period_s)
     win = cut_windows(values, cfg.window, cfg.stride)
     short, steady = peak_shortfalls(win, span, cfg.min_machines)
-    unit = np.fmax(np.nan_to_num(steady, nan=cfg.peak_tolerance), cfg.peak_tolerance)
-    score = held_low(short / unit, cfg.peak_hold_windows).astype(np.float32, copy=False)
+    score = shortfall_scores(short, steady, cfg.peak_tolerance, cfg.peak_hold_windows)
     # Deep only where every second of the span (and of the held windows) was sampled: a
     # dropped sample may have been the burst, and the peak then reads low for no fault.
     gaps = np.isnan(win).any(-1).astype(np.float32)
@@ -239,12 +237,15 @@ def deep_peaks(score: np.ndarray, short: np.ndarray, steady: np.ndarray, span: i
         return (score > cfg.threshold) & low & capacity
 
 
+def peak_span(cfg: DetectConfig, period_s: float | None) -> int:
+    """Windows a peak is the largest over: max(peak_span_s, peak_steps steps)."""
+    return max(1, int(round(max(cfg.peak_span_s, cfg.peak_steps * (period_s or 0.0)) / cfg.stride_s)))
+
+
 def peak_reach_s(cfg: DetectConfig, period_s: float | None) -> float:
     """Seconds before a window's start that its peak covers: the span's earlier windows,
     and those of the windows it was held over (`held_low`)."""
-    span_s = max(cfg.peak_span_s, cfg.peak_steps * (period_s or 0.0))
-    span = max(1, int(round(span_s / cfg.stride_s)))
-    return (span + cfg.peak_hold_windows - 2) * cfg.stride_s
+    return (peak_span(cfg, period_s) + cfg.peak_hold_windows - 2) * cfg.stride_s
 
 
 def periods(grid: Grid, cfg: DetectConfig) -> tuple[float | None, float | None]:

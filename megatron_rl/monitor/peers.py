@@ -195,9 +195,14 @@ def peak_scores(win: np.ndarray, span: int, tolerance: float, min_machines: int,
     peak is 0 (an idle job), or fewer than `min_machines` machines have a peak.
     `hold`: the score of a window is the smallest of the last `hold` windows' (NaN if
     any is NaN), so a shortfall must last that long (`held_low`)."""
-    short, steady = peak_shortfalls(win, span, min_machines, min_present)
-    return held_low(short / np.fmax(np.nan_to_num(steady, nan=tolerance), tolerance), hold).astype(np.float32,
-                                                                                                  copy=False)
+    return shortfall_scores(*peak_shortfalls(win, span, min_machines, min_present), tolerance, hold)
+
+
+def shortfall_scores(short: np.ndarray, steady: np.ndarray, tolerance: float, hold: int) -> np.ndarray:
+    """Peak shortfalls in units of the metric's steadiness (at least `tolerance`), held
+    for `hold` windows: the score of `peak_scores` from `peak_shortfalls`' two parts."""
+    unit = np.fmax(np.nan_to_num(steady, nan=tolerance), tolerance)
+    return held_low(short / unit, hold).astype(np.float32, copy=False)
 
 
 def peak_shortfalls(win: np.ndarray, span: int, min_machines: int,
