@@ -237,9 +237,14 @@ def deep_peaks(score: np.ndarray, short: np.ndarray, steady: np.ndarray, span: i
         return (score > cfg.threshold) & low & capacity
 
 
+def peak_seconds(cfg: DetectConfig, period_s: float | None) -> float:
+    """Seconds a peak is the largest over: max(peak_span_s, peak_steps steps)."""
+    return max(cfg.peak_span_s, cfg.peak_steps * (period_s or 0.0))
+
+
 def peak_span(cfg: DetectConfig, period_s: float | None) -> int:
-    """Windows a peak is the largest over: max(peak_span_s, peak_steps steps)."""
-    return max(1, int(round(max(cfg.peak_span_s, cfg.peak_steps * (period_s or 0.0)) / cfg.stride_s)))
+    """`peak_seconds` in windows."""
+    return max(1, int(round(peak_seconds(cfg, period_s) / cfg.stride_s)))
 
 
 def peak_reach_s(cfg: DetectConfig, period_s: float | None) -> float:

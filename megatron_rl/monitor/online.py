@@ -27,7 +27,7 @@ from .actions import append_exclude, write_alerts
 from .collect import Collector, default_hostname
 from .denoise import Denoiser
 from .config import OnlineConfig
-from .detect import Alert, detect
+from .detect import Alert, detect, peak_seconds
 from .period import time_scales
 from .trace import Trace
 from .windows import to_grid
@@ -120,7 +120,7 @@ class OnlineMonitor:
         period = statistics.median(self._step_times)
         d = self.cfg.detect
         scales = time_scales(d, period)
-        fill = max(d.peak_span_s, d.peak_steps * period, scales.average_s)
+        fill = max(peak_seconds(d, period), scales.average_s)
         return max(self.cfg.lookback_s, fill + max(scales.continuity_s, scales.step_continuity_s) + period)
 
     def detect_now(self) -> list[Alert]:
