@@ -81,6 +81,17 @@ class DetectConfig:
     few peer spreads, none of them to the threshold. With step metrics the slowdown shows
     in the rollout time, and the joint score only added alarms (docs/monitor.md, "A joint
     GPU score without step times")."""
+    skew_s: float = 2.0
+    """A machine is a candidate on its window score only if it also differs from the
+    median with its samples shifted by up to this many seconds either way (skew.py):
+    samplers read at their own phase and clocks drift by a second or two (0: off)."""
+    skew_s: float = 2.0
+    """A machine's window score counts only what still differs from the median with its
+    samples shifted by up to this many seconds either way (monitor/skew.py; 0: off):
+    collectors sample at their own phase and hosts' clocks differ by a second or two,
+    and a network counter's burst read a second early is ~100x off at that second. On
+    the design seeds 1 s left two more fault-free alarms and 3 s declared later without
+    step metrics (docs/monitor.md, "Sampler skew in the window score")."""
     level_span_s: float = 32.0
     """The level score averages this long (several training steps, so phases cancel)."""
     whole_step_level: bool = True
@@ -166,6 +177,7 @@ class DetectConfig:
             (self.continuity_steps >= 0, "continuity_steps must be >= 0"),
             (self.recurrence_s >= 0 and self.echo_s >= 0, "recurrence_s and echo_s must be >= 0 (0: off)"),
             (self.step_lag_s >= 0 and self.stale_steps >= 0, "step_lag_s and stale_steps must be >= 0 (0: off)"),
+            (0 <= self.skew_s < self.window_s / 2, "skew_s must be >= 0 (0: off) and under half of window_s"),
             (self.peak_steps > 0 and self.peak_tolerance > 0 and self.peak_span_s > 0,
              "peak_steps, peak_span_s and peak_tolerance must be > 0"),
             (self.peak_hold_windows >= 1, "peak_hold_windows must be >= 1"),

@@ -44,10 +44,11 @@ from .peers import (held_low, intermittency_scores, level_scores, level_z, peak_
                     shortfall_scores, trailing_max, whole_step_span, window_means)
 from .period import (TimeScales, cycle_period, estimate_period, reported_period, step_average, time_scales,
                      without_stale_steps)
+from .skew import skew_scores
 from .stragglers import straggler_scores
 from .trace import STEP_METRICS, Trace
-from .windows import (Grid, complete_trailing_mean, cut_windows, nanmedian, normalise, normalise_lagged, to_grid,
-                      window_layout, window_times)
+from .windows import (Grid, complete_trailing_mean, cut_windows, nanmedian, normalise_centred, normalise_lagged,
+                      to_grid, window_layout, window_times)
 
 @dataclass
 class Alert:
@@ -126,11 +127,12 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     if scales.average_s:  # long steps: compare step means, where stage phases cancel
         values = step_average(values, int(round(scales.average_s / cfg.step_s)), max_fill, grid.metrics)
     is_step = np.array([m in STEP_METRICS for m in grid.metrics], bool)
-    resid = residuals(values, is_step, cfg, max_fill)
+    resid, centre = residuals(values, is_step, cfg, max_fill)
     win = cut_windows(resid, cfg.window, cfg.stride)  # [metrics, machines, windows, window]
     rec = denoised_windows(win, grid.metrics, denoiser)  # [metrics, windows, window, machines]
     s = median_distance(rec).transpose(0, 2, 1)  # [metrics, machines, windows]
     z = robust_z(s, 0.0, cfg.min_machines)  # the window score: no floor
+    without_skew(z, resid, centre, is_step, cfg)
     instant = z  # kept for the echo rule: the fmax below makes a new z, this one is not written
     deep, reach = None, 0.0
     if cfg.peer_scores:
@@ -182,20 +184,39 @@ def gpu_joint_scores(z: np.ndarray, metrics: list[str], min_machines: int) -> np
     return robust_z(nanmedian(rows, axis=0)[None], 0.0, min_machines)[0]
 
 
-def residuals(values: np.ndarray, is_step: np.ndarray, cfg: DetectConfig, max_fill: int) -> np.ndarray:
-    """Normalised residuals [metrics, machines, seconds]: per-second metrics against the
-    median at each second (`windows.normalise`), step metrics (with `step_lag_s`) against
-    the closest median within the lag (`windows.normalise_lagged`: step values switch at
-    each machine's own sample). Each metric is normalised once, by the rule it needs."""
+def residuals(values: np.ndarray, is_step: np.ndarray, cfg: DetectConfig, max_fill: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """(normalised residuals [metrics, machines, seconds], the median they are measured
+    from [metrics, 1, seconds] in the same units, NaN for lagged step metrics).
+
+    Per-second metrics are measured against the median at each second
+    (`windows.normalise_centred`), step metrics (with `step_lag_s`) against the closest
+    median within the lag (`windows.normalise_lagged`: step values switch at each
+    machine's own sample). Each metric is normalised once, by the rule it needs."""
     lag = int(round(cfg.step_lag_s / cfg.step_s))
-    if not lag or not is_step.any():
-        return normalise(values, max_fill)[0]
-    if is_step.all():
-        return normalise_lagged(values, max_fill, lag)[0]
+    lagged = is_step if lag else np.zeros_like(is_step)
+    if not lagged.any():
+        resid, _, centre = normalise_centred(values, max_fill)
+        return resid, centre
     resid = np.empty(values.shape, np.float32)
-    resid[~is_step] = normalise(values[~is_step], max_fill)[0]
-    resid[is_step] = normalise_lagged(values[is_step], max_fill, lag)[0]
-    return resid
+    centre = np.full((values.shape[0], 1, values.shape[2]), np.nan, np.float32)
+    if not lagged.all():
+        resid[~lagged], _, centre[~lagged] = normalise_centred(values[~lagged], max_fill)
+    if lagged.any():
+        resid[lagged] = normalise_lagged(values[lagged], max_fill, lag)[0]
+    return resid, centre
+
+
+def without_skew(z: np.ndarray, resid: np.ndarray, centre: np.ndarray, is_step: np.ndarray,
+                 cfg: DetectConfig) -> None:
+    """Lower the per-second metrics' window scores z in place to what still differs from
+    the median with the samples shifted by up to `skew_s` (monitor/skew.py); a void
+    window stays void."""
+    lag = int(round(cfg.skew_s / cfg.step_s))
+    if not lag or is_step.all():
+        return
+    shifted = skew_scores(resid[~is_step], centre[~is_step], lag, cfg.window, cfg.stride, cfg.min_machines)
+    z[~is_step] = np.where(np.isnan(z[~is_step]), np.nan, np.fmin(z[~is_step], shifted))
 
 
 def peak_score(values: np.ndarray, cfg: DetectConfig, period_s: float | None) -> tuple[np.ndarray, np.ndarray]:

@@ -105,12 +105,21 @@ def normalise(values: np.ndarray, max_gap: int = 3, floor_frac: float = 1e-3
     the metric's typical magnitude so that metrics which are almost identical everywhere
     do not turn rounding into huge scores.
     """
+    resid, scale, _ = normalise_centred(values, max_gap, floor_frac)
+    return resid, scale
+
+
+def normalise_centred(values: np.ndarray, max_gap: int = 3, floor_frac: float = 1e-3
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`normalise`, and the cross-machine median [metrics, 1, T] in the same units (what a
+    residual is measured from, for comparing a machine with the median at another second)."""
     x = fill_gaps(values, max_gap)
     centre = nanmedian(x, axis=1, keepdims=True)
     resid = x - centre
     scale = _robust_scale(resid, centre, floor_frac)
     resid /= scale[:, None, None]
-    return resid.astype(np.float32, copy=False), scale
+    centre /= scale[:, None, None]
+    return resid.astype(np.float32, copy=False), scale, centre.astype(np.float32, copy=False)
 
 
 def normalise_lagged(values: np.ndarray, max_gap: int = 3, lag: int = 3, floor_frac: float = 1e-3
