@@ -82,10 +82,6 @@ class DetectConfig:
     in the rollout time, and the joint score only added alarms (docs/monitor.md, "A joint
     GPU score without step times")."""
     skew_s: float = 2.0
-    """A machine is a candidate on its window score only if it also differs from the
-    median with its samples shifted by up to this many seconds either way (skew.py):
-    samplers read at their own phase and clocks drift by a second or two (0: off)."""
-    skew_s: float = 2.0
     """A machine's window score counts only what still differs from the median with its
     samples shifted by up to this many seconds either way (monitor/skew.py; 0: off):
     collectors sample at their own phase and hosts' clocks differ by a second or two,

@@ -202,8 +202,7 @@ def residuals(values: np.ndarray, is_step: np.ndarray, cfg: DetectConfig, max_fi
     centre = np.full((values.shape[0], 1, values.shape[2]), np.nan, np.float32)
     if not lagged.all():
         resid[~lagged], _, centre[~lagged] = normalise_centred(values[~lagged], max_fill)
-    if lagged.any():
-        resid[lagged] = normalise_lagged(values[lagged], max_fill, lag)[0]
+    resid[lagged] = normalise_lagged(values[lagged], max_fill, lag)[0]
     return resid, centre
 
 
@@ -216,7 +215,8 @@ def without_skew(z: np.ndarray, resid: np.ndarray, centre: np.ndarray, is_step: 
     if not lag or is_step.all():
         return
     shifted = skew_scores(resid[~is_step], centre[~is_step], lag, cfg.window, cfg.stride, cfg.min_machines)
-    z[~is_step] = np.where(np.isnan(z[~is_step]), np.nan, np.fmin(z[~is_step], shifted))
+    window_score = z[~is_step]
+    z[~is_step] = np.where(np.isnan(window_score), np.nan, np.fmin(window_score, shifted))
 
 
 def peak_score(values: np.ndarray, cfg: DetectConfig, period_s: float | None) -> tuple[np.ndarray, np.ndarray]:

@@ -17,8 +17,9 @@ def test_skew_distances_take_the_best_shift_within_the_lag_by_hand():
     resid = x - centre
     # Unshifted: |4| + |-4| over 8 s = 1.0 for both.
     np.testing.assert_allclose(skew_distances(resid, centre, 0, 8, 8)[0, :, 0], [1.0, 1.0])
-    # Lag 1: the early one matches exactly; the late one's best is still 8 / 8 = 1.0.
-    # A shift reaching past the trace's end leaves a partial window, which is not used.
+    # Windows of 4 s. Lag 1: the early one matches exactly (in the first window over the
+    # 3 s a shift to t - 1 leaves inside the trace); the late one's best stays 4 / 4 = 1.0.
+    # Lag 2: the late one matches too, its last window over the 2 s inside the trace.
     np.testing.assert_allclose(skew_distances(resid, centre, 1, 4, 4)[0, :, :], [[0.0, 0.0], [1.0, 1.0]])
     np.testing.assert_allclose(skew_distances(resid, centre, 2, 4, 4)[0, :, :], [[0.0, 0.0], [0.0, 0.0]])
 
