@@ -40,7 +40,7 @@ import numpy as np
 
 from .config import DetectConfig
 from .trace import STEP_METRICS
-from .windows import Grid, complete_trailing_mean, fill_gaps
+from .windows import Grid, complete_trailing_mean, fill_gaps_from, nanmedian
 
 
 def reported_period(grid: Grid) -> float | None:
@@ -221,14 +221,17 @@ def step_average(values: np.ndarray, span: int, max_gap: int, metrics: list[str]
     """Trailing mean over `span` samples of every per-second metric (step metrics are
     copied as they are); values: [metrics, machines, T].
 
-    Short gaps are forward-filled first (as `windows.normalise` does); a mean over fewer
+    Short gaps are filled with the cross-machine median first (`windows.fill_gaps_from`,
+    as `windows.normalise` does): a forward fill after a burst added a whole extra transfer
+    to a machine's step mean of a network counter. A mean over fewer
     than `min_present` of its span is NaN, since a mean over part of a step depends on
     the phase again. The first span - 1 samples are NaN: no whole step yet.
     """
     if span <= 1:
         return values.copy()
     rows = [k for k, m in enumerate(metrics) if m not in STEP_METRICS]
-    mean = complete_trailing_mean(fill_gaps(values[rows], max_gap), span, min_present)
+    x = values[rows]
+    mean = complete_trailing_mean(fill_gaps_from(x, nanmedian(x, axis=1, keepdims=True), max_gap), span, min_present)
     if len(rows) == values.shape[0]:
         return mean
     out = values.copy()

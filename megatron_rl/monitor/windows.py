@@ -59,16 +59,17 @@ def to_grid(trace: Trace, step_s: float = 1.0, start: float | None = None,
     return Grid(values.reshape(n_k, n_m, n_t), metrics, list(trace.machines), start, step_s)
 
 
-def fill_gaps(x: np.ndarray, max_gap: int) -> np.ndarray:
-    """Forward-fill runs of at most `max_gap` NaNs along the last axis; longer runs (a
-    machine that is away) stay NaN entirely, and so do NaNs before the first value.
+def fillable_gaps(x: np.ndarray, max_gap: int) -> tuple[np.ndarray, np.ndarray]:
+    """(flat positions of the NaNs in runs of at most `max_gap` along the last axis that
+    have a value before them, the flat position of that value for each): the gaps that
+    `fill_gaps` and `fill_gaps_from` fill. Longer runs (a machine that is away) and NaNs
+    before the first value are left out.
 
-    Works on the NaN positions only (a few percent of a trace), not on the whole array.
-    """
+    Works on the NaN positions only (a few percent of a trace), not on the whole array."""
     flat = x.reshape(-1)
     pos = np.flatnonzero(np.isnan(flat))
     if max_gap <= 0 or pos.size == 0:
-        return x
+        return pos[:0], pos[:0]
     n_t = x.shape[-1]
     new_run = np.ones(pos.size, bool)
     new_run[1:] = (np.diff(pos) != 1) | (pos[1:] % n_t == 0)  # runs do not cross rows
@@ -76,8 +77,34 @@ def fill_gaps(x: np.ndarray, max_gap: int) -> np.ndarray:
     starts = pos[new_run]
     fillable = (np.bincount(run) <= max_gap) & (starts % n_t != 0)  # short, and a value before it
     ok = fillable[run]
-    out = flat.copy()
-    out[pos[ok]] = flat[starts[run[ok]] - 1]
+    return pos[ok], starts[run[ok]] - 1
+
+
+def fill_gaps(x: np.ndarray, max_gap: int) -> np.ndarray:
+    """Forward-fill runs of at most `max_gap` NaNs along the last axis (`fillable_gaps`)."""
+    pos, before = fillable_gaps(x, max_gap)
+    if pos.size == 0:
+        return x
+    out = x.reshape(-1).copy()
+    out[pos] = out[before]
+    return out.reshape(x.shape)
+
+
+def fill_gaps_from(x: np.ndarray, centre: np.ndarray, max_gap: int) -> np.ndarray:
+    """Fill the gaps of `fillable_gaps` in x [metrics, machines, T] with the cross-machine
+    median centre [metrics, 1, T] at the same second, not with the machine's last value.
+
+    A dropped sample of a bursty counter (network bytes at ~100x their base for a second
+    or two per transfer) often follows a burst, and a forward fill copies the burst: one
+    extra transfer in that machine's step mean, or an extra burst-sized residual in its
+    window. The median says the machine did what its peers did, which is all a missing
+    sample can say; a gap is then neither evidence of a fault nor against one."""
+    pos, _ = fillable_gaps(x, max_gap)
+    if pos.size == 0:
+        return x
+    n_m, n_t = x.shape[-2], x.shape[-1]
+    out = x.reshape(-1).copy()
+    out[pos] = centre.reshape(-1)[(pos // (n_m * n_t)) * n_t + pos % n_t]
     return out.reshape(x.shape)
 
 
@@ -103,7 +130,8 @@ def normalise(values: np.ndarray, max_gap: int = 3, floor_frac: float = 1e-3
     values: [metrics, machines, T]. Returns (residuals of the same shape, scale [metrics]).
     The scale is 1.4826 * MAD of all residuals of the metric, floored at `floor_frac` of
     the metric's typical magnitude so that metrics which are almost identical everywhere
-    do not turn rounding into huge scores.
+    do not turn rounding into huge scores. A gap of at most `max_gap` samples is a
+    residual of 0 (`fill_gaps_from`); a longer one stays NaN.
     """
     resid, scale, _ = normalise_centred(values, max_gap, floor_frac)
     return resid, scale
@@ -113,9 +141,8 @@ def normalise_centred(values: np.ndarray, max_gap: int = 3, floor_frac: float = 
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`normalise`, and the cross-machine median [metrics, 1, T] in the same units (what a
     residual is measured from, for comparing a machine with the median at another second)."""
-    x = fill_gaps(values, max_gap)
-    centre = nanmedian(x, axis=1, keepdims=True)
-    resid = x - centre
+    centre = nanmedian(values, axis=1, keepdims=True)  # of the machines sampled at that second
+    resid = fill_gaps_from(values, centre, max_gap) - centre  # a short gap: 0, as the median
     scale = _robust_scale(resid, centre, floor_frac)
     resid /= scale[:, None, None]
     centre /= scale[:, None, None]

@@ -212,3 +212,12 @@ def test_step_times_repeated_through_a_hang_are_stale_and_not_scored():
     # The rank whose last step was slow: declared on stale values, not on fresh ones.
     assert [a.machine for a in detect(grid, DetectConfig(stale_steps=0.0)).alerts] == ["node03"]
     assert detect(grid, DetectConfig()).alerts == []
+
+
+def test_step_average_does_not_copy_a_burst_into_a_dropped_sample():
+    t = np.arange(50)
+    v = np.repeat(np.where(t % 10 == 3, 200.0, 1.0)[None, None], 4, axis=1).astype(np.float32)
+    v[0, 0, 24] = np.nan  # dropped right after machine 0's burst at 23
+    mean = step_average(v, 10, 3, ["net_rx_bytes"])
+    np.testing.assert_allclose(mean[0, 0], mean[0, 1], equal_nan=True)  # every step mean: 1 burst + 9 x 1
+    np.testing.assert_allclose(mean[0, 1, 9:], (200 + 9) / 10, rtol=1e-6)

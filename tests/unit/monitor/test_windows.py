@@ -3,7 +3,8 @@
 import numpy as np
 
 from megatron_rl.monitor.trace import Trace
-from megatron_rl.monitor.windows import (complete_trailing_mean, cut_windows, fill_gaps, nanmedian, normal_windows,
+from megatron_rl.monitor.windows import (complete_trailing_mean, cut_windows, fill_gaps, fill_gaps_from, nanmedian,
+                                         normal_windows,
                                          normalise, normalise_lagged, to_grid, window_times)
 
 
@@ -28,6 +29,33 @@ def test_fill_gaps_fills_short_holes_only():
     np.testing.assert_array_equal(fill_gaps(lead, 3), [[np.nan, 2.0, 2.0]])  # nothing to carry at the start
     tail = np.array([[5.0, np.nan, np.nan, np.nan, np.nan]], np.float32)
     np.testing.assert_array_equal(fill_gaps(tail, 2), tail)  # a machine that left stays absent
+
+
+def test_fill_gaps_from_fills_the_same_holes_with_the_median_at_that_second():
+    nan = np.nan
+    x = np.array([[1, 100, nan, 1, 1, 1],   # a sample dropped right after a burst
+                  [1, 100, 3, 1, 1, 1],
+                  [1, 100, 5, nan, nan, nan]], np.float32)  # a run of 3 with a value before it
+    x = np.stack([x, 10 * x])  # a second metric: its own medians
+    centre = nanmedian(x, axis=1, keepdims=True)  # second 2: median(3, 5) = 4; seconds 3-5: 1
+    filled = fill_gaps_from(x, centre, 3)
+    np.testing.assert_array_equal(filled[0, 0], [1, 100, 4, 1, 1, 1])  # a forward fill gives 100
+    np.testing.assert_array_equal(filled[0, 2], [1, 100, 5, 1, 1, 1])
+    np.testing.assert_array_equal(filled[1, 0], [10, 1000, 40, 10, 10, 10])
+    short = fill_gaps_from(x, centre, 2)  # the run of 3 is too long: it stays a gap
+    np.testing.assert_array_equal(short[0, 2], [1, 100, 5, nan, nan, nan])
+    for max_gap in (1, 2, 3):  # the same holes as a forward fill
+        np.testing.assert_array_equal(np.isnan(fill_gaps_from(x, centre, max_gap)), np.isnan(fill_gaps(x, max_gap)))
+
+
+def test_normalise_reads_a_short_gap_as_no_deviation():
+    rng = np.random.default_rng(1)
+    t = np.arange(60)
+    v = np.where(t % 10 == 5, 100.0, 1.0)[None, None] + rng.normal(0, 0.1, (1, 6, 60))
+    v[0, 0, 16] = np.nan  # the second after machine 0's burst at 15
+    resid, scale = normalise(v.astype(np.float32))
+    assert resid[0, 0, 16] == 0.0
+    assert scale[0] < 1.0  # a forward fill would have read (100 - 1) / scale there
 
 
 def test_nanmedian_matches_numpy():
