@@ -47,7 +47,7 @@ from .period import (TimeScales, cycle_period, estimate_period, reported_period,
 from .skew import skew_scores
 from .stragglers import straggler_scores
 from .trace import STEP_METRICS, Trace
-from .windows import (Grid, complete_trailing_mean, cut_windows, nanmedian, normalise_centred, normalise_lagged,
+from .windows import (Grid, complete_trailing_mean_at, cut_windows, nanmedian, normalise_centred, normalise_lagged,
                       to_grid, window_layout, window_times)
 
 @dataclass
@@ -303,7 +303,7 @@ def whole_step_levels(resid: np.ndarray, cfg: DetectConfig, scales: TimeScales,
         return None
     offset, n_win = window_layout(resid.shape[-1], cfg.window, cfg.stride)
     ends = offset + np.arange(n_win) * cfg.stride + cfg.window - 1
-    return complete_trailing_mean(resid, whole_step_span(cfg.level_span_s, cycle_s, cfg.step_s))[..., ends]
+    return complete_trailing_mean_at(resid, whole_step_span(cfg.level_span_s, cycle_s, cfg.step_s), ends)
 
 
 def denoised_windows(win: np.ndarray, metrics: list[str],

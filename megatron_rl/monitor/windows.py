@@ -237,6 +237,39 @@ def complete_trailing_mean(x: np.ndarray, span: int, min_present: float = 0.9) -
     return mean
 
 
+def complete_trailing_mean_at(x: np.ndarray, span: int, at: np.ndarray, min_present: float = 0.9) -> np.ndarray:
+    """`complete_trailing_mean(x, span, min_present)[..., at]` (the same numbers, bit for
+    bit), without the means at the other samples.
+
+    The whole-step level needs one mean per window, an eighth of the samples: the running
+    sums are still over every sample, but the differences, the missing-sample counts and
+    the division only at `at`. Most rows of a real trace have a dropped sample somewhere,
+    so the full version takes its slower path for nearly all of them; at 1024 machines x
+    7 metrics this takes about a third of its time."""
+    n_t = x.shape[-1]
+    at = np.asarray(at)
+    mean = np.full(x.shape[:-1] + (at.size,), np.nan, x.dtype)
+    done = at >= span - 1
+    if n_t < span or not done.any():
+        return mean
+    end = at[done] + 1  # running-sum positions just past each mean's last sample
+    gap = np.isnan(x)
+    run = np.zeros(x.shape[:-1] + (n_t + 1,), np.float64)
+    np.cumsum(np.where(gap, 0.0, x), -1, out=run[..., 1:])
+    total = run[..., end] - run[..., end - span]
+    out = total.astype(x.dtype) / x.dtype.type(span)  # as the full version: rounded, then divided
+    holed = gap.any(-1)
+    if holed.any():  # rows with a gap: the mean of what is there, as the full version
+        missing = np.zeros(x.shape[:-1] + (n_t + 1,), np.int32)
+        np.cumsum(gap, -1, out=missing[..., 1:])
+        count = span - (missing[..., end] - missing[..., end - span])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            kept = np.where(count >= min_present * span, total / count, np.nan)
+        out = np.where(holed[..., None], kept.astype(x.dtype), out)
+    mean[..., done] = out
+    return mean
+
+
 def window_layout(n_t: int, window: int, stride: int) -> tuple[int, int]:
     """(first sample offset, number of windows); the last window ends at the last sample."""
     if n_t < window:

@@ -3,7 +3,7 @@
 import numpy as np
 
 from megatron_rl.monitor.trace import Trace
-from megatron_rl.monitor.windows import (complete_trailing_mean, cut_windows, fill_gaps, fill_gaps_from, nanmedian,
+from megatron_rl.monitor.windows import (complete_trailing_mean, complete_trailing_mean_at, cut_windows, fill_gaps, fill_gaps_from, nanmedian,
                                          normal_windows,
                                          normalise, normalise_lagged, to_grid, window_times)
 
@@ -181,3 +181,16 @@ def test_lagged_normalisation_keeps_a_machine_that_is_really_slower():
     # in most, and by 2.25 s in some.
     off_s = np.abs(lagged[0, 2, 20:]) * scale[0]
     assert off_s.min() > 0.249 and np.median(off_s) > 0.749 and off_s.max() > 2.249
+
+
+def test_complete_trailing_mean_at_gives_the_full_versions_numbers_bit_for_bit():
+    rng = np.random.default_rng(3)
+    x = (rng.random((3, 7, 60)) * 1e9).astype(np.float32)
+    x[rng.random(x.shape) < 0.05] = np.nan
+    x[0, 0, :9] = np.nan  # a late start: fewer than min_present of the first spans
+    x[1, 2] = rng.random(60).astype(np.float32)  # a row without gaps: the other rounding path
+    x[1, 2, 5] = 1.0
+    for span in (1, 4, 17):
+        for at in (np.arange(3, 60, 8), np.array([0, 16, 59])):
+            want = complete_trailing_mean(x, span)[..., at]
+            np.testing.assert_array_equal(complete_trailing_mean_at(x, span, at), want)
