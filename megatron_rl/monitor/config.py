@@ -31,7 +31,9 @@ class DetectConfig:
     min_fraction: float = 0.75
     """... but the machine must be the candidate in at least this fraction of the run's windows."""
     max_fill_s: float = 3.0
-    """Missing samples are forward-filled for at most this long; longer gaps void a window."""
+    """Gaps up to this long are filled (a per-second metric with the cross-machine median at
+    that second, windows.fill_gaps_from; a step metric with its last value); longer gaps
+    void a window."""
     min_machines: int = 3
     """A metric window is scored only if at least this many machines have it."""
     step_s: float = 1.0
