@@ -3,9 +3,9 @@
 import numpy as np
 
 from megatron_rl.monitor.trace import Trace
-from megatron_rl.monitor.windows import (complete_trailing_mean, complete_trailing_mean_at, cut_windows, fill_gaps, fill_gaps_from, nanmedian,
-                                         normal_windows,
-                                         normalise, normalise_lagged, to_grid, window_times)
+from megatron_rl.monitor.windows import (complete_trailing_mean, complete_trailing_mean_at, cut_windows, fill_gaps,
+                                         fill_gaps_from, nanmedian, normal_windows, normalise, normalise_lagged,
+                                         to_grid, window_times)
 
 
 def test_to_grid_bins_to_nearest_second_averages_duplicates_and_orders_metrics():
