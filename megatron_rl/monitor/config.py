@@ -69,13 +69,15 @@ class DetectConfig:
     """A peak shortfall scores only when it holds in this many consecutive windows: a
     healthy machine's transient slowdown lowered its peak for one window, which filled
     the gap between two candidacy runs and joined them (docs/monitor.md)."""
-    peak_since_shortfall: float = 0.5
-    """A run whose window has a peak at least this far below its peers' (0.5: under half
-    theirs; 0: off) counts its continuity from where that peak's span began, not from
-    the window. A trailing maximum under half the peers' says every transfer in the span
-    ran under half speed: one split across two sampling seconds still reads at least
-    half in one of them, so sampling luck cannot make it (docs/monitor.md, "Runs backed
-    by a peak under half the peers'")."""
+    peak_since_shortfall: float = 0.3
+    """A run whose window has a capacity's peak at least this far below its peers' (0:
+    off) counts its continuity from where that peak's span began, not from the window.
+    On a capacity the unit of the peak score is peak_tolerance (5 %), so a shortfall that
+    scores (6.5 units) is already 32.5 % or more: 0.3 backs every run a capacity's
+    shortfall scores in. Such a span max is as far below the machine's own usual ratio as
+    any score above the threshold, so the whole span ran slow; counting from the window
+    put the span's 80 s on top of continuity_s. 0.5 until 2026-11-27 (docs/monitor.md,
+    "Runs backed by any scoring capacity shortfall")."""
     gpu_joint: bool = True
     """On traces without step metrics, also score the middle of each machine's three GPU
     scores (duty cycle, power, tensor activity) against its peers as one more metric,

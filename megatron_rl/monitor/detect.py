@@ -82,10 +82,10 @@ class Scores:
     """The window score alone (without the level, intermittency and peak scores), the
     shape of z; None: not kept (declare then has no echo rule)."""
     deep_peak: np.ndarray | None = None
-    """Where a capacity's peak is under (1 - peak_since_shortfall) of the peers', the
+    """Where a capacity's peak is at least peak_since_shortfall below the peers', the
     shape of z (`deep_peaks`); None: not kept (runs count from their first window)."""
     peak_reach_s: float = 0.0
-    """Seconds before a window's start that its peak covers (`peak_reach_s`)."""
+    """Seconds before a deep peak's window that its run counts from (`peak_backing_s`)."""
 
     @property
     def step_period_s(self) -> float | None:
@@ -143,7 +143,7 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
             peer[~is_step] = np.fmax(peer[~is_step], peak)
             deep = np.zeros(z.shape, bool)
             deep[~is_step] = deep_rows
-            reach = peak_reach_s(cfg, scales.period_s or cycle_s)
+            reach = peak_backing_s(cfg, scales.period_s or cycle_s)
         # Step metrics: the window score alone. A step value is already a step's average;
         # averaging it again (level) or counting its abnormal windows (intermittency)
         # stretches a transient slowdown well past the steps it slowed, and on the tuning
@@ -243,13 +243,13 @@ passed for a capacity."""
 
 def deep_peaks(score: np.ndarray, short: np.ndarray, steady: np.ndarray, span: int,
                cfg: DetectConfig) -> np.ndarray:
-    """[metrics, machines, windows]: above the threshold, a peak under (1 -
-    peak_since_shortfall) of the peers' for peak_hold_windows windows, on a metric whose
+    """[metrics, machines, windows]: above the threshold, a peak at least
+    peak_since_shortfall below the peers' for peak_hold_windows windows, on a metric whose
     peak is a capacity (its machines' own peaks steady within peak_tolerance).
 
-    Such a peak says every transfer of the span ran under half speed: a transfer split
-    across two sampling seconds still reads at least half its rate in one of them. On a
-    bursty counter (pause frames) the largest burst of a span is luck, so no such claim."""
+    On such a metric a shortfall that scores is many times the machine's own usual
+    variation, so the whole span ran slow, not only its last window. On a bursty counter
+    (pause frames) the largest burst of a span is luck, so no such claim."""
     if not cfg.peak_since_shortfall or score.shape[-1] < STEADY_SPANS * span:
         return np.zeros(score.shape, bool)
     capacity = np.nan_to_num(steady, nan=np.inf) <= cfg.peak_tolerance  # [metrics, 1, 1]
@@ -272,6 +272,14 @@ def peak_reach_s(cfg: DetectConfig, period_s: float | None) -> float:
     """Seconds before a window's start that its peak covers: the span's earlier windows,
     and those of the windows it was held over (`held_low`)."""
     return (peak_span(cfg, period_s) + cfg.peak_hold_windows - 2) * cfg.stride_s
+
+
+def peak_backing_s(cfg: DetectConfig, period_s: float | None) -> float:
+    """Seconds before a deep peak's window that its run counts from: `peak_reach_s`, at
+    most peak_span_s. With long steps a span is four steps, more than continuity_s;
+    backed by all of it, one held window would be an alert (on synth with 40-90 s steps
+    that declared healthy machines' GPU peaks 7 s after they were first seen)."""
+    return min(peak_reach_s(cfg, period_s), cfg.peak_span_s)
 
 
 def periods(grid: Grid, cfg: DetectConfig) -> tuple[float | None, float | None]:
@@ -485,7 +493,7 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
         instant = np.where(crowd[:, None, :], np.nan, scores.instant)
     z = np.where(crowd[:, None, :], np.nan, scores.z)  # a crowd makes no candidate ...
     in_crowd = ((scores.z > cfg.threshold) & crowd[:, None, :]).any(0)  # ... but bridges [machines, windows]
-    deep = scores.deep_peak  # [metrics, machines, windows]: a capacity's peak under half the peers'
+    deep = scores.deep_peak  # [metrics, machines, windows]: a capacity's peak far below the peers'
     runs: dict[int, _Run] = {}
     recurrence = _Recurrence(z, _recurrence_span(scores, cfg), cfg.recurrence_fraction)
     alerts, candidates = [], []
@@ -502,7 +510,7 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
             run.need_s = max(run.need_s, need[k])  # a slow step cannot lend its span to continuity_s
             if instant is not None and (instant[:, i, w] > cfg.threshold).any():
                 run.last_instant = w
-            if deep is not None and deep[k, i, w]:  # every transfer of the span ran under half speed
+            if deep is not None and deep[k, i, w]:  # the whole span ran slow
                 run.since = min(run.since, float(scores.win_start[w]) - scores.peak_reach_s)
             upto = run.counted_until(w, scores, cfg.echo_s)  # w itself unless the window score fired before
             if run.span_s(upto, scores, cfg.stride_s) >= run.need_s and \

@@ -108,6 +108,14 @@ def test_the_peak_spans_at_least_peak_span_s_or_peak_steps_steps():
     np.testing.assert_array_equal(long, peak_score(grid.values, replace(cfg, peak_span_s=240.0), None))
 
 
+def test_a_deep_peak_backs_its_run_by_one_base_span_at_most():
+    from megatron_rl.monitor.detect import peak_backing_s, peak_reach_s
+    cfg = DetectConfig()  # peak_span_s 80, peak_steps 4, peak_hold_windows 2
+    assert peak_backing_s(cfg, 8.0) == peak_reach_s(cfg, 8.0) == 80.0  # short steps: the whole span
+    assert peak_reach_s(cfg, 60.0) == 240.0  # four 60 s steps
+    assert peak_backing_s(cfg, 60.0) == 80.0  # so that continuity_s (110 s) still needs 30 s of windows
+
+
 def _slow_link_grid(speed, machines=16, duration=600, start=200, seed=0):
     """As _link_grid, with machine 0's link at `speed` of its peers' from `start`."""
     grid = _link_grid(machines, duration, start, seed)
@@ -119,11 +127,12 @@ def _slow_link_grid(speed, machines=16, duration=600, start=200, seed=0):
 
 
 def test_a_link_under_half_speed_counts_its_continuity_from_the_fault():
-    # At 0.4x every transfer runs under half speed, so from the first window whose peak
-    # shows it, the run counts from where that peak's span began: the fault's start
-    # (200 s), or up to 8 s before it, since no burst was due there (the last healthy one
-    # is at 190-191 s). Declared continuity_s (110 s) after that, within two windows.
-    # Counted from its first window instead, the run starts a peak span (80 s) later.
+    # At 0.4x the peak is 60 % short, at least peak_since_shortfall (0.3), so from the first
+    # window whose peak shows it, the run counts from where that peak's span began: the
+    # fault's start (200 s), or up to 8 s before it, since no burst was due there (the
+    # last healthy one is at 190-191 s). Declared continuity_s (110 s) after that, within
+    # two windows. Counted from its first window instead, the run starts a peak span (80 s)
+    # later.
     cfg = DetectConfig()
     grid = _slow_link_grid(0.4)
     early = detect(grid, cfg).alerts
@@ -133,12 +142,20 @@ def test_a_link_under_half_speed_counts_its_continuity_from_the_fault():
     assert late[0].declared_at - early[0].declared_at >= cfg.peak_span_s
 
 
-def test_a_peak_only_somewhat_low_counts_from_its_first_window():
-    # At 0.6x the peak is 40 % short (score 8 > 6.5): a fault, but not every transfer of
-    # the span has to have been slow, so nothing is counted before the run's first window.
+def test_a_link_at_six_tenths_counts_from_the_fault_too():
+    # At 0.6x the peak is 40 % short (score 8 > 6.5 in a capacity's 5 % unit): also at
+    # least 0.3, so it counts from the fault's start as well. Under the depth used until
+    # 2026-11-27 (0.5: under half the peers') it counted from its first window, as with the
+    # rule off; here the window score already sees the slower transfers from 208 s, so
+    # that is 16 s later, not a whole peak span.
     cfg = DetectConfig()
     grid = _slow_link_grid(0.6)
-    assert detect(grid, cfg).alerts == detect(grid, replace(cfg, peak_since_shortfall=0.0)).alerts != []
+    early = detect(grid, cfg).alerts
+    old = detect(grid, replace(cfg, peak_since_shortfall=0.5)).alerts
+    assert [a.machine for a in early] == ["node00"]
+    assert 192 + cfg.continuity_s <= early[0].declared_at <= 200 + cfg.continuity_s + 2 * cfg.stride_s
+    assert old == detect(grid, replace(cfg, peak_since_shortfall=0.0)).alerts
+    assert old[0].declared_at > early[0].declared_at
 
 
 def test_deep_peaks_need_a_capacity_and_enough_spans():
@@ -150,7 +167,7 @@ def test_deep_peaks_need_a_capacity_and_enough_spans():
     deep = deep_peaks(score, short, steady, 10, cfg)
     assert deep[0, :, 1:].all() and not deep[1].any()  # the first window has no window before it to hold
     assert not deep_peaks(score, short, steady, 13, cfg).any()  # 60 windows hold fewer than 5 spans of 13
-    assert not deep_peaks(score, short * 0.75, steady, 10, cfg).any()  # 45 % short: not under half
+    assert not deep_peaks(score, short * 0.4, steady, 10, cfg).any()  # 24 % short: under peak_since_shortfall
     assert not deep_peaks(score, short, steady, 10, replace(cfg, peak_since_shortfall=0.0)).any()
 
 
