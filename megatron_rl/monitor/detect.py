@@ -84,7 +84,7 @@ class Scores:
     deep_peak: np.ndarray | None = None
     """Where a capacity's peak is at least peak_since_shortfall below the peers', the
     shape of z (`deep_peaks`); None: not kept (runs count from their first window)."""
-    peak_reach_s: float = 0.0
+    peak_backing_s: float = 0.0
     """Seconds before a deep peak's window that its run counts from (`peak_backing_s`)."""
 
     @property
@@ -134,7 +134,7 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     z = robust_z(s, 0.0, cfg.min_machines)  # the window score: no floor
     without_skew(z, resid, centre, is_step, cfg)
     instant = z  # kept for the echo rule: the fmax below makes a new z, this one is not written
-    deep, reach = None, 0.0
+    deep, backing = None, 0.0
     if cfg.peer_scores:
         levels = whole_step_levels(resid, cfg, scales, cycle_s)
         peer = peer_scores(win, cfg, scales.intermittency_span_s, levels)
@@ -143,7 +143,7 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
             peer[~is_step] = np.fmax(peer[~is_step], peak)
             deep = np.zeros(z.shape, bool)
             deep[~is_step] = deep_rows
-            reach = peak_backing_s(cfg, scales.period_s or cycle_s)
+            backing = peak_backing_s(cfg, scales.period_s or cycle_s)
         # Step metrics: the window score alone. A step value is already a step's average;
         # averaging it again (level) or counting its abnormal windows (intermittency)
         # stretches a transient slowdown well past the steps it slowed, and on the tuning
@@ -163,7 +163,7 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
         zs = straggler_scores(values[is_step], resid[is_step], cfg, scales.period_s or cycle_s)
         straggler = Scores(zs, [m for m in grid.metrics if m in STEP_METRICS], list(grid.machines), start, end,
                            scales)
-    return Scores(z, metrics, list(grid.machines), start, end, scales, straggler, instant, deep, reach)
+    return Scores(z, metrics, list(grid.machines), start, end, scales, straggler, instant, deep, backing)
 
 
 GPU_JOINT = "gpu_joint"
@@ -511,7 +511,7 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
             if instant is not None and (instant[:, i, w] > cfg.threshold).any():
                 run.last_instant = w
             if deep is not None and deep[k, i, w]:  # the whole span ran slow
-                run.since = min(run.since, float(scores.win_start[w]) - scores.peak_reach_s)
+                run.since = min(run.since, float(scores.win_start[w]) - scores.peak_backing_s)
             upto = run.counted_until(w, scores, cfg.echo_s)  # w itself unless the window score fired before
             if run.span_s(upto, scores, cfg.stride_s) >= run.need_s and \
                     run.hits >= cfg.min_fraction * run.counted_windows(w):

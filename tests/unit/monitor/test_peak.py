@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from megatron_rl.monitor.detect import DetectConfig, detect, peak_score, score_grid
+from megatron_rl.monitor.detect import DetectConfig, detect, peak_backing_s, peak_reach_s, peak_score, score_grid
 from megatron_rl.monitor.peers import held_low, peak_scores, trailing_max
 from megatron_rl.monitor.windows import Grid
 
@@ -109,7 +109,6 @@ def test_the_peak_spans_at_least_peak_span_s_or_peak_steps_steps():
 
 
 def test_a_deep_peak_backs_its_run_by_one_base_span_at_most():
-    from megatron_rl.monitor.detect import peak_backing_s, peak_reach_s
     cfg = DetectConfig()  # peak_span_s 80, peak_steps 4, peak_hold_windows 2
     assert peak_backing_s(cfg, 8.0) == peak_reach_s(cfg, 8.0) == 80.0  # short steps: the whole span
     assert peak_reach_s(cfg, 60.0) == 240.0  # four 60 s steps
