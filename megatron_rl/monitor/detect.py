@@ -41,14 +41,14 @@ import numpy as np
 from .config import DetectConfig
 from .denoise import Denoiser, WindowMedian
 from .peers import (held_low, intermittency_scores, level_scores, level_z, peak_shortfalls, robust_z,
-                    shortfall_scores, trailing_max, whole_step_span, window_means)
+                    shortfall_scores, trailing_max, whole_step_span)
 from .period import (TimeScales, cycle_period, estimate_period, reported_period, step_average, time_scales,
                      without_stale_steps)
 from .skew import skew_scores
 from .stragglers import straggler_scores
 from .trace import STEP_METRICS, Trace
 from .windows import (Grid, complete_trailing_mean_at, cut_windows, nanmedian, normalise_centred, normalise_lagged,
-                      to_grid, window_layout, window_times)
+                      to_grid, window_layout, window_means, window_times)
 
 @dataclass
 class Alert:

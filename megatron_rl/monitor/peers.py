@@ -36,12 +36,7 @@ import warnings
 
 import numpy as np
 
-from .windows import nanmedian
-
-
-def window_means(win: np.ndarray) -> np.ndarray:
-    """[..., windows, window] -> [..., windows] mean (NaN where the window had a gap)."""
-    return win.mean(-1)
+from .windows import nanmedian, window_maxima
 
 
 def trailing_mean(x: np.ndarray, span: int) -> np.ndarray:
@@ -209,7 +204,7 @@ def peak_shortfalls(win: np.ndarray, span: int, min_machines: int,
                     min_present: float = 0.75) -> tuple[np.ndarray, np.ndarray]:
     """(1 - each machine's peak / its peers' median peak [metrics, machines, windows], each
     metric's steadiness [metrics, 1, 1]): the two parts of `peak_scores`, with its NaNs."""
-    wmax = np.fmax.reduce(win, axis=-1)  # NaN only for a window without a value
+    wmax = window_maxima(win)  # NaN only for a window without a value
     peak = trailing_max(wmax, span)
     seen = np.minimum(np.arange(1, wmax.shape[-1] + 1), span) / span  # of the span, inside the call
     peak[trailing_mean((~np.isnan(wmax)).astype(np.float32), span) * seen < min_present] = np.nan

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .peers import robust_z
-from .windows import cut_windows, window_layout
+from .windows import cut_windows, window_layout, window_means
 
 
 def skew_distances(resid: np.ndarray, centre: np.ndarray, lag: int, window: int, stride: int) -> np.ndarray:
@@ -36,7 +36,7 @@ def skew_distances(resid: np.ndarray, centre: np.ndarray, lag: int, window: int,
     that shift, as they do unshifted."""
     n_t = resid.shape[-1]
     offset, n_win = window_layout(n_t, window, stride)
-    best = np.abs(cut_windows(resid, window, stride)).mean(-1)
+    best = window_means(np.abs(cut_windows(resid, window, stride)))
     if n_win == 0:
         return best
     moved = np.empty_like(resid)
@@ -45,7 +45,7 @@ def skew_distances(resid: np.ndarray, centre: np.ndarray, lag: int, window: int,
                                      (slice(None, -d), slice(d, None), (0, d))):
             np.add(resid[..., late], centre[..., late] - centre[..., early], out=moved[..., early])
             moved[..., outside[0]:outside[1]] = 0.0  # past the trace: no sample, counted out below
-            dist = cut_windows(np.abs(moved, out=moved), window, stride).mean(-1)
+            dist = window_means(cut_windows(np.abs(moved, out=moved), window, stride))
             for w in {0, n_win - 1}:  # only the first and last window can reach past the trace
                 first = offset + w * stride
                 gone = max(0, min(outside[1], first + window) - max(outside[0], first))

@@ -30,8 +30,8 @@ from __future__ import annotations
 import numpy as np
 
 from .config import DetectConfig
-from .peers import robust_z, window_means
-from .windows import cut_windows, nanmedian
+from .peers import robust_z
+from .windows import cut_windows, nanmedian, window_means
 
 
 def trailing_median(x: np.ndarray, span: int, min_present: float = 0.75) -> np.ndarray:

@@ -287,6 +287,47 @@ def cut_windows(x: np.ndarray, window: int, stride: int) -> np.ndarray:
     return view[..., ::stride, :][..., :n_win, :]
 
 
+PAIRWISE_LANES = 8
+"""numpy sums a contiguous run of 8 to 128 values in 8 running lanes, then adds the lanes
+as ((0+1)+(2+3))+((4+5)+(6+7)) and the left-over values one by one (its pairwise sum)."""
+
+
+def window_means(win: np.ndarray) -> np.ndarray:
+    """`win.mean(-1)` for [..., windows, window], the same numbers bit for bit.
+
+    numpy reduces each 8-sample window in a loop of its own, whose start-up costs about
+    as much as the 8 additions; adding whole slices in numpy's own order
+    (`PAIRWISE_LANES`) runs each addition over every window at once: 21 -> 17 ms at 1024
+    machines x 7 metrics, and window means are taken six times per detection call. Other
+    window lengths fall back to numpy."""
+    n = win.shape[-1]
+    if not PAIRWISE_LANES <= n <= 128:
+        return win.mean(-1)
+    lanes = [win[..., j] for j in range(PAIRWISE_LANES)]  # views until first written
+    for i in range(PAIRWISE_LANES, n - n % PAIRWISE_LANES, PAIRWISE_LANES):
+        lanes = [lane + win[..., i + j] if i == PAIRWISE_LANES else np.add(lane, win[..., i + j], out=lane)
+                 for j, lane in enumerate(lanes)]
+    pairs = [lanes[a] + lanes[a + 1] for a in range(0, PAIRWISE_LANES, 2)]
+    pairs[0] += pairs[1]
+    pairs[2] += pairs[3]
+    total = pairs[0]
+    total += pairs[2]
+    for i in range(n - n % PAIRWISE_LANES, n):
+        total += win[..., i]
+    total /= total.dtype.type(n)
+    return total
+
+
+def window_maxima(win: np.ndarray) -> np.ndarray:
+    """`np.fmax.reduce(win, axis=-1)` (the largest value of each window, NaN only for a
+    window without one), by slices: a maximum does not depend on the order, and numpy's
+    per-window loop took 48-58 ms at 1024 machines x 7 metrics against 12-13 ms."""
+    out = win[..., 0].copy()
+    for j in range(1, win.shape[-1]):
+        np.fmax(out, win[..., j], out=out)
+    return out
+
+
 def window_times(grid: Grid, window: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
     """(start, end) time of each window; `end` is the time of its last sample."""
     offset, n_win = window_layout(grid.values.shape[-1], window, stride)
