@@ -301,12 +301,11 @@ def window_means(win: np.ndarray) -> np.ndarray:
     machines x 7 metrics, and window means are taken six times per detection call. Other
     window lengths fall back to numpy."""
     n = win.shape[-1]
-    if not PAIRWISE_LANES <= n <= 128:
-        return win.mean(-1)
-    lanes = [win[..., j] for j in range(PAIRWISE_LANES)]  # views until first written
+    if not PAIRWISE_LANES <= n <= 128 or win.dtype not in (np.float32, np.float64):
+        return win.mean(-1)  # numpy sums float16 in float32, and its way is the reference
+    lanes = [win[..., j] for j in range(PAIRWISE_LANES)]  # views: never written to
     for i in range(PAIRWISE_LANES, n - n % PAIRWISE_LANES, PAIRWISE_LANES):
-        lanes = [lane + win[..., i + j] if i == PAIRWISE_LANES else np.add(lane, win[..., i + j], out=lane)
-                 for j, lane in enumerate(lanes)]
+        lanes = [lane + win[..., i + j] for j, lane in enumerate(lanes)]
     pairs = [lanes[a] + lanes[a + 1] for a in range(0, PAIRWISE_LANES, 2)]
     pairs[0] += pairs[1]
     pairs[2] += pairs[3]
