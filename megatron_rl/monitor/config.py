@@ -28,6 +28,18 @@ class DetectConfig:
     bridge a flapping fault's off-periods: the intermittency score (peers.py) stays high
     while such a fault comes and goes. A longer tolerance joined two separate transient
     slowdowns of a healthy machine into one run (docs/monitor.md)."""
+    continuity_per_doubling_s: float = 30.0
+    """Above `continuity_machines` machines, continuity_s grows by this much per doubling of
+    the job (170 s at 512 machines, 200 s at 1024). A healthy machine's transient slowdowns
+    are rare per machine, but a job of N machines meets N times as many, and the long ones
+    (two slowdowns back to back) then came every 10-30 minutes at 1024 machines on the synth
+    generator. How long such a chain lasts falls off about geometrically, so each doubling
+    of the job asks for a fixed step more: 20 s per doubling left 11 alarms in 66 traces of
+    512 machines, 30 s one (docs/monitor.md, "Continuity grows with the job"). 0: the
+    same continuity at every size, faster and with more false alarms on large jobs."""
+    continuity_machines: int = 128
+    """See continuity_per_doubling_s: the largest job that keeps continuity_s as it is (the
+    size the default was tuned at)."""
     min_fraction: float = 0.75
     """... but the machine must be the candidate in at least this fraction of the run's windows."""
     max_fill_s: float = 3.0
@@ -168,6 +180,8 @@ class DetectConfig:
             (self.threshold > 0, "threshold must be > 0"),
             (self.continuity_s >= 0 and self.max_gap_s >= 0 and self.max_fill_s >= 0,
              "continuity_s, max_gap_s and max_fill_s must be >= 0"),
+            (self.continuity_per_doubling_s >= 0 and self.continuity_machines >= 1,
+             "continuity_per_doubling_s must be >= 0 and continuity_machines >= 1"),
             (0 < self.min_fraction <= 1, "min_fraction must be in (0, 1]"),
             (self.straggler_steps >= 1, "straggler_steps must be >= 1"),
             (self.straggler_span_s > 0 and self.straggler_median_steps >= 1,

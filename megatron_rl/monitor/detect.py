@@ -121,7 +121,7 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
         raise ValueError(f"grid step {grid.step_s} s differs from DetectConfig.step_s {cfg.step_s} s")
     grid = without_stale_steps(grid, cfg.stale_steps)
     step_s, cycle_s = periods(grid, cfg)
-    scales = time_scales(cfg, step_s, cycle_s)
+    scales = time_scales(cfg, step_s, cycle_s, machines=len(grid.machines))
     max_fill = int(cfg.max_fill_s / cfg.step_s)
     values = grid.values
     if scales.average_s:  # long steps: compare step means, where stage phases cancel
@@ -544,10 +544,12 @@ def earliest(alerts: list[Alert]) -> list[Alert]:
 
 
 def continuity(scores: Scores, cfg: DetectConfig) -> np.ndarray:
-    """Seconds of candidacy needed per metric: continuity_s, with `follow_step` at least
+    """Seconds of candidacy needed per metric: continuity_s (longer for jobs above
+    `continuity_machines`: more machines meet more transient slowdowns), with `follow_step` at least
     `continuity_steps` steps of the job, and for step metrics also `straggler_steps`
     steps (one value per step: seconds alone could mean a single slow step)."""
-    scales = time_scales(cfg, scores.step_period_s)  # declare's cfg: a sweep may change continuity_s
+    # declare's cfg: a sweep may change continuity_s
+    scales = time_scales(cfg, scores.step_period_s, machines=len(scores.machines))
     need = np.full(len(scores.metrics), scales.continuity_s)
     need[[m in STEP_METRICS for m in scores.metrics]] = scales.step_continuity_s
     return need

@@ -107,10 +107,10 @@ class OnlineMonitor:
         self._chunks += [t for t in gathered if t is not None and len(t)]
         return self.detect_now()
 
-    def history_s(self) -> float:
+    def history_s(self, machines: int | None = None) -> float:
         """Seconds of samples each detection sees: lookback_s, or with long steps what a
-        run needs to be declared: the slowest score to fill (the peak over peak_steps
-        steps), then its continuity, plus a step of margin.
+        run needs to be declared in a job of `machines`: the slowest score to fill (the
+        peak over peak_steps steps), then its continuity, plus a step of margin.
 
         With `follow_step` both are counted in steps: with 4-minute steps that is 16
         minutes each, and a fixed 15-minute lookback never held a run that long, so the
@@ -119,7 +119,7 @@ class OnlineMonitor:
             return self.cfg.lookback_s
         period = statistics.median(self._step_times)
         d = self.cfg.detect
-        scales = time_scales(d, period)
+        scales = time_scales(d, period, machines=machines)
         fill = max(peak_seconds(d, period), scales.average_s)
         return max(self.cfg.lookback_s, fill + max(scales.continuity_s, scales.step_continuity_s) + period)
 
@@ -129,7 +129,7 @@ class OnlineMonitor:
             return []
         trace = Trace.concat(self._chunks)
         end = float(trace.timestamps.max())
-        trace = trace.select(trace.timestamps >= end - self.history_s())
+        trace = trace.select(trace.timestamps >= end - self.history_s(len(trace.machines)))
         self._chunks = [trace]  # older rows are dropped for good
         grid = to_grid(trace, self.cfg.detect.step_s)
         if grid.values.shape[1] < self.cfg.detect.min_machines:

@@ -17,7 +17,8 @@ What follows the step period P (`time_scales`):
   fault that changes a machine's work still changes its step mean. The 8 s windows then
   slide over step means, i.e. every window covers at least one whole step. Step metrics (`step_time`
   and the section times) already hold one value per step and are left as they are.
-- **Continuity** for every metric is max(continuity_s, continuity_steps x P): a run of
+- **Continuity** for every metric is max(continuity_s, continuity_steps x P) (continuity_s
+  grown for jobs above `continuity_machines`, `size_continuity_s`): a run of
   candidacy has to span several steps, not one odd step (with short steps this is
   continuity_s: 4 x 12 s < 110 s). Step averaging makes a transient slowdown last a step
   longer and, noise averaged away, stand out more; several steps of candidacy is what
@@ -185,20 +186,30 @@ class TimeScales:
     """Span of the intermittency score (three slices)."""
 
 
-def time_scales(cfg: DetectConfig, period_s: float | None, cycle_s: float | None = None) -> TimeScales:
-    """Time constants for a job whose step takes `period_s` (None: the defaults) and whose
-    per-second metrics repeat every `cycle_s` (None: not known)."""
+def time_scales(cfg: DetectConfig, period_s: float | None, cycle_s: float | None = None,
+                machines: int | None = None) -> TimeScales:
+    """Time constants for a job of `machines` (None: not counted) whose step takes
+    `period_s` (None: the defaults) and whose per-second metrics repeat every `cycle_s`
+    (None: not known)."""
     p = period_s or 0.0
     followed = p if cfg.follow_step else 0.0  # without follow_step: the fixed time constants
     average = average_span(followed, cycle_s) if followed > cfg.level_span_s / 2 else 0.0
-    continuity = max(cfg.continuity_s, cfg.continuity_steps * followed)
+    base = cfg.continuity_s + size_continuity_s(cfg, machines)
     return TimeScales(
         period_s=period_s,
         average_s=average,
-        continuity_s=continuity,
-        step_continuity_s=max(cfg.continuity_s, cfg.straggler_steps * p),
+        continuity_s=max(base, cfg.continuity_steps * followed),
+        step_continuity_s=max(base, cfg.straggler_steps * p),
         intermittency_span_s=cfg.intermittency_span_s + 3 * average,
     )
+
+
+def size_continuity_s(cfg: DetectConfig, machines: int | None) -> float:
+    """Seconds of continuity a job of `machines` needs beyond continuity_s: 0 up to
+    `continuity_machines`, then `continuity_per_doubling_s` per doubling (see there)."""
+    if not machines or machines <= cfg.continuity_machines:
+        return 0.0
+    return cfg.continuity_per_doubling_s * float(np.log2(machines / cfg.continuity_machines))
 
 
 def average_span(period_s: float, cycle_s: float | None) -> float:

@@ -5,7 +5,8 @@ is still declared because the peer scores, not the gap tolerance, carry its off-
 the recurrence rule: a machine that is the candidate in half of its windows over eight
 minutes is declared without any run; and the crowd guard: a metric-window where many
 machines are above the threshold makes no candidate, and runs bridge it without counting
-it. The last three on per-window scores built by hand."""
+it; and a job above 128 machines needs 30 s more continuity per doubling. The last four on
+per-window scores built by hand."""
 
 from dataclasses import replace
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from megatron_rl.monitor.detect import DetectConfig, Scores, crowds, declare, detect
-from megatron_rl.monitor.period import time_scales
+from megatron_rl.monitor.period import size_continuity_s, time_scales
 
 DEFAULT = DetectConfig()
 BEFORE = DetectConfig(continuity_s=120.0, max_gap_s=24.0)  # the rule until 2026-11-26
@@ -64,13 +65,35 @@ def test_a_gpu_idle_half_of_every_minute_is_declared_by_the_peer_scores(make_gri
     assert [a.machine for a in late] == ["node05"] and late[0].declared_at <= 200 + DEFAULT.recurrence_s
 
 
-def _scores(hit_windows, n_windows=100, scales=None):
+def _scores(hit_windows, n_windows=100, scales=None, machines=8):
     """Eight machines, one metric, 8 s windows; machine m0 scores 10 (above the 6.5
     threshold) in `hit_windows` and 0 elsewhere, like everyone else."""
-    z = np.zeros((1, 8, n_windows))
+    z = np.zeros((1, machines, n_windows))
     z[0, 0, hit_windows] = 10.0
     start = np.arange(n_windows) * 8.0
-    return Scores(z, ["gpu_duty_cycle"], [f"m{i}" for i in range(8)], start, start + 7.0, scales)
+    return Scores(z, ["gpu_duty_cycle"], [f"m{i}" for i in range(machines)], start, start + 7.0, scales)
+
+
+def test_continuity_grows_by_thirty_seconds_per_doubling_above_128_machines():
+    assert [size_continuity_s(DEFAULT, n) for n in (None, 8, 128, 256, 512, 1024)] == [0, 0, 0, 30, 60, 90]
+    assert time_scales(DEFAULT, None, machines=1024).continuity_s == 200.0
+    assert time_scales(DEFAULT, 60.0, machines=1024).continuity_s == 4 * 60.0  # four steps are longer
+    # m0 the candidate from window 0 (start 0 s) on: declared at the first window ending at
+    # least the job's continuity after 0 s: 110 s -> window 13 (111 s), 140 s -> 17 (143 s),
+    # 200 s -> 25 (207 s).
+    long_run = np.arange(0, 30)
+    for machines, window in ((8, 13), (128, 13), (256, 17), (1024, 25)):
+        alerts = declare(_scores(long_run, n_windows=40, machines=machines), DEFAULT).alerts
+        assert [(a.machine, a.declared_at) for a in alerts] == [("m0", window * 8 + 7.0)], machines
+    # 20 windows (159 s) of candidacy: a fault in a job of 128 machines, not in one of 1024.
+    short_run = np.arange(0, 20)
+    assert [a.machine for a in declare(_scores(short_run, n_windows=40, machines=128), DEFAULT).alerts] == ["m0"]
+    assert declare(_scores(short_run, n_windows=40, machines=1024), DEFAULT).alerts == []
+    assert [a.machine for a in declare(_scores(short_run, n_windows=40, machines=1024),
+                                       replace(DEFAULT, continuity_per_doubling_s=0.0)).alerts] == ["m0"]
+    for bad in ({"continuity_per_doubling_s": -1.0}, {"continuity_machines": 0}):
+        with pytest.raises(ValueError, match="continuity_per_doubling_s must be >= 0 and continuity_machines >= 1"):
+            DetectConfig(**bad)
 
 
 def test_recurrence_declares_a_machine_that_is_the_candidate_every_other_window():

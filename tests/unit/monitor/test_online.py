@@ -108,6 +108,15 @@ def test_history_grows_with_long_steps_to_hold_a_declarable_run(tmp_path, make_g
     assert mon.history_s() == 4 * 240 + 4 * 240 + 240
 
 
+def test_history_holds_the_longer_continuity_of_a_large_job(tmp_path, make_grid):
+    mon = OnlineMonitor(OnlineConfig(lookback_s=100.0, detect=DetectConfig()), tmp_path,
+                        collector=FakeCollector(make_grid(machines=5, duration=400, seed=1), per_drain=40),
+                        denoiser=None)
+    mon._step_times.extend([10.0] * 5)  # the 80 s peak span, 110 s of continuity, a step
+    assert mon.history_s() == mon.history_s(machines=128) == 80 + 110 + 10
+    assert mon.history_s(machines=1024) == 80 + 200 + 10  # three doublings of 30 s
+
+
 def test_long_steps_keep_the_longer_history(tmp_path, make_grid):
     mon = monitor(tmp_path, make_grid(machines=5, duration=2000, seed=1))
     mon.collector.per_drain = 120  # 3 steps of 40 s per detection
