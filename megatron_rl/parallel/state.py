@@ -206,11 +206,45 @@ def destroy() -> None:
     from megatron.core import parallel_state
 
     global _ACTIVE
+    groups = _process_groups(_capture_globals().values())
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
+    _destroy_groups(groups)
     if _ACTIVE is not None:
         _ACTIVE.megatron_globals = _capture_globals()
     _ACTIVE = None
+
+
+def _process_groups(values) -> list:
+    """The process groups (not the world) among ``values`` and the lists and dicts in them."""
+    import torch.distributed as dist
+
+    found, todo = [], list(values)
+    while todo:
+        value = todo.pop()
+        if isinstance(value, (list, tuple)):
+            todo.extend(value)
+        elif isinstance(value, dict):
+            todo.extend(value.values())
+        elif isinstance(value, dist.ProcessGroup) and value is not dist.GroupMember.WORLD and \
+                not any(value is f for f in found):
+            found.append(value)
+    return found
+
+
+def _destroy_groups(groups: list) -> None:
+    """Destroy the groups Megatron's destroy_model_parallel only forgets.
+
+    Megatron-Core 0.16.1 destroys its ``*_GLOO`` groups but sets the others to None, and
+    torch keeps them registered: with gloo each holds its own threads, 50-100 per layout
+    at world 4. A process that builds many layouts in turn (the test bodies, the benches)
+    had thousands, and its later layouts ran several times slower (measured 2026-11-27)."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _world
+
+    for group in groups:
+        if group in _world.pg_map:  # not destroyed already (Megatron's gloo groups)
+            dist.destroy_process_group(group)
 
 
 def check_coordinates(ctx: ParallelContext) -> Optional[str]:

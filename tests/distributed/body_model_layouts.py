@@ -149,7 +149,19 @@ def cases(world_size):
                 continue
             for role in ("actor", "critic"):
                 out[f"{kind}-{role}-{name}"] = partial(compare, role, kind, layout)
+    out["destroy-frees-the-groups"] = partial(destroy_case, layouts_for(world_size)["tp2_pp2" if world_size == 8 else "tp2"])
     return {**out, **packed_schedule_cases(world_size)}
+
+
+def destroy_case(layout):
+    """Process groups registered with torch before a layout, with it, and after destroy()."""
+    from torch.distributed.distributed_c10d import _world
+
+    before = len(_world.pg_map)
+    initialize(ParallelConfig(**layout))
+    built = len(_world.pg_map)
+    destroy()
+    return {"before": before, "built": built, "after": len(_world.pg_map)}
 
 
 def packed_schedule_cases(world_size):

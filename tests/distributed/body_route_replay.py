@@ -181,7 +181,9 @@ LAYOUTS = {
 }
 
 
-def cases():
+def cases(world_size: int = 4):
+    if world_size != 4:
+        raise ValueError(f"the replay layouts are laid out for world 4, not {world_size}")
     out = {"reference": reference_case}
     out.update({name: partial(layout_case, layout) for name, layout in LAYOUTS.items()})
     return out

@@ -364,7 +364,9 @@ LAYOUTS = {
 }
 
 
-def cases():
+def cases(world_size: int = 4):
+    if world_size != 4:
+        raise ValueError(f"the schedule cases are laid out for world 4, not {world_size}")
     out = {}
     for recipe in ("dapo", "grpo"):
         out[f"dense-actor-single-{recipe}"] = partial(actor_case, "dense", LAYOUTS["single"], recipe, GLOBAL_BATCH, True)

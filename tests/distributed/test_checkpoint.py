@@ -23,13 +23,13 @@ pytestmark = pytest.mark.distributed
 
 
 @pytest.fixture(scope="module")
-def world4_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("ckpt4")
+def world4_root(shared_launches):
+    return shared_launches.directory(4)
 
 
 @pytest.fixture(scope="module")
-def world4(world4_root):
-    return launch(BODY, 4, args=["4", str(world4_root)])
+def world4(shared_launches):
+    return shared_launches.results("body_checkpoint", 4)
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +39,8 @@ def world1(world4, world4_root):
 
 
 @pytest.fixture(scope="module")
-def world8(tmp_path_factory):
-    return launch(BODY, 8, args=["8", str(tmp_path_factory.mktemp("ckpt8"))])
+def world8(shared_launches):
+    return shared_launches.results("body_checkpoint", 8)
 
 
 def _result(results, case):

@@ -3,13 +3,9 @@ many layouts (world 4 and 8): loss and full gradients equal the single-rank mode
 world-8 launch also runs the RL schedules on packed micro-batches (test_schedules' cases)
 in its three-dimensional layouts."""
 
-from pathlib import Path
-
 import pytest
 
-from megatron_rl.testing.torchrun import launch
 
-BODY = Path(__file__).with_name("body_model_layouts.py")
 # fp32, measured 2026-11-25: gradients <= 1.8e-7, losses <= 2.4e-7 (docs/benchmarks.md)
 GRAD_TOL = 5e-7
 LOSS_TOL = 5e-7
@@ -33,13 +29,13 @@ WORLD8 = [
 
 
 @pytest.fixture(scope="module")
-def world4():
-    return launch(BODY, 4, args=["4"])
+def world4(shared_launches):
+    return shared_launches.results("body_model_layouts", 4)
 
 
 @pytest.fixture(scope="module")
-def world8():
-    return launch(BODY, 8, args=["8"])
+def world8(shared_launches):
+    return shared_launches.results("body_model_layouts", 8)
 
 
 def _check(results, case):
@@ -61,6 +57,16 @@ def test_layout_world4(world4, case):
 @pytest.mark.parametrize("case", WORLD8)
 def test_layout_world8(world8, case):
     _check(world8, case)
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_destroy_frees_the_layouts_process_groups(shared_launches, world):
+    """parallel.destroy() leaves torch's registry of process groups as it found it (Megatron
+    forgets most of its groups without destroying them, and each gloo group keeps threads)."""
+    outcome = shared_launches.results("body_model_layouts", world)["destroy-frees-the-groups"]
+    assert outcome["ok"], outcome["error"]
+    r = outcome["result"]
+    assert r["built"] > r["before"] and r["after"] == r["before"], r
 
 
 PACKED_WORLD8 = ["packed-moe-actor-tp2_pp2_ep2-dapo", "packed-moe-actor-tp2_pp2_ep4-grpo", "packed-dense-critic-tp2_pp2"]

@@ -2,15 +2,19 @@
 happens when ranks are on different hosts.
 
 DAPO with vLLM rollouts on a tiny MoE actor, fp32, launched by scripts/slurm/train_torchrun.sbatch
-(one torchrun per node). Eight launches, in two rounds that each run side by side:
+(one torchrun per node). Six launches, side by side:
 
 1. ``dp2_nodes``: 2 nodes x 1 rank (DP2), 3 steps, a checkpoint every 2; ``dp2_host``: the same
    config on the host node, 1 x 2 ranks; ``ep2_nodes``: the experts split across the 2 nodes (EP2);
-   ``pp2_nodes``: the two layers split across 2 nodes (PP2, activations sent between nodes);
-   ``ep2_host`` (and ``pp2_host`` in round 2): the same layouts on the host node.
-2. The step-2 checkpoint of ``dp2_nodes``, resumed on one node (1 x 2 ranks: the saving world
-   size, so RNG states come back too) and on three (3 x 1 ranks: DP3, the model and the
+   ``pp2_nodes``: the two layers split across 2 nodes (PP2, activations sent between nodes).
+2. Once ``dp2_nodes`` is done, its step-2 checkpoint resumed on one node (1 x 2 ranks: the saving
+   world size, so RNG states come back too) and on three (3 x 1 ranks: DP3, the model and the
    distributed optimizer resharded, RNG states not restored: they belong to the saving layout).
+
+EP2 and PP2 are not run again on the host node: gloo carries their collectives over TCP on
+one host as across nodes, and the weight sync, the one path that differs (a broadcast, not
+the shared arena), is checked against vLLM's own logprobs every step (the parity keys) and
+on DP2 against the host run number for number.
 
 Across nodes the weight sync cannot share memory, so it gathers by gloo broadcasts
 (``rollout/weight_sync_broadcast``, bridge/export.py), and every node's rank writes its own
@@ -134,20 +138,16 @@ def runs(slurm_env, tmp_path_factory) -> dict[str, Launch]:
                             "parallel.expert_model_parallel_size=2", steps=SAVE_INTERVAL),
         "pp2_nodes": Launch(slurm_env, base, root / "pp2_nodes", OTHER_TWO_NODES, 1,
                             "parallel.pipeline_model_parallel_size=2", steps=SAVE_INTERVAL),
-        "ep2_host": Launch(slurm_env, base, root / "ep2_host", HOST, 2,
-                           "parallel.expert_model_parallel_size=2", steps=SAVE_INTERVAL),
     }
-    done = {name: launch.finish() for name, launch in first.items()}
+    done = {"dp2_nodes": first.pop("dp2_nodes").finish()}
     source = done["dp2_nodes"].run_dir
-    second = {
+    second = {  # started while the other first launches still run
         "resumed_1x2": Launch(slurm_env, base, _resumable_copy(source, SAVE_INTERVAL, root / "resumed_1x2"),
                               ("-p", "debug", "-N1"), 2, steps=RESUMED_STEPS),
         "resumed_3x1": Launch(slurm_env, base, _resumable_copy(source, SAVE_INTERVAL, root / "resumed_3x1"),
                               ("-p", "nodes", "-N3"), 1, steps=RESUMED_STEPS),
-        "pp2_host": Launch(slurm_env, base, root / "pp2_host", HOST, 2,
-                           "parallel.pipeline_model_parallel_size=2", steps=SAVE_INTERVAL),
     }
-    done.update({name: launch.finish() for name, launch in second.items()})
+    done.update({name: launch.finish() for name, launch in {**first, **second}.items()})
     return done
 
 
@@ -203,7 +203,7 @@ def _check_first_step_as_dp2(run: Launch, dp2: Launch) -> None:
 
 def test_ep2_splits_the_experts_across_the_nodes(runs):
     ep2 = runs["ep2_nodes"]
-    _check_same_layout_on_one_host(ep2, runs["ep2_host"])
+    assert "on mrl-n[1-2] (2 x 1 ranks)" in ep2.text()
     # The experts' gradients are no longer averaged over two ranks: equal up to fp32 sums.
     _check_first_step_as_dp2(ep2, runs["dp2_nodes"])
     # Each node's rank owns four of the eight experts and writes them, weights and Adam state.
@@ -216,7 +216,6 @@ def test_ep2_splits_the_experts_across_the_nodes(runs):
 def test_pp2_sends_activations_between_the_nodes(runs):
     pp2 = runs["pp2_nodes"]
     assert "on mrl-n[2-3] (2 x 1 ranks)" in pp2.text()
-    _check_same_layout_on_one_host(pp2, runs["pp2_host"])
     _check_first_step_as_dp2(pp2, runs["dp2_nodes"])
     # Each node's stage holds one of the two layers and writes it, weights and Adam state.
     meta = pp2.metadata(SAVE_INTERVAL)
