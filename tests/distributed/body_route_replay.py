@@ -181,9 +181,7 @@ LAYOUTS = {
 }
 
 
-def cases(world_size: int = 4):
-    if world_size != 4:
-        raise ValueError(f"the replay layouts are laid out for world 4, not {world_size}")
+def cases():
     out = {"reference": reference_case}
     out.update({name: partial(layout_case, layout) for name, layout in LAYOUTS.items()})
     return out

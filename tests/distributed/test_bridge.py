@@ -1,8 +1,13 @@
 """HF <-> Megatron bridge for every family in many layouts (world 4; world 8 is slow):
 Megatron logits == transformers logits, and HF -> Megatron -> HF is bitwise identical."""
 
+from pathlib import Path
+
 import pytest
 
+from megatron_rl.testing.torchrun import launch
+
+BODY = Path(__file__).with_name("body_bridge.py")
 
 LOGIT_TOL = 3e-5  # fp32; measured <= 2e-6, 1.5e-5 with tied embeddings (docs/benchmarks.md)
 
@@ -27,8 +32,8 @@ WORLD8 = _names(("tp2_pp2", "tp2_pp2_ep2"))
 
 
 @pytest.fixture(scope="module")
-def world4(shared_launches):
-    return shared_launches.results("body_bridge", 4)
+def world4():
+    return launch(BODY, 4, args=["4"])
 
 
 @pytest.fixture(scope="module")

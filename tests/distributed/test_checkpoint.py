@@ -23,13 +23,13 @@ pytestmark = pytest.mark.distributed
 
 
 @pytest.fixture(scope="module")
-def world4_root(shared_launches):
-    return shared_launches.directory(4)
+def world4_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("ckpt4")
 
 
 @pytest.fixture(scope="module")
-def world4(shared_launches):
-    return shared_launches.results("body_checkpoint", 4)
+def world4(world4_root):
+    return launch(BODY, 4, args=["4", str(world4_root)])
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,13 @@ many layouts (world 4 and 8): loss and full gradients equal the single-rank mode
 world-8 launch also runs the RL schedules on packed micro-batches (test_schedules' cases)
 in its three-dimensional layouts."""
 
+from pathlib import Path
+
 import pytest
 
+from megatron_rl.testing.torchrun import launch
+
+BODY = Path(__file__).with_name("body_model_layouts.py")
 
 # fp32, measured 2026-11-25: gradients <= 1.8e-7, losses <= 2.4e-7 (docs/benchmarks.md)
 GRAD_TOL = 5e-7
@@ -29,8 +34,8 @@ WORLD8 = [
 
 
 @pytest.fixture(scope="module")
-def world4(shared_launches):
-    return shared_launches.results("body_model_layouts", 4)
+def world4():
+    return launch(BODY, 4, args=["4"])
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +65,10 @@ def test_layout_world8(world8, case):
 
 
 @pytest.mark.parametrize("world", [4, 8])
-def test_destroy_frees_the_layouts_process_groups(shared_launches, world):
+def test_destroy_frees_the_layouts_process_groups(request, world):
     """parallel.destroy() leaves torch's registry of process groups as it found it (Megatron
     forgets most of its groups without destroying them, and each gloo group keeps threads)."""
-    outcome = shared_launches.results("body_model_layouts", world)["destroy-frees-the-groups"]
+    outcome = request.getfixturevalue(f"world{world}")["destroy-frees-the-groups"]
     assert outcome["ok"], outcome["error"]
     r = outcome["result"]
     assert r["built"] > r["before"] and r["after"] == r["before"], r

@@ -1,4 +1,4 @@
-"""RL losses through Megatron's schedules (the shared world-4 launch): for DAPO (token-mean) and
+"""RL losses through Megatron's schedules (one world-4 launch): for DAPO (token-mean) and
 GRPO (seq-mean-token-mean), and one recipe using every actor-loss piece, the gradient of
 one mini-batch split over microbatches and DP4 / PP2 / PP2·VPP2 / TP2 / TP2·EP2 equals
 plain single-process autograd on the whole batch; logprobs and entropy (padded vocabulary,
@@ -10,9 +10,13 @@ token-budget micro-batches (several sequences per row, THD) match the same padde
 references in every layout above.
 """
 
+from pathlib import Path
+
 import pytest
 
+from megatron_rl.testing.torchrun import launch
 
+BODY = Path(__file__).with_name("body_schedules.py")
 GRAD_TOL = 1e-6  # fp32; observed ≤ 1.2e-7 with gradients up to 0.28
 LOGPROB_TOL = 1e-6
 ENTROPY_TOL = 1e-5  # entropies are ~4.5 nats: 1e-5 is a relative 2e-6
@@ -36,8 +40,8 @@ PACKED_CRITIC_CASES = ["packed-dense-critic-pp2", "packed-dense-critic-tp2", "pa
 
 
 @pytest.fixture(scope="module")
-def results(shared_launches):
-    return shared_launches.results("body_schedules", 4)
+def results():
+    return launch(BODY, 4)
 
 
 def _result(results, case):
