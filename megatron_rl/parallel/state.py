@@ -219,17 +219,16 @@ def _process_groups(values) -> list:
     """The process groups (not the world) among ``values`` and the lists and dicts in them."""
     import torch.distributed as dist
 
-    found, todo = [], list(values)
+    found, todo = {}, list(values)  # id -> group, in the order first seen
     while todo:
         value = todo.pop()
         if isinstance(value, (list, tuple)):
             todo.extend(value)
         elif isinstance(value, dict):
             todo.extend(value.values())
-        elif isinstance(value, dist.ProcessGroup) and value is not dist.GroupMember.WORLD and \
-                not any(value is f for f in found):
-            found.append(value)
-    return found
+        elif isinstance(value, dist.ProcessGroup) and value is not dist.GroupMember.WORLD:
+            found.setdefault(id(value), value)
+    return list(found.values())
 
 
 def _destroy_groups(groups: list) -> None:

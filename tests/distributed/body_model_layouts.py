@@ -149,7 +149,8 @@ def cases(world_size):
                 continue
             for role in ("actor", "critic"):
                 out[f"{kind}-{role}-{name}"] = partial(compare, role, kind, layout)
-    out["destroy-frees-the-groups"] = partial(destroy_case, layouts_for(world_size)["tp2_pp2" if world_size == 8 else "tp2"])
+    layout = layouts_for(world_size)["tp2_pp2" if world_size == 8 else "tp2"]
+    out["destroy-frees-the-groups"] = partial(destroy_case, layout)
     return {**out, **packed_schedule_cases(world_size)}
 
 

@@ -19,42 +19,35 @@ import pytest
 from megatron_rl.testing.torchrun import launch
 
 SHARED_BODY = Path(__file__).with_name("body_shared.py")
-SHARED = {  # body -> (its test module, the world sizes it shares a launch at)
-    "body_bridge": ("test_bridge.py", (8,)),
-    "body_checkpoint": ("test_checkpoint.py", (8,)),
-    "body_model_layouts": ("test_model_layouts.py", (8,)),
+WORLD = 8
+SHARED = {  # body -> its test module
+    "body_bridge": "test_bridge.py",
+    "body_checkpoint": "test_checkpoint.py",
+    "body_model_layouts": "test_model_layouts.py",
 }
 TIMEOUT_S = 2400  # the bodies' own launches had 900-1200 s each
 
 
-class SharedLaunches:
-    """The shared launch of each world size, started on first use."""
+class SharedLaunch:
+    """The shared world-8 launch, started on first use."""
 
-    def __init__(self, modules: set[str], root: Path):
-        self._modules, self._root, self._results = modules, root, {}
+    def __init__(self, modules: set[str], directory: Path):
+        self._modules, self._directory, self._results = modules, directory, None
 
-    def directory(self, world: int) -> Path:
-        """The launch's work directory (body_checkpoint saves there)."""
-        return self._root / f"world{world}"
-
-    def results(self, body: str, world: int) -> dict:
-        """``body``'s case results at ``world`` ({case: {"ok": ..., ...}}, as `launch`)."""
-        if world not in SHARED[body][1]:
-            raise ValueError(f"{body} shares no launch at world {world}")
-        if world not in self._results:
-            bodies = [b for b, (module, worlds) in SHARED.items()
-                      if world in worlds and (module in self._modules or b == body)]
-            self.directory(world).mkdir(parents=True, exist_ok=True)
-            self._results[world] = launch(SHARED_BODY, world, timeout_s=TIMEOUT_S,
-                                          args=[str(world), str(self.directory(world)), ",".join(bodies)])
-        got, prefix = self._results[world], f"{body}:"
-        out = {name[len(prefix):]: r for name, r in got.items() if name.startswith(prefix)}
-        if "__launch__" in got:
-            out["__launch__"] = got["__launch__"]
+    def results(self, body: str) -> dict:
+        """``body``'s case results ({case: {"ok": ..., ...}}, as `launch`)."""
+        if self._results is None:
+            bodies = [b for b, module in SHARED.items() if module in self._modules or b == body]
+            self._results = launch(SHARED_BODY, WORLD, timeout_s=TIMEOUT_S,
+                                   args=[str(WORLD), str(self._directory), ",".join(bodies)])
+        prefix = f"{body}:"
+        out = {name[len(prefix):]: r for name, r in self._results.items() if name.startswith(prefix)}
+        if "__launch__" in self._results:
+            out["__launch__"] = self._results["__launch__"]
         return out
 
 
 @pytest.fixture(scope="session")
-def shared_launches(request, tmp_path_factory) -> SharedLaunches:
+def shared_launch(request, tmp_path_factory) -> SharedLaunch:
     modules = {item.path.name for item in request.session.items}
-    return SharedLaunches(modules, tmp_path_factory.mktemp("shared-launches"))
+    return SharedLaunch(modules, tmp_path_factory.mktemp("shared-launch"))

@@ -8,7 +8,6 @@ import pytest
 from megatron_rl.testing.torchrun import launch
 
 BODY = Path(__file__).with_name("body_bridge.py")
-
 LOGIT_TOL = 3e-5  # fp32; measured <= 2e-6, 1.5e-5 with tied embeddings (docs/benchmarks.md)
 
 pytestmark = pytest.mark.distributed
@@ -37,8 +36,8 @@ def world4():
 
 
 @pytest.fixture(scope="module")
-def world8(shared_launches):
-    return shared_launches.results("body_bridge", 8)
+def world8(shared_launch):
+    return shared_launch.results("body_bridge")
 
 
 def _check(results, case):

@@ -39,8 +39,8 @@ def world1(world4, world4_root):
 
 
 @pytest.fixture(scope="module")
-def world8(shared_launches):
-    return shared_launches.results("body_checkpoint", 8)
+def world8(shared_launch):
+    return shared_launch.results("body_checkpoint")
 
 
 def _result(results, case):

@@ -10,7 +10,6 @@ import pytest
 from megatron_rl.testing.torchrun import launch
 
 BODY = Path(__file__).with_name("body_model_layouts.py")
-
 # fp32, measured 2026-11-25: gradients <= 1.8e-7, losses <= 2.4e-7 (docs/benchmarks.md)
 GRAD_TOL = 5e-7
 LOSS_TOL = 5e-7
@@ -39,8 +38,8 @@ def world4():
 
 
 @pytest.fixture(scope="module")
-def world8(shared_launches):
-    return shared_launches.results("body_model_layouts", 8)
+def world8(shared_launch):
+    return shared_launch.results("body_model_layouts")
 
 
 def _check(results, case):
