@@ -33,6 +33,8 @@ step-averaged metrics); the straggler channel is declared on its own (`straggler
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 
@@ -129,26 +131,23 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     is_step = np.array([m in STEP_METRICS for m in grid.metrics], bool)
     resid, centre = residuals(values, is_step, cfg, max_fill)
     win = cut_windows(resid, cfg.window, cfg.stride)  # [metrics, machines, windows, window]
-    rec = denoised_windows(win, grid.metrics, denoiser)  # [metrics, windows, window, machines]
+    with ThreadPoolExecutor(max_workers=1) if cfg.threads > 1 else nullcontext() as pool:
+        # The denoiser (torch) runs on the pool's thread beside the skew and peer scores
+        # (numpy); both release the GIL on whole arrays. The same operations on the same
+        # data, so the same bits, and at 1024 machines x 7 metrics about 0.65 s instead of
+        # 0.9-1.1 s when a second core is free (docs/monitor.md, "The denoiser on a second thread").
+        pending = pool.submit(denoised_windows, win, grid.metrics, denoiser) if pool else None
+        shifted = skew_shifted(resid, centre, is_step, cfg)
+        peer, deep, backing = None, None, 0.0
+        if cfg.peer_scores:
+            peer, deep, backing = peer_channel(grid, win, resid, is_step, cfg, scales, cycle_s)
+        rec = pending.result() if pending else denoised_windows(win, grid.metrics, denoiser)
     s = median_distance(rec).transpose(0, 2, 1)  # [metrics, machines, windows]
     z = robust_z(s, 0.0, cfg.min_machines)  # the window score: no floor
-    without_skew(z, resid, centre, is_step, cfg)
+    if shifted is not None:
+        z[~is_step] = np.where(np.isnan(z[~is_step]), np.nan, np.fmin(z[~is_step], shifted))
     instant = z  # kept for the echo rule: the fmax below makes a new z, this one is not written
-    deep, backing = None, 0.0
-    if cfg.peer_scores:
-        levels = whole_step_levels(resid, cfg, scales, cycle_s)
-        peer = peer_scores(win, cfg, scales.intermittency_span_s, levels)
-        if cfg.peak_score and not is_step.all():  # raw values: a step average has no peak left
-            peak, deep_rows = peak_score(grid.values[~is_step], cfg, scales.period_s or cycle_s)
-            peer[~is_step] = np.fmax(peer[~is_step], peak)
-            deep = np.zeros(z.shape, bool)
-            deep[~is_step] = deep_rows
-            backing = peak_backing_s(cfg, scales.period_s or cycle_s)
-        # Step metrics: the window score alone. A step value is already a step's average;
-        # averaging it again (level) or counting its abnormal windows (intermittency)
-        # stretches a transient slowdown well past the steps it slowed, and on the tuning
-        # seeds joined transient stragglers on one machine into false alarms.
-        peer[is_step] = np.nan
+    if peer is not None:
         z = np.fmax(z, peer)
     metrics = list(grid.metrics)
     if cfg.gpu_joint and not is_step.any():
@@ -164,6 +163,36 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
         straggler = Scores(zs, [m for m in grid.metrics if m in STEP_METRICS], list(grid.machines), start, end,
                            scales)
     return Scores(z, metrics, list(grid.machines), start, end, scales, straggler, instant, deep, backing)
+
+
+def skew_shifted(resid: np.ndarray, centre: np.ndarray, is_step: np.ndarray, cfg: DetectConfig
+                 ) -> np.ndarray | None:
+    """The per-second metrics' window scores with the samples shifted by up to `skew_s`
+    (monitor/skew.py), or None when off; the window score is lowered to it."""
+    lag = int(round(cfg.skew_s / cfg.step_s))
+    if not lag or is_step.all():
+        return None
+    return skew_scores(resid[~is_step], centre[~is_step], lag, cfg.window, cfg.stride, cfg.min_machines)
+
+
+def peer_channel(grid: Grid, win: np.ndarray, resid: np.ndarray, is_step: np.ndarray, cfg: DetectConfig,
+                 scales: TimeScales, cycle_s: float | None) -> tuple[np.ndarray, np.ndarray | None, float]:
+    """(peer scores [metrics, machines, windows], deep peaks or None, peak backing s)."""
+    levels = whole_step_levels(resid, cfg, scales, cycle_s)
+    peer = peer_scores(win, cfg, scales.intermittency_span_s, levels)
+    deep, backing = None, 0.0
+    if cfg.peak_score and not is_step.all():  # raw values: a step average has no peak left
+        peak, deep_rows = peak_score(grid.values[~is_step], cfg, scales.period_s or cycle_s)
+        peer[~is_step] = np.fmax(peer[~is_step], peak)
+        deep = np.zeros(peer.shape, bool)
+        deep[~is_step] = deep_rows
+        backing = peak_backing_s(cfg, scales.period_s or cycle_s)
+    # Step metrics: the window score alone. A step value is already a step's average;
+    # averaging it again (level) or counting its abnormal windows (intermittency)
+    # stretches a transient slowdown well past the steps it slowed, and on the tuning
+    # seeds joined transient stragglers on one machine into false alarms.
+    peer[is_step] = np.nan
+    return peer, deep, backing
 
 
 GPU_JOINT = "gpu_joint"
@@ -204,19 +233,6 @@ def residuals(values: np.ndarray, is_step: np.ndarray, cfg: DetectConfig, max_fi
         resid[~lagged], _, centre[~lagged] = normalise_centred(values[~lagged], max_fill)
     resid[lagged] = normalise_lagged(values[lagged], max_fill, lag)[0]
     return resid, centre
-
-
-def without_skew(z: np.ndarray, resid: np.ndarray, centre: np.ndarray, is_step: np.ndarray,
-                 cfg: DetectConfig) -> None:
-    """Lower the per-second metrics' window scores z in place to what still differs from
-    the median with the samples shifted by up to `skew_s` (monitor/skew.py); a void
-    window stays void."""
-    lag = int(round(cfg.skew_s / cfg.step_s))
-    if not lag or is_step.all():
-        return
-    shifted = skew_scores(resid[~is_step], centre[~is_step], lag, cfg.window, cfg.stride, cfg.min_machines)
-    window_score = z[~is_step]
-    z[~is_step] = np.where(np.isnan(window_score), np.nan, np.fmin(window_score, shifted))
 
 
 def peak_score(values: np.ndarray, cfg: DetectConfig, period_s: float | None) -> tuple[np.ndarray, np.ndarray]:

@@ -2,6 +2,7 @@
 the order of floating-point operations is kept; the same declarations everywhere)."""
 
 import numpy as np
+import pytest
 
 from megatron_rl.monitor.denoise import Denoiser, default_model_dir
 from megatron_rl.monitor.detect import DetectConfig, declare, denoised_windows, score_grid
@@ -76,3 +77,45 @@ def test_window_means_and_maxima_are_numpys_bit_for_bit():
                 win = cut_windows(x, n, stride)
                 np.testing.assert_array_equal(window_means(win), win.mean(-1))
                 np.testing.assert_array_equal(window_maxima(win), np.fmax.reduce(win, axis=-1))
+
+
+def score_arrays(scores):
+    """Every array a call returns, straggler channel included."""
+    arrays = {"z": scores.z, "instant": scores.instant, "deep": scores.deep_peak}
+    if scores.straggler is not None:
+        arrays["straggler"] = scores.straggler.z
+    return arrays
+
+
+@pytest.mark.parametrize("spec", [
+    dict(fault="gpu_drop"),
+    dict(fault="flapping", distractors=True, step_metrics=True),
+    dict(fault="straggler", step_metrics=True, step_period_s=(40.0, 90.0)),
+])
+def test_the_denoiser_on_a_second_thread_gives_the_same_bits(spec):
+    den = Denoiser.load(default_model_dir())
+    grid = generate(SynthConfig(machines=24, duration_s=600, seed=5, **spec)).grid
+    one = score_grid(grid, DetectConfig(threads=1), den)
+    two = score_grid(grid, DetectConfig(threads=2), den)
+    a, b = score_arrays(one), score_arrays(two)
+    assert a.keys() == b.keys() and one.metrics == two.metrics
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    assert (np.nan_to_num(a["z"]) > 0).any()  # real scores, not all void
+
+
+class BrokenDenoiser:
+    def reconstruct(self, metric, windows):
+        raise RuntimeError(f"no model for {metric}")
+
+
+def test_a_denoiser_error_on_the_second_thread_reaches_the_caller():
+    grid = generate(SynthConfig(machines=8, duration_s=300, seed=5)).grid
+    with pytest.raises(RuntimeError, match="no model for"):
+        score_grid(grid, DetectConfig(threads=2), BrokenDenoiser())
+
+
+def test_threads_other_than_one_or_two_are_refused():
+    for bad in (0, 3):
+        with pytest.raises(ValueError, match="threads must be 1 or 2"):
+            DetectConfig(threads=bad)
