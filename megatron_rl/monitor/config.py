@@ -170,6 +170,17 @@ class DetectConfig:
     """See recurrence_s. With 0.5 over 480 s (30 of 60 windows), a healthy machine's
     transient slowdowns (a candidate for the slowdown plus up to half a minute of the
     level's smear) must come three or four times in eight minutes to be declared."""
+    join_bursts: int = 3
+    """A run's gaps (up to max_gap_s each) join its stretches of candidacy into one run
+    only once it has this many of them; with fewer, its latest stretch alone must hold
+    continuity (detect._Run.joins_its_gaps). 3: two transient slowdowns of a healthy
+    machine, the second soon after the first, are not one run, and an intermittent fault
+    is declared once it comes back a third time. 2: every gap joins (the rule until
+    2026-11-27; docs/monitor.md, "Two bursts are not a run")."""
+    gap_depth: float = 0.75
+    """A gap separates two bursts (join_bursts) only if in one of its windows every score
+    of the machine fell under this fraction of the threshold: a sustained fault whose
+    score dips just under the threshold for a window has not recovered (1: any gap)."""
     threads: int = 2
     """Threads one detection call may use: 2 runs the denoiser (torch) on a second thread
     beside the peer, skew and peak scores (numpy); both release the GIL, so with a second
@@ -205,6 +216,8 @@ class DetectConfig:
             (0 < self.crowd_fraction <= 1, "crowd_fraction must be in (0, 1] (1: off)"),
             (0 < self.recurrence_fraction <= 1, "recurrence_fraction must be in (0, 1]"),
             (self.threads in (1, 2), "threads must be 1 or 2"),
+            (self.join_bursts >= 2, "join_bursts must be >= 2 (2: every gap joins)"),
+            (0 < self.gap_depth <= 1, "gap_depth must be in (0, 1] (1: any gap)"),
             (self.min_machines >= 3, "min_machines must be >= 3 (two machines cannot outvote each other)"),
         ]
         for ok, msg in checks:

@@ -25,7 +25,8 @@ Declaring (`declare`): a crowd (`crowds`: many machines above the threshold in o
 metric-window, which says the scale does not fit that window) makes no candidate and is
 bridged by open runs without counting; a run is declared after the continuity, of which
 the echo of a window score in the averaged scores counts only once it outlasts `echo_s`
-(`_Run.counted_until`); a machine that is a candidate in half of its windows over eight
+(`_Run.counted_until`), and two bursts of candidacy with a gap between them in which the
+machine recovered are joined only once a third comes (`_Run.joins_its_gaps`); a machine that is a candidate in half of its windows over eight
 minutes is declared without a run (`_Recurrence`, for weak intermittent faults; off with
 step-averaged metrics); the straggler channel is declared on its own (`stragglers.py`).
 """
@@ -411,6 +412,8 @@ class _Run:
     bridged: int = 0  # windows where it was above the threshold only in a crowd
     last_instant: int = -1  # the last window where its window score itself was above the threshold
     since: float = float("inf")  # the earliest start of a peak span backing it (peak_since_shortfall)
+    bursts: int = 1  # stretches of candidacy, each after a gap of at least one window
+    burst_start: int = 0  # window where the latest burst began
 
     def counted_until(self, w: int, scores: Scores, echo_s: float) -> int:
         """The window up to which the run's span counts at window w: w, or while the run is
@@ -428,6 +431,18 @@ class _Run:
     def counted_windows(self, w: int) -> int:
         return w - self.start + 1 - self.bridged
 
+    def joins_its_gaps(self, w: int, scores: Scores, join_bursts: int) -> bool:
+        """Whether the run's gaps may join its bursts at window w: with one burst, or with at
+        least join_bursts; in between, only when its latest burst alone holds continuity.
+        A burst begins after a gap in which the machine recovered (`recovered`).
+
+        Two bursts with one gap between them are what two transient slowdowns of a healthy
+        machine look like, and what the first minutes of an intermittent fault look like.
+        The intermittent fault goes on and brings a third burst; the two slowdowns do not."""
+        if self.bursts == 1 or self.bursts >= join_bursts:
+            return True
+        return scores.win_end[w] - scores.win_start[self.burst_start] >= self.need_s
+
 
 def crowds(z: np.ndarray, threshold: float, fraction: float) -> np.ndarray:
     """[metrics, windows]: True where more than max(2, fraction of the scored machines)
@@ -442,6 +457,14 @@ def crowds(z: np.ndarray, threshold: float, fraction: float) -> np.ndarray:
     above = (z > threshold).sum(1)  # NaN compares False
     scored = (~np.isnan(z)).sum(1)
     return above > np.maximum(2, fraction * scored)
+
+
+def recovered(gap: np.ndarray, below: float) -> bool:
+    """Whether a gap in a run ([metrics, windows] of the machine's scores) holds a window
+    in which every score was under `below`: the machine was back among its peers, not
+    just under the threshold for a moment. A void window (no score) shows neither."""
+    top = np.fmax.reduce(gap, axis=0)  # NaN only where every metric is void
+    return bool((top < below).any())
 
 
 class _Recurrence:
@@ -520,7 +543,9 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
             picked.add(i)
             candidates.append((float(now), machines[i], scores.metrics[k], zi))
             recurrence.record(i, k, w, zi)
-            run = runs.setdefault(i, _Run(start=w, last_hit=w))
+            run = runs.setdefault(i, _Run(start=w, last_hit=w, burst_start=w))
+            if run.last_hit < w - 1 and recovered(z[:, i, run.last_hit + 1:w], cfg.gap_depth * cfg.threshold):
+                run.bursts, run.burst_start = run.bursts + 1, w  # back after a real gap: a new burst
             run.hits, run.last_hit, run.z_sum = run.hits + 1, w, run.z_sum + zi
             run.metrics[scores.metrics[k]] += 1
             run.need_s = max(run.need_s, need[k])  # a slow step cannot lend its span to continuity_s
@@ -530,7 +555,8 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
                 run.since = min(run.since, float(scores.win_start[w]) - scores.peak_backing_s)
             upto = run.counted_until(w, scores, cfg.echo_s)  # w itself unless the window score fired before
             if run.span_s(upto, scores, cfg.stride_s) >= run.need_s and \
-                    run.hits >= cfg.min_fraction * run.counted_windows(w):
+                    run.hits >= cfg.min_fraction * run.counted_windows(w) and \
+                    run.joins_its_gaps(w, scores, cfg.join_bursts):
                 alerts.append(Alert(machines[i], run.metrics.most_common(1)[0][0],
                                     float(scores.win_start[run.start]), float(now), run.z_sum / run.hits))
                 excluded[i] = True

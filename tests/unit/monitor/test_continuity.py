@@ -5,7 +5,8 @@ is still declared because the peer scores, not the gap tolerance, carry its off-
 the recurrence rule: a machine that is the candidate in half of its windows over eight
 minutes is declared without any run; and the crowd guard: a metric-window where many
 machines are above the threshold makes no candidate, and runs bridge it without counting
-it; and a job above 128 machines needs 30 s more continuity per doubling. The last four on
+it; a job above 128 machines needs 30 s more continuity per doubling; and two bursts
+of candidacy with a recovered gap between them are one run only once a third comes. The last five on
 per-window scores built by hand."""
 
 from dataclasses import replace
@@ -17,7 +18,7 @@ from megatron_rl.monitor.detect import DetectConfig, Scores, crowds, declare, de
 from megatron_rl.monitor.period import size_continuity_s, time_scales
 
 DEFAULT = DetectConfig()
-BEFORE = DetectConfig(continuity_s=120.0, max_gap_s=24.0)  # the rule until 2026-11-26
+BEFORE = DetectConfig(continuity_s=120.0, max_gap_s=24.0, join_bursts=2)  # the rule until 2026-11-26
 
 
 def test_defaults_are_fourteen_windows_with_two_missed_windows_tolerated():
@@ -53,10 +54,15 @@ def test_a_gpu_idle_half_of_every_minute_is_declared_by_the_peer_scores(make_gri
     grid = make_grid(duration=900, seed=seed, faults=flaps)
     alerts = detect(grid, DEFAULT).alerts
     assert [a.machine for a in alerts] == ["node05"]
-    # Continuity reached while the GPU is on is in the echo of its window score (echo_s):
-    # declared when the score fires again, at the next off-period, 30 s later at most.
-    assert alerts[0].declared_at <= 200 + DEFAULT.continuity_s + 30 + DEFAULT.window_s
-    assert detect(grid, replace(DEFAULT, echo_s=0.0)).alerts[0].declared_at <= \
+    # Where the peer scores leave one gap in the run (a window after the first off-period
+    # scores about 0), its two bursts are not joined until a third (join_bursts): the
+    # second, from the second off-period at 260 s, must hold continuity alone.
+    assert alerts[0].declared_at <= 260 + DEFAULT.continuity_s + DEFAULT.window_s
+    # Joining every gap, continuity reached while the GPU is on is in the echo of its window
+    # score (echo_s): declared when the score fires again, at the next off-period, 30 s later at most.
+    joined = replace(DEFAULT, join_bursts=2)
+    assert detect(grid, joined).alerts[0].declared_at <= 200 + DEFAULT.continuity_s + 30 + DEFAULT.window_s
+    assert detect(grid, replace(joined, echo_s=0.0)).alerts[0].declared_at <= \
         200 + DEFAULT.continuity_s + DEFAULT.window_s
     # Without the peer scores and the recurrence rule nothing is declared; the recurrence
     # rule alone finds it, eight minutes into the fault at the latest.
@@ -93,6 +99,35 @@ def test_continuity_grows_by_thirty_seconds_per_doubling_above_128_machines():
                                        replace(DEFAULT, continuity_per_doubling_s=0.0)).alerts] == ["m0"]
     for bad in ({"continuity_per_doubling_s": -1.0}, {"continuity_machines": 0}):
         with pytest.raises(ValueError, match="continuity_per_doubling_s must be >= 0 and continuity_machines >= 1"):
+            DetectConfig(**bad)
+
+
+def test_two_bursts_are_one_run_only_once_a_third_comes():
+    # m0 the candidate in windows 0-7 and 10-17: a gap of two windows (16 s, within
+    # max_gap_s) in which it scores 0, so it recovered. Joined, the run reaches 110 s at
+    # window 13 (111 s); as two bursts the second (from 80 s) would need to last to 190 s.
+    two = np.r_[0:8, 10:18]
+    assert DEFAULT.join_bursts == 3 and DEFAULT.gap_depth == 0.75
+    assert declare(_scores(two), DEFAULT).alerts == []
+    joined = declare(_scores(two), replace(DEFAULT, join_bursts=2)).alerts
+    assert [(a.machine, a.first_seen, a.declared_at) for a in joined] == [("m0", 0.0, 13 * 8 + 7.0)]
+    # A third burst from window 20 joins all three: 167 s of run, 17 candidate windows of 21.
+    three = declare(_scores(np.r_[two, 20:40]), DEFAULT).alerts
+    assert [(a.first_seen, a.declared_at) for a in three] == [(0.0, 20 * 8 + 7.0)]
+    # A second burst that holds continuity alone is declared: 80 s + 110 s -> window 23 (191 s).
+    long_second = declare(_scores(np.r_[0:8, 10:40]), DEFAULT).alerts
+    assert [(a.first_seen, a.declared_at) for a in long_second] == [(0.0, 23 * 8 + 7.0)]
+
+
+def test_a_dip_just_under_the_threshold_is_not_a_gap_between_bursts():
+    # The same two stretches, but in the two windows between them m0 scores 6.0: under the
+    # 6.5 threshold, over 0.75 x 6.5 = 4.875. It never recovered: one burst, declared at 111 s.
+    scores = _scores(np.r_[0:8, 10:18])
+    scores.z[0, 0, 8:10] = 6.0
+    assert [a.declared_at for a in declare(scores, DEFAULT).alerts] == [13 * 8 + 7.0]
+    assert declare(scores, replace(DEFAULT, gap_depth=1.0)).alerts == []  # any gap splits
+    for bad in ({"join_bursts": 1}, {"gap_depth": 0.0}, {"gap_depth": 1.5}):
+        with pytest.raises(ValueError, match="join_bursts must be >= 2|gap_depth must be in"):
             DetectConfig(**bad)
 
 
