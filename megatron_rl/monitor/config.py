@@ -151,9 +151,15 @@ class DetectConfig:
     machines switch to the new value up to this many seconds apart; each is compared
     with the closest of the cross-machine medians within this lag (windows.normalise_lagged)."""
     crowd_fraction: float = 0.1
-    """A metric-window in which more than max(2, this fraction of the scored machines)
-    are above the threshold is a crowd, not an outlier: it makes no machine a candidate,
-    and a run already open bridges it without counting it toward continuity (detect.py)."""
+    """A metric-window in which at least crowd_machines and more than this fraction of the
+    scored machines are above the threshold is a crowd, not an outlier: it makes no
+    machine a candidate, and a run already open bridges it without counting it toward
+    continuity (detect.crowds)."""
+    crowd_machines: int = 2
+    """See crowd_fraction: the fewest machines that make a crowd, which decides in jobs of
+    under 20 machines. 3 until 2026-11-27: two machines of an 8-machine job that differ
+    from the others together (a rack, a pipeline stage) were declared (docs/monitor.md,
+    "A pair is a crowd in a small job")."""
     recurrence_s: float = 480.0
     """A second way to be declared, for intermittent faults too weak to hold a run: a
     machine that was the candidate in at least recurrence_fraction of its scored windows
@@ -214,6 +220,7 @@ class DetectConfig:
             (self.peak_hold_windows >= 1, "peak_hold_windows must be >= 1"),
             (0 <= self.peak_since_shortfall <= 1, "peak_since_shortfall must be in [0, 1] (0: off)"),
             (0 < self.crowd_fraction <= 1, "crowd_fraction must be in (0, 1] (1: off)"),
+            (self.crowd_machines >= 2, "crowd_machines must be >= 2 (one machine is an outlier, not a crowd)"),
             (0 < self.recurrence_fraction <= 1, "recurrence_fraction must be in (0, 1]"),
             (self.threads in (1, 2), "threads must be 1 or 2"),
             (self.join_bursts >= 2, "join_bursts must be >= 2 (2: every gap joins)"),

@@ -444,19 +444,21 @@ class _Run:
         return scores.win_end[w] - scores.win_start[self.burst_start] >= self.need_s
 
 
-def crowds(z: np.ndarray, threshold: float, fraction: float) -> np.ndarray:
-    """[metrics, windows]: True where more than max(2, fraction of the scored machines)
-    are above the threshold on that metric.
+def crowds(z: np.ndarray, threshold: float, fraction: float, smallest: int = 2) -> np.ndarray:
+    """[metrics, windows]: True where at least `smallest` machines, and more than
+    `fraction` of the scored ones, are above the threshold on that metric.
 
     The scores are robust z across machines, so in a healthy window only a few per cent
     can be that far out. Many at once means the scale is wrong for that window, not that
     many machines broke: a job-wide stall after which the typical spread is that of idle
     machines, or a bursty counter whose bursts land in different seconds for different
     machines' samplers. Such windows made hundreds of false alarms on the coupled
-    generator's traces (docs/monitor.md)."""
+    generator's traces (docs/monitor.md). In a job of under 20 machines two are already a
+    crowd: a pair that differs together there is a group (a rack, a pipeline stage), and
+    held out on small jobs such pairs made every fault-free alarm of the coupled generator."""
     above = (z > threshold).sum(1)  # NaN compares False
     scored = (~np.isnan(z)).sum(1)
-    return above > np.maximum(2, fraction * scored)
+    return (above >= smallest) & (above > fraction * scored)
 
 
 def recovered(gap: np.ndarray, below: float) -> bool:
@@ -526,7 +528,7 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
     machines, pick = scores.machines, CANDIDATE_RULES[cfg.mode]
     need = continuity(scores, cfg)
     excluded = np.array([m in (already or set()) for m in machines], bool)
-    crowd = crowds(scores.z, cfg.threshold, cfg.crowd_fraction)
+    crowd = crowds(scores.z, cfg.threshold, cfg.crowd_fraction, cfg.crowd_machines)
     instant = None  # the window score alone, for the echo rule (`_Run.counted_until`); crowds do not count
     if cfg.echo_s and scores.instant is not None:
         instant = np.where(crowd[:, None, :], np.nan, scores.instant)

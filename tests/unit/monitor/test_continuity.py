@@ -157,21 +157,42 @@ def test_recurrence_is_off_for_step_averaged_metrics():
     assert declare(_scores(np.arange(0, 100, 2), scales=scales), DEFAULT).alerts == []
 
 
-def test_a_crowd_is_three_of_eight_machines_or_more_than_a_tenth():
-    z = np.zeros((1, 8, 2))
-    z[0, :3, 0] = 10.0  # three of eight above the threshold: more than max(2, 0.8)
-    z[0, :2, 1] = 10.0  # two: still outliers
-    assert crowds(z, 6.5, 0.1).tolist() == [[True, False]]
+def test_a_crowd_is_two_machines_and_more_than_a_tenth():
+    assert DEFAULT.crowd_machines == 2 and DEFAULT.crowd_fraction == 0.1
+    z = np.zeros((1, 8, 3))
+    z[0, :2, 0] = 10.0  # two of eight above the threshold: at least 2 and more than 0.8
+    z[0, :1, 1] = 10.0  # one: an outlier
+    z[0, :2, 2] = 6.5  # at the threshold is not above it
+    assert crowds(z, 6.5, 0.1, 2).tolist() == [[True, False, False]]
+    assert crowds(z, 6.5, 0.1, 3).tolist() == [[False, False, False]]  # the rule until 2026-11-27
+    mid = np.zeros((1, 20, 1))
+    mid[0, :2, 0] = 10.0  # 2 of 20 is not more than 2.0; 3 is
+    assert not crowds(mid, 6.5, 0.1, 2)[0, 0]
+    mid[0, 2, 0] = 10.0
+    assert crowds(mid, 6.5, 0.1, 2)[0, 0]
     big = np.zeros((1, 64, 1))
     big[0, :6, 0] = 10.0  # 6 of 64 is not more than 6.4; 7 is
-    assert not crowds(big, 6.5, 0.1)[0, 0]
+    assert not crowds(big, 6.5, 0.1, 2)[0, 0]
     big[0, 6, 0] = 10.0
-    assert crowds(big, 6.5, 0.1)[0, 0]
+    assert crowds(big, 6.5, 0.1, 2)[0, 0]
+    with pytest.raises(ValueError, match="crowd_machines must be >= 2"):
+        DetectConfig(crowd_machines=1)
+
+
+def test_a_pair_that_differs_together_in_a_small_job_is_not_declared():
+    # Two of eight machines above the threshold together for 40 windows (a rack or a
+    # stage that differs from the others): a crowd in every window, so neither is ever a
+    # candidate. Counted as outliers (crowd_machines 3), both are declared at 111 s.
+    scores = _scores(np.arange(0, 40))
+    scores.z[0, 1, :40] = 10.0
+    assert declare(scores, DEFAULT).alerts == []
+    before = declare(scores, replace(DEFAULT, crowd_machines=3)).alerts
+    assert [(a.machine, a.declared_at) for a in before] == [("m0", 13 * 8 + 7.0), ("m1", 13 * 8 + 7.0)]
 
 
 def test_a_crowd_makes_no_candidate_and_a_run_bridges_it_without_counting_it():
     # m0 alone above the threshold in windows 0-9 and 15-40; in windows 10-14 m1 and m2
-    # are above too: a crowd of three.
+    # are above too: a crowd of three (of two, too).
     scores = _scores(np.r_[0:41])
     scores.z[0, 1:3, 10:15] = 10.0
     alerts = declare(scores, DEFAULT).alerts

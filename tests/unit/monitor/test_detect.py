@@ -95,14 +95,20 @@ def test_too_few_machines_gives_no_scores(make_grid):
 
 def test_top1_rule_and_already_declared_machines(make_grid):
     grid = make_grid(faults=[(5, "gpu_power", 100, 600, -12.0), (9, "gpu_power", 100, 600, -6.0)])
-    top1 = DetectConfig(threshold=5.0, continuity_s=120.0, mode="top1")
+    # Two of 16 machines off together on one metric are a crowd (crowd_machines): counted
+    # as two outliers here, to test the candidate rules.
+    top1 = DetectConfig(threshold=5.0, continuity_s=120.0, mode="top1", crowd_machines=3)
     first = detect(grid, top1).alerts
     assert [a.machine for a in first] == ["node05", "node09"]  # node09 follows once node05 is out
     assert first[1].declared_at > first[0].declared_at
     again = detect(grid, top1, already={"node05", "node09"}).alerts
     assert again == []
-    both = detect(grid, DetectConfig(threshold=5.0, continuity_s=120.0, mode="any")).alerts
+    both = detect(grid, DetectConfig(threshold=5.0, continuity_s=120.0, mode="any", crowd_machines=3)).alerts
     assert sorted(a.machine for a in both) == ["node05", "node09"]
+    # By default the pair is a crowd from 100 s on, in every window where both are above
+    # the threshold: the price of not declaring a rack or stage that differs together.
+    pair = detect(grid, DetectConfig(threshold=5.0, continuity_s=120.0, mode="any")).alerts
+    assert [a.machine for a in pair] == []
 
 
 def test_median_distance_matches_brute_force():
