@@ -26,17 +26,18 @@ metric-window, which says the scale does not fit that window) makes no candidate
 bridged by open runs without counting; a run is declared after the continuity, of which
 the echo of a window score in the averaged scores counts only once it outlasts `echo_s`
 (`_Run.counted_until`), and two bursts of candidacy with a gap between them in which the
-machine recovered are joined only once a third comes (`_Run.joins_its_gaps`); a machine that is a candidate in half of its windows over eight
-minutes is declared without a run (`_Recurrence`, for weak intermittent faults; off with
-step-averaged metrics); the straggler channel is declared on its own (`stragglers.py`).
+machine recovered are joined only once a third comes (`_Run.joins_its_gaps`); a machine
+that is a candidate in half of its windows over eight minutes is declared without a run
+(`_Recurrence`, for weak intermittent faults; off with step-averaged metrics); the
+straggler channel is declared on its own (`stragglers.py`).
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -455,7 +456,7 @@ def crowds(z: np.ndarray, threshold: float, fraction: float, smallest: int = 2) 
     machines' samplers. Such windows made hundreds of false alarms on the coupled
     generator's traces (docs/monitor.md). In a job of under 20 machines two are already a
     crowd: a pair that differs together there is a group (a rack, a pipeline stage), and
-    held out on small jobs such pairs made every fault-free alarm of the coupled generator."""
+    such pairs made every fault-free alarm left on the coupled generator's small jobs."""
     above = (z > threshold).sum(1)  # NaN compares False
     scored = (~np.isnan(z)).sum(1)
     return (above >= smallest) & (above > fraction * scored)
