@@ -190,7 +190,7 @@ class DetectConfig:
     threads: int = 2
     """Threads one detection call may use: 2 runs the denoiser (torch) on a second thread
     beside the peer, skew and peak scores (numpy); both release the GIL, so with a second
-    core free a call at 1024 machines x 7 metrics takes about 0.7 s instead of 1.1 s. The
+    core free a call at 1024 machines x 7 metrics took 0.6-0.7 s against 0.8-1.1 s. The
     same operations on the same data: the scores are the same bits either way (checked in
     tests/unit/monitor/test_fast_paths.py). 1 keeps the whole call on the calling thread."""
 

@@ -146,8 +146,9 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
         rec = pending.result() if pending else denoised_windows(win, grid.metrics, denoiser)
     s = median_distance(rec).transpose(0, 2, 1)  # [metrics, machines, windows]
     z = robust_z(s, 0.0, cfg.min_machines)  # the window score: no floor
-    if shifted is not None:
-        z[~is_step] = np.where(np.isnan(z[~is_step]), np.nan, np.fmin(z[~is_step], shifted))
+    if shifted is not None:  # lowered to what the skew leaves; a void window stays void
+        window_score = z[~is_step]
+        z[~is_step] = np.where(np.isnan(window_score), np.nan, np.fmin(window_score, shifted))
     instant = z  # kept for the echo rule: the fmax below makes a new z, this one is not written
     if peer is not None:
         z = np.fmax(z, peer)

@@ -6,8 +6,8 @@ the recurrence rule: a machine that is the candidate in half of its windows over
 minutes is declared without any run; and the crowd guard: a metric-window where many
 machines are above the threshold makes no candidate, and runs bridge it without counting
 it; a job above 128 machines needs 30 s more continuity per doubling; and two bursts
-of candidacy with a recovered gap between them are one run only once a third comes. The last five on
-per-window scores built by hand."""
+of candidacy with a recovered gap between them are one run only once a third comes. The
+last five on per-window scores built by hand."""
 
 from dataclasses import replace
 
