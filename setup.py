@@ -28,5 +28,5 @@ setup(
         "gpu": ["vllm", "transformer-engine[pytorch]", "nvidia-ml-py"],
         "test": requirements("test.txt"),
     },
-    entry_points={"console_scripts": ["megatron-rl=megatron_rl.cli:main"]},
+    entry_points={"console_scripts": ["megatron-rl=megatron_rl.cli:entry"]},
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 EPILOG = """\
 examples:
@@ -152,5 +152,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise
 
 
+def entry() -> NoReturn:
+    """The process entry (``megatron-rl``, ``python -m megatron_rl``). A ``train`` that
+    returned ends its process at once, without the interpreter's teardown
+    (launch.process_exit); one that raised, and every other command, exit as usual."""
+    code = main()
+    if sys.argv[1:2] == ["train"]:
+        from megatron_rl.launch.process_exit import end_process
+
+        end_process(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -76,6 +76,42 @@ def mapped_shm_names() -> set[str]:
     return names
 
 
+def release_shared_memory(shm_dir: Path = SHM_DIR) -> list[str]:
+    """Free the shared memory vLLM's process groups hold in this process, for a process
+    that ends without vLLM's shutdown (launch.process_exit); the names of the CPU
+    communicator segments unlinked.
+
+    Two kinds: the broadcast queue of each tensor-parallel group (Python shared memory,
+    which the resource tracker would otherwise remove with a "leaked shared_memory objects"
+    warning once the process is gone) goes with vLLM's own group teardown; the CPU
+    communicator's segments, which nothing else removes, are unlinked by name."""
+    from vllm.distributed.parallel_state import destroy_model_parallel
+
+    destroy_model_parallel()
+    return unlink_own_shm(shm_dir)
+
+
+def unlink_own_shm(shm_dir: Path = SHM_DIR) -> list[str]:
+    """Unlink the vLLM CPU communicator segments this process maps; return their names.
+
+    For a process that ends without vLLM's shutdown (launch.process_exit). The mappings
+    stay valid until the process is gone, and vLLM opens a segment by name only when an
+    engine starts, so a rank of the same engine that is still running loses nothing. Two
+    ranks of one engine map the same segments: the second finds them gone. A mapping shown
+    "(deleted)" is already unlinked: its name may now be another file's."""
+    names = {line.rsplit("/dev/shm/", 1)[1].strip() for line in Path("/proc/self/maps").read_text().splitlines()
+             if "/dev/shm/" in line and not line.endswith("(deleted)")}
+    removed = []
+    for name in sorted(names):
+        if SHM_MARKER in name:
+            try:
+                (shm_dir / name).unlink()
+                removed.append(name)
+            except FileNotFoundError:  # the other rank of the engine was first
+                pass
+    return removed
+
+
 def remove_stale_shm(shm_dir: Path = SHM_DIR) -> list[str]:
     """Delete vLLM CPU communicator segments that no live process maps; return their names."""
     if not shm_dir.is_dir():

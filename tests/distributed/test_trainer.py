@@ -13,6 +13,7 @@ once for the module.
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -46,9 +47,9 @@ def bases(tmp_path_factory):
 
 
 def _train(tmp_path, world, base, recipe, *overrides, steps=3, env=None):
-    run_dir = tmp_path / f"run-{recipe}"
+    run_dir, port = tmp_path / f"run-{recipe}", _free_port()
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
-           f"--master-port={_free_port()}", "-m", "megatron_rl", "train", "--config", "examples/dapo.yaml",
+           f"--master-port={port}", "-m", "megatron_rl", "train", "--config", "examples/dapo.yaml",
            f"trainer.run_dir={run_dir}", f"model.hf_path={base}", f"data.source={base}/train.jsonl",
            "data.reward=digits", f"algorithm.recipe={recipe}", "algorithm.overrides={}",
            f"trainer.max_steps={steps}", "rollout.prompts_per_step=4", "rollout.n_samples=4",
@@ -56,6 +57,10 @@ def _train(tmp_path, world, base, recipe, *overrides, steps=3, env=None):
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **(env or {}))
     proc = run_process_group(cmd, env, timeout_s=1200)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    # The ranks end without vLLM's shutdown (launch.process_exit) and free its shared memory
+    # themselves: no CPU communicator segment of this job is left, no queue for the tracker.
+    assert not [p.name for p in Path("/dev/shm").glob(f"mrl*_{port}-*")]
+    assert "leaked shared_memory" not in proc.stderr, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return rows, proc.stdout
 
