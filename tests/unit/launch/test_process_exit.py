@@ -41,3 +41,21 @@ def test_end_process_finishes_threads_logs_and_streams_then_skips_the_exit_handl
     assert (tmp_path / "thread.txt").read_text() == "written"
     assert (tmp_path / "run.log").read_text() == "step 3 done\n"
     assert not (tmp_path / "atexit.txt").exists()
+
+
+def test_when_the_quick_exit_fails_the_process_exits_normally_with_the_same_code(tmp_path):
+    """A module named vllm without vLLM's process groups: freeing its shared memory fails, and
+    the run's code still comes out, through the normal exit (its handlers run)."""
+    script = textwrap.dedent(f"""
+        import atexit, sys, types
+        from pathlib import Path
+        from megatron_rl.launch.process_exit import end_process
+
+        sys.modules["vllm"] = types.ModuleType("vllm")
+        atexit.register(lambda: Path({str(tmp_path)!r}, "atexit.txt").write_text("ran"))
+        end_process(75)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 75, proc.stderr
+    assert "megatron-rl: quick exit not possible (ModuleNotFoundError" in proc.stderr
+    assert (tmp_path / "atexit.txt").read_text() == "ran"
