@@ -130,6 +130,11 @@ class DetectConfig:
     straggler_min_slowdown: float = 0.1
     """A rank's median time must be at least this fraction above its peers' to score: ranks
     a few per cent apart are ordinary hardware variation."""
+    straggler_low_quantile: float | None = 0.3
+    """... and this quantile of its time over the span (None: no such gate) at least
+    `straggler_min_low_slowdown` above its peers': slow in most of the span, not in two
+    bursts that happen to cover half of it (monitor/stragglers.py)."""
+    straggler_min_low_slowdown: float = 0.05
     straggler_threshold: float = 5.0
     """The straggler channel's threshold (the other scores use `threshold`). Lower than
     theirs because the slowdown gate above already holds healthy ranks back: on the design
@@ -211,6 +216,8 @@ class DetectConfig:
              "straggler_span_s must be > 0 and straggler_median_steps >= 1"),
             (self.straggler_min_slowdown >= 0 and self.straggler_threshold > 0,
              "straggler_min_slowdown must be >= 0 and straggler_threshold > 0"),
+            (self.straggler_low_quantile is None or 0 <= self.straggler_low_quantile <= 1,
+             "straggler_low_quantile must be null or in [0, 1]"),
             (self.continuity_steps >= 0, "continuity_steps must be >= 0"),
             (self.recurrence_s >= 0 and self.echo_s >= 0, "recurrence_s and echo_s must be >= 0 (0: off)"),
             (self.step_lag_s >= 0 and self.stale_steps >= 0, "step_lag_s and stale_steps must be >= 0 (0: off)"),

@@ -123,6 +123,22 @@ def nanmedian(x: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
     return np.expand_dims(med, axis) if keepdims else med
 
 
+def nanquantile(x: np.ndarray, q: float, axis: int) -> np.ndarray:
+    """The q-quantile ignoring NaNs, interpolated linearly as np.nanquantile does (NaN
+    where all are NaN); sort-based like `nanmedian`, which stays the median's (its bits)."""
+    s = np.moveaxis(x, axis, -1).copy(order="C")
+    s.sort(axis=-1)  # NaNs sort last
+    if s.shape[-1] == 0:
+        return np.full(s.shape[:-1], np.nan, np.result_type(x.dtype, np.float16))
+    n = (~np.isnan(s)).sum(-1, keepdims=True)
+    position = q * np.maximum(n - 1, 0)
+    below = np.floor(position).astype(np.int64)
+    lo = np.take_along_axis(s, below, -1)
+    hi = np.take_along_axis(s, np.minimum(below + 1, np.maximum(n - 1, 0)), -1)
+    value = lo + (position - below) * (hi - lo)
+    return np.where(n > 0, value, np.nan)[..., 0].astype(np.result_type(x.dtype, np.float16))
+
+
 def normalise(values: np.ndarray, max_gap: int = 3, floor_frac: float = 1e-3
               ) -> tuple[np.ndarray, np.ndarray]:
     """Deviation from the cross-machine median, in units of the metric's robust spread.

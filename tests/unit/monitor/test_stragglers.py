@@ -159,5 +159,19 @@ def test_short_transients_fast_ranks_and_a_few_percent_do_not_score():
     # 6 % slower with 1 % noise: far outside the peers' spread, under straggler_min_slowdown.
     z = _channel([(4, 10, 120, 1.06)], noise=0.01)
     assert np.nanmax(z[:, 4]) <= 0.0
-    ungated = _channel([(4, 10, 120, 1.06)], noise=0.01, straggler_min_slowdown=0.0)
+    ungated = _channel([(4, 10, 120, 1.06)], noise=0.01, straggler_min_slowdown=0.0, straggler_low_quantile=None)
     assert np.nanmin(ungated[1, 4, 30:]) > DetectConfig().straggler_threshold
+
+
+def test_two_bursts_that_carry_the_median_do_not_score():
+    """Two 2x slowdowns of 2 and 3 steps, 5 steps apart: with the windows they straddle,
+    over half of the 12-window span, enough for the median; the 30th percentile
+    (`straggler_low_quantile`) stays at the peers' pace. A rank slow in every step of the
+    span passes both gates (the 25 % test above)."""
+    bursts = [(7, 40, 41, 2.0), (7, 47, 49, 2.0)]
+    on_the_median = _channel(bursts, straggler_low_quantile=None)
+    assert np.nanmax(on_the_median[:, 7]) > DetectConfig().straggler_threshold
+    assert np.nanmax(_channel(bursts)[:, 7]) <= 0.0
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=r"straggler_low_quantile must be null or in \[0, 1\]"):
+            DetectConfig(straggler_low_quantile=bad)

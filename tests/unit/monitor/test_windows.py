@@ -4,8 +4,8 @@ import numpy as np
 
 from megatron_rl.monitor.trace import Trace
 from megatron_rl.monitor.windows import (complete_trailing_mean, complete_trailing_mean_at, cut_windows, fill_gaps,
-                                         fill_gaps_from, nanmedian, normal_windows, normalise, normalise_lagged,
-                                         to_grid, window_times)
+                                         fill_gaps_from, nanmedian, nanquantile, normal_windows, normalise,
+                                         normalise_lagged, to_grid, window_times)
 
 
 def test_to_grid_bins_to_nearest_second_averages_duplicates_and_orders_metrics():
@@ -69,6 +69,20 @@ def test_nanmedian_matches_numpy():
             warnings.simplefilter("ignore", RuntimeWarning)
             want = np.nanmedian(x, axis=axis)
         np.testing.assert_allclose(nanmedian(x, axis=axis), want, rtol=1e-6, equal_nan=True)
+
+
+def test_nanquantile_matches_numpy():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 9, 6)).astype(np.float32)
+    x[rng.random(x.shape) < 0.3] = np.nan
+    x[0, :, 0] = np.nan  # an all-NaN column
+    for q in (0.0, 0.3, 0.5, 1.0):
+        for axis in (0, 1, 2):
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                want = np.nanquantile(x.astype(np.float64), q, axis=axis)
+            np.testing.assert_allclose(nanquantile(x, q, axis=axis), want, rtol=1e-6, atol=1e-7, equal_nan=True)
 
 
 def test_normalise_removes_common_movement_and_scales_by_spread():
