@@ -108,15 +108,23 @@ def fill_gaps_from(x: np.ndarray, centre: np.ndarray, max_gap: int) -> np.ndarra
     return out.reshape(x.shape)
 
 
+def _sorted_rows(x: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """`axis` moved last and sorted (NaNs last), and the count of values per row (None when
+    the axis is empty). Rows made contiguous first: sorting them takes ~2/3 of the time of
+    strided ones."""
+    s = np.moveaxis(x, axis, -1).copy(order="C")
+    s.sort(axis=-1)
+    if s.shape[-1] == 0:
+        return s, None
+    return s, (~np.isnan(s)).sum(-1, keepdims=True)
+
+
 def nanmedian(x: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
     """Median ignoring NaNs (NaN where all are NaN); sort-based, ~8x faster than np.nanmedian."""
-    # Rows made contiguous first: sorting them takes ~2/3 of the time of strided ones.
-    s = np.moveaxis(x, axis, -1).copy(order="C")
-    s.sort(axis=-1)  # NaNs sort last
-    if s.shape[-1] == 0:  # nothing to take a median of (e.g. a trace shorter than one window)
+    s, n = _sorted_rows(x, axis)
+    if n is None:  # nothing to take a median of (e.g. a trace shorter than one window)
         med = np.full(s.shape[:-1], np.nan, np.result_type(x.dtype, np.float16))
         return np.expand_dims(med, axis) if keepdims else med
-    n = (~np.isnan(s)).sum(-1, keepdims=True)
     lo = np.take_along_axis(s, np.maximum((n - 1) // 2, 0), -1)
     hi = np.take_along_axis(s, np.maximum(n // 2, 0), -1)
     med = np.where(n > 0, 0.5 * (lo + hi), np.nan)[..., 0]
@@ -126,11 +134,9 @@ def nanmedian(x: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
 def nanquantile(x: np.ndarray, q: float, axis: int) -> np.ndarray:
     """The q-quantile ignoring NaNs, interpolated linearly as np.nanquantile does (NaN
     where all are NaN); sort-based like `nanmedian`, which stays the median's (its bits)."""
-    s = np.moveaxis(x, axis, -1).copy(order="C")
-    s.sort(axis=-1)  # NaNs sort last
-    if s.shape[-1] == 0:
+    s, n = _sorted_rows(x, axis)
+    if n is None:
         return np.full(s.shape[:-1], np.nan, np.result_type(x.dtype, np.float16))
-    n = (~np.isnan(s)).sum(-1, keepdims=True)
     position = q * np.maximum(n - 1, 0)
     below = np.floor(position).astype(np.int64)
     lo = np.take_along_axis(s, below, -1)
