@@ -20,14 +20,14 @@ class DetectConfig:
     packaged denoiser (docs/monitor.md); re-tune with `monitor eval` after retraining."""
     continuity_s: float = 110.0
     """Declare a machine only after it has been the candidate this long (~4 min published;
-    here 14 windows of 8 s, chosen with max_gap_s on the tuning seeds, docs/monitor.md)."""
+    here 14 windows of 8 s, chosen with max_gap_s on the tuning seeds, docs/monitor-log.md)."""
     max_gap_s: float = 16.0
     """A run of candidacy survives this many seconds without the machine being the
     candidate (0 = strictly consecutive, as published): two missed 8 s windows, so a
     fault whose score dips under the threshold now and then keeps its run. It need not
     bridge a flapping fault's off-periods: the intermittency score (peers.py) stays high
     while such a fault comes and goes. A longer tolerance joined two separate transient
-    slowdowns of a healthy machine into one run (docs/monitor.md)."""
+    slowdowns of a healthy machine into one run (docs/monitor-log.md)."""
     continuity_per_doubling_s: float = 30.0
     """Above `continuity_machines` machines, continuity_s grows by this much per doubling of
     the job (170 s at 512 machines, 200 s at 1024). A healthy machine's transient slowdowns
@@ -35,7 +35,7 @@ class DetectConfig:
     (two slowdowns back to back) then came every 10-30 minutes at 1024 machines on the synth
     generator. How long such a chain lasts falls off about geometrically, so each doubling
     of the job asks for a fixed step more: 20 s per doubling left 11 alarms in 66 traces of
-    512 machines, 30 s one (docs/monitor.md, "Continuity grows with the job"). 0: the
+    512 machines, 30 s one (docs/monitor-log.md, "Continuity grows with the job"). 0: the
     same continuity at every size, faster and with more false alarms on large jobs."""
     continuity_machines: int = 128
     """See continuity_per_doubling_s: the largest job that keeps continuity_s as it is (the
@@ -68,7 +68,7 @@ class DetectConfig:
     peak_span_s: float = 80.0
     """... and over at least this long. With 6-12 s steps, 4 steps left the healthy
     machines' own peaks unsteady by 6 %, the unit of the score, so a link at 0.6x on the
-    faster of two racks scored 5-6 (docs/monitor.md, "Quiet windows, a straggler channel,
+    faster of two racks scored 5-6 (docs/monitor-log.md, "Quiet windows, a straggler channel,
     stale step times, longer peaks and the echo rule"); 64-96 s gave the same results on
     the design seeds."""
     peak_tolerance: float = 0.05
@@ -80,7 +80,7 @@ class DetectConfig:
     peak_hold_windows: int = 2
     """A peak shortfall scores only when it holds in this many consecutive windows: a
     healthy machine's transient slowdown lowered its peak for one window, which filled
-    the gap between two candidacy runs and joined them (docs/monitor.md)."""
+    the gap between two candidacy runs and joined them (docs/monitor-log.md)."""
     peak_since_shortfall: float = 0.3
     """A run whose window has a capacity's peak at least this far below its peers' (0:
     off) counts its continuity from where that peak's span began, not from the window.
@@ -88,14 +88,14 @@ class DetectConfig:
     scores (6.5 units) is already 32.5 % or more: 0.3 backs every run a capacity's
     shortfall scores in. Such a span max is as far below the machine's own usual ratio as
     any score above the threshold, so the whole span ran slow; counting from the window
-    put the span's 80 s on top of continuity_s. 0.5 until 2026-11-27 (docs/monitor.md,
+    put the span's 80 s on top of continuity_s. 0.5 until 2026-11-27 (docs/monitor-log.md,
     "Runs backed by any scoring capacity shortfall")."""
     gpu_joint: bool = True
     """On traces without step metrics, also score the middle of each machine's three GPU
     scores (duty cycle, power, tensor activity) against its peers as one more metric,
     `gpu_joint` (detect.gpu_joint_scores): a GPU whose clock decays moves all three by a
     few peer spreads, none of them to the threshold. With step metrics the slowdown shows
-    in the rollout time, and the joint score only added alarms (docs/monitor.md, "A joint
+    in the rollout time, and the joint score only added alarms (docs/monitor-log.md, "A joint
     GPU score without step times")."""
     skew_s: float = 2.0
     """A machine's window score counts only what still differs from the median with its
@@ -103,7 +103,7 @@ class DetectConfig:
     collectors sample at their own phase and hosts' clocks differ by a second or two,
     and a network counter's burst read a second early is ~100x off at that second. On
     the design seeds 1 s left two more fault-free alarms and 3 s declared later without
-    step metrics (docs/monitor.md, "Sampler skew in the window score")."""
+    step metrics (docs/monitor-log.md, "Sampler skew in the window score")."""
     level_span_s: float = 32.0
     """The level score averages this long (several training steps, so phases cancel)."""
     whole_step_level: bool = True
@@ -150,7 +150,7 @@ class DetectConfig:
     at least continuity_steps steps. Short steps keep the default time constants."""
     continuity_steps: float = 4.0
     """With follow_step, a run needs max(continuity_s, this many steps) of candidacy
-    (chosen on the tuning seeds with 40-90 s steps among 2-5; docs/monitor.md)."""
+    (chosen on the tuning seeds with 40-90 s steps among 2-5; docs/monitor-log.md)."""
     step_lag_s: float = 3.0
     """Step metrics change at each machine's own next sample after a step ends, so
     machines switch to the new value up to this many seconds apart; each is compared
@@ -163,13 +163,13 @@ class DetectConfig:
     crowd_machines: int = 2
     """See crowd_fraction: the fewest machines that make a crowd, which decides in jobs of
     under 20 machines. 3 until 2026-11-27: two machines of an 8-machine job that differ
-    from the others together (a rack, a pipeline stage) were declared (docs/monitor.md,
+    from the others together (a rack, a pipeline stage) were declared (docs/monitor-log.md,
     "A pair is a crowd in a small job")."""
     recurrence_s: float = 480.0
     """A second way to be declared, for intermittent faults too weak to hold a run: a
     machine that was the candidate in at least recurrence_fraction of its scored windows
     over the last recurrence_s (at least 90 % of them scored). Off (0) with step-averaged
-    metrics, whose windows within a step are not independent (docs/monitor.md)."""
+    metrics, whose windows within a step are not independent (docs/monitor-log.md)."""
     echo_s: float = 80.0
     """A run that was above the threshold through its window score and since then only
     through the averaged scores (level, intermittency, peak) is in their echo: those
@@ -187,7 +187,7 @@ class DetectConfig:
     continuity (detect._Run.joins_its_gaps). 3: two transient slowdowns of a healthy
     machine, the second soon after the first, are not one run, and an intermittent fault
     is declared once it comes back a third time. 2: every gap joins (the rule until
-    2026-11-27; docs/monitor.md, "Two bursts are not a run")."""
+    2026-11-27; docs/monitor-log.md, "Two bursts are not a run")."""
     gap_depth: float = 0.75
     """A gap separates two bursts (join_bursts) only if in one of its windows every score
     of the machine fell under this fraction of the threshold: a sustained fault whose

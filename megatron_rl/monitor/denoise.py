@@ -52,7 +52,7 @@ class DenoiserConfig:
     beta: float = 0.002
     """KL weight. Small on purpose: a larger one (0.05) shrinks small level offsets to
     zero while keeping large ones, which turns mild, harmless per-machine differences
-    into outliers (measured in docs/monitor.md)."""
+    into outliers (measured in docs/monitor-log.md)."""
     clip: float = 30.0
     """Inputs are clipped to +-clip spread units; larger deviations are outliers anyway."""
     augment_level: float = 12.0

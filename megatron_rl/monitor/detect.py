@@ -19,7 +19,7 @@ the first metric, in priority order, whose top scorer passes the threshold).
 candidate, the metric reported being the first such in priority order. With hundreds
 of machines some machine is nearly always briefly odd (a data-loader burst, a slow
 step), and under "top1" those brief outliers keep taking the single candidate slot
-from a faulty machine and break its continuity; docs/monitor.md measures both.
+from a faulty machine and break its continuity; docs/monitor-log.md measures both.
 
 Declaring (`declare`): a crowd (`crowds`: many machines above the threshold in one
 metric-window, which says the scale does not fit that window) makes no candidate and is
@@ -137,7 +137,7 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
         # The denoiser (torch) runs on the pool's thread beside the skew and peer scores
         # (numpy); both release the GIL on whole arrays. The same operations on the same
         # data, so the same bits, and at 1024 machines x 7 metrics about 0.65 s instead of
-        # 0.9-1.1 s when a second core is free (docs/monitor.md, "The denoiser on a second thread").
+        # 0.9-1.1 s when a second core is free (docs/monitor-log.md, "The denoiser on a second thread").
         pending = pool.submit(denoised_windows, win, grid.metrics, denoiser) if pool else None
         shifted = skew_shifted(resid, centre, is_step, cfg)
         peer, deep, backing = None, None, 0.0
@@ -455,7 +455,7 @@ def crowds(z: np.ndarray, threshold: float, fraction: float, smallest: int = 2) 
     many machines broke: a job-wide stall after which the typical spread is that of idle
     machines, or a bursty counter whose bursts land in different seconds for different
     machines' samplers. Such windows made hundreds of false alarms on the coupled
-    generator's traces (docs/monitor.md). In a job of under 20 machines two are already a
+    generator's traces (docs/monitor-log.md). In a job of under 20 machines two are already a
     crowd: a pair that differs together there is a group (a rack, a pipeline stage), and
     such pairs made every fault-free alarm left on the coupled generator's small jobs."""
     above = (z > threshold).sum(1)  # NaN compares False

@@ -114,7 +114,7 @@ class OnlineMonitor:
 
         With `follow_step` both are counted in steps: with 4-minute steps that is 16
         minutes each, and a fixed 15-minute lookback never held a run that long, so the
-        monitor declared nothing (docs/monitor.md, "The online lookback")."""
+        monitor declared nothing (docs/monitor-log.md, "The online lookback")."""
         if not self.cfg.grow_lookback or not self._step_times:
             return self.cfg.lookback_s
         period = statistics.median(self._step_times)

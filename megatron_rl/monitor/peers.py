@@ -56,7 +56,7 @@ def trailing_mean(x: np.ndarray, span: int) -> np.ndarray:
 
 SPREAD_CAP = 2.0
 """A window's own cross-machine spread may widen a z's denominator to at most this many
-times the metric's typical spread (docs/monitor.md, "Cycle-length step averages and a
+times the metric's typical spread (docs/monitor-log.md, "Cycle-length step averages and a
 cap on the window spread")."""
 
 QUIET_SPREAD = 0.05
@@ -75,7 +75,7 @@ def typical_spread(mad: np.ndarray) -> np.ndarray:
     more than half are of the first kind, the median is the rounding: the cap then held
     the denominator of a busy window at twice the rounding, and healthy machines scored
     z in the hundreds. On the coupled generator's design seeds this made 22 of 24 false
-    alarms with 6-12 s steps (docs/monitor.md, "Quiet windows, a straggler channel, ...").
+    alarms with 6-12 s steps (docs/monitor-log.md, "Quiet windows, a straggler channel, ...").
     A metric whose spread is of one kind throughout (every metric of the synth generator)
     has no window below a twentieth of its 90th percentile, so nothing changes for it."""
     with warnings.catch_warnings():

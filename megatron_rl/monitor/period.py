@@ -81,7 +81,7 @@ def without_stale_steps(grid: Grid, stale_steps: float) -> Grid:
     finishes a step and every collector repeats its rank's last step times. A rank whose
     last step happened to be slow (a transient) then looks slow for as long as the hang
     lasts, long enough to be declared: on the coupled generator's hang traces these were
-    half of the false alarms with step metrics (docs/monitor.md). The stalled rank itself
+    half of the false alarms with step metrics (docs/monitor-log.md). The stalled rank itself
     is found by its GPU and host metrics. 0 keeps every value; so does a grid with nothing
     stale (the same object, no copy)."""
     is_step = np.flatnonzero([m in STEP_METRICS for m in grid.metrics])
@@ -221,7 +221,7 @@ def average_span(period_s: float, cycle_s: float | None) -> float:
     median of per-second step-time readings, which counts a long step once per second it
     lasts: on the tuning traces with 40-90 s steps it was off the drawn step length by
     4 % (median, at most 10 %; mostly long), so every mean covered part of a step twice,
-    a different part on each stage; the autocorrelation was within 0.5 % (docs/monitor.md)."""
+    a different part on each stage; the autocorrelation was within 0.5 % (docs/monitor-log.md)."""
     if cycle_s and abs(cycle_s / period_s - 1) <= 0.25:
         return cycle_s
     return period_s

@@ -8,7 +8,7 @@ burst outweighs everything else in the window. With few machines (8, in two pipe
 stages) such a machine is the farthest from the median in window after window; on the
 coupled generator's never-used seeds this made half of the false alarms, and the same
 bursts, landing in different windows for different machines, made crowds that broke
-faulty machines' runs (docs/monitor.md, "Sampler skew in the window score").
+faulty machines' runs (docs/monitor-log.md, "Sampler skew in the window score").
 
 A fault is not a shift: a machine that is stopped, flapping, slowed, or on a link at half
 speed still differs from the median however its samples are moved, so the window score

@@ -10,7 +10,7 @@ were found late through the GPU metrics or not at all. The median over many step
 spread several times smaller, and a transient slowdown (a garbage collection, a page-cache
 flush: seconds to a minute) shifts a median only when it covers about half of the span.
 
-Three conditions, each for a reason measured in docs/monitor.md ("Quiet windows, a
+Three conditions, each for a reason measured in docs/monitor-log.md ("Quiet windows, a
 straggler channel, ..."):
 - the span is at least `straggler_span_s` and `straggler_median_steps` steps, and it must
   be complete (a median of the first two steps of a call is a single step's luck);
@@ -24,7 +24,7 @@ straggler channel, ..."):
   Two transient slowdowns that together cover a little over half of the span carry the
   median, but the faster steps between them hold the 30th percentile near the peers'.
   The median stays the score's base: on its own the 30th percentile lost two of 18
-  sustained stragglers, whose noisy steps dip under 10 % (docs/monitor.md).
+  sustained stragglers, whose noisy steps dip under 10 % (docs/monitor-log.md).
 
 The score is declared as its own channel (`detect.declare`): its candidate windows do not
 join runs with the other metrics', because a transient slowdown lights up the GPU metrics
