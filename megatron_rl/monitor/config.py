@@ -135,6 +135,8 @@ class DetectConfig:
     `straggler_min_low_slowdown` above its peers': slow in most of the span, not in two
     bursts that happen to cover half of it (monitor/stragglers.py)."""
     straggler_min_low_slowdown: float = 0.05
+    """See straggler_low_quantile: how far above its peers' that quantile must be (5 %,
+    half the median's gate, since a slow rank's faster steps pull it down)."""
     straggler_threshold: float = 5.0
     """The straggler channel's threshold (the other scores use `threshold`). Lower than
     theirs because the slowdown gate above already holds healthy ranks back: on the design

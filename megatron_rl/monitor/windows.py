@@ -137,10 +137,11 @@ def nanquantile(x: np.ndarray, q: float, axis: int) -> np.ndarray:
     s, n = _sorted_rows(x, axis)
     if n is None:
         return np.full(s.shape[:-1], np.nan, np.result_type(x.dtype, np.float16))
-    position = q * np.maximum(n - 1, 0)
+    last = np.maximum(n - 1, 0)  # index of the largest value (0 in an all-NaN row)
+    position = q * last
     below = np.floor(position).astype(np.int64)
     lo = np.take_along_axis(s, below, -1)
-    hi = np.take_along_axis(s, np.minimum(below + 1, np.maximum(n - 1, 0)), -1)
+    hi = np.take_along_axis(s, np.minimum(below + 1, last), -1)
     value = lo + (position - below) * (hi - lo)
     return np.where(n > 0, value, np.nan)[..., 0].astype(np.result_type(x.dtype, np.float16))
 

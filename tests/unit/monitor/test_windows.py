@@ -1,5 +1,7 @@
 """Resampling to a grid, gap filling, normalisation and windowing."""
 
+import warnings
+
 import numpy as np
 
 from megatron_rl.monitor.trace import Trace
@@ -64,7 +66,6 @@ def test_nanmedian_matches_numpy():
     x[rng.random(x.shape) < 0.3] = np.nan
     x[0, :, 0] = np.nan  # an all-NaN column
     for axis in (0, 1, 2):
-        import warnings
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             want = np.nanmedian(x, axis=axis)
@@ -78,7 +79,6 @@ def test_nanquantile_matches_numpy():
     x[0, :, 0] = np.nan  # an all-NaN column
     for q in (0.0, 0.3, 0.5, 1.0):
         for axis in (0, 1, 2):
-            import warnings
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 want = np.nanquantile(x.astype(np.float64), q, axis=axis)
