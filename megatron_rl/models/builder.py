@@ -38,6 +38,14 @@ class BuildOptions:
     """Std of the random init (real runs load weights through the bridge)."""
     recompute_activations: bool = False
     """Full activation recomputation of each layer (memory for compute)."""
+    attention: str = "auto"
+    """auto | sdpa | unfused: which attention the layers use (models.layer_spec.ATTENTIONS)."""
+
+    def __post_init__(self):
+        from megatron_rl.models.layer_spec import ATTENTIONS
+
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"BuildOptions.attention {self.attention!r} is not one of {', '.join(ATTENTIONS)}")
 
 
 def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 1) -> int:
@@ -115,6 +123,12 @@ def build_model(
             first = pp_rank == 0 and vp_stage == 0
             last = pp_rank == pp_size - 1 and vp_stage == parallel.vpp - 1
             chunks.append(_build_chunk(role, arch, parallel, options, config, first, last, vp, pg_collection))
+    if platform.current().is_cuda:
+        # Megatron creates its own layers' weights on the GPU, but not the torch modules of
+        # the local spec (SequenceParallelRMSNorm) or the critic's value head; Megatron's
+        # training loop moves every chunk likewise before wrapping it.
+        for chunk in chunks:
+            chunk.cuda(platform.current().device)
     return chunks
 
 
@@ -127,7 +141,7 @@ def _build_chunk(role, arch, parallel, options, config, pre_process, post_proces
     kwargs = {"pg_collection": pg_collection} if pg_collection is not None else {}
     return cls(
         config=config,
-        transformer_layer_spec=block_spec(config, arch, vp_stage),
+        transformer_layer_spec=block_spec(config, arch, vp_stage, options.attention),
         vocab_size=padded_vocab_size(arch.vocab_size, parallel.tp, options.vocab_size_divisible_by),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=pre_process,

@@ -1,6 +1,6 @@
 """Which Megatron modules make up a transformer layer: Transformer Engine when importable,
 else Megatron's local (pure torch) modules with a norm that supports sequence parallelism
-and an attention that takes packed (THD) rows.
+and a core attention on torch's SDPA kernels that also takes packed (THD) rows.
 """
 
 from __future__ import annotations
@@ -33,7 +33,25 @@ def has_transformer_engine() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def block_spec(config, arch: ModelArch, vp_stage: Optional[int]):
+ATTENTIONS = ("auto", "sdpa", "unfused")
+"""auto: Transformer Engine's layers when importable, else the local spec with SDPA attention;
+sdpa: the local spec with SDPA attention even where TE is installed; unfused: the local spec
+with Megatron's own ``DotProductAttention`` (the score matrix in memory, padded rows only),
+kept as the reference the SDPA attention is measured against."""
+
+
+def uses_transformer_engine(attention: str) -> bool:
+    return attention == "auto" and has_transformer_engine()
+
+
+def describe_attention(attention: str) -> str:
+    """What a model built with ``attention`` computes its attention with, for reports."""
+    if uses_transformer_engine(attention):
+        return "transformer_engine"
+    return "megatron local, unfused attention" if attention == "unfused" else "megatron local, SDPA attention"
+
+
+def block_spec(config, arch: ModelArch, vp_stage: Optional[int], attention: str = "auto"):
     """TransformerBlockSubmodules for the layers this rank builds (this VPP chunk)."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
     from megatron.core.transformer.transformer_block import (
@@ -41,8 +59,10 @@ def block_spec(config, arch: ModelArch, vp_stage: Optional[int]):
         get_num_layers_to_build,
     )
 
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention {attention!r} is not one of {', '.join(ATTENTIONS)}")
     num_experts = arch.num_moe_experts if arch.is_moe else None
-    if has_transformer_engine():
+    if uses_transformer_engine(attention):
         layer = specs.get_gpt_layer_with_transformer_engine_spec(
             num_experts=num_experts, moe_grouped_gemm=False, qk_layernorm=arch.qk_layernorm
         )
@@ -55,17 +75,19 @@ def block_spec(config, arch: ModelArch, vp_stage: Optional[int]):
             normalization="RMSNorm",
         )
         _replace_torch_norms(layer)
-        _use_packed_local_attention(layer)
+        if attention != "unfused":
+            _use_sdpa_attention(layer)
         final_norm = SequenceParallelRMSNorm
     count = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(layer_specs=[layer] * count, layer_norm=final_norm)
 
 
-def _use_packed_local_attention(layer) -> None:
-    """Local specs: the core attention that also takes THD packed rows (models.packed_attention)."""
-    from megatron_rl.models.packed_attention import PackedDotProductAttention
+def _use_sdpa_attention(layer) -> None:
+    """Local specs: SDPA's fused kernels instead of the unfused local attention, and THD packed rows
+    (models.sdpa_attention)."""
+    from megatron_rl.models.sdpa_attention import SdpaAttention
 
-    layer.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
+    layer.submodules.self_attention.submodules.core_attention = SdpaAttention
 
 
 def _replace_torch_norms(spec) -> None:

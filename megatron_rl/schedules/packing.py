@@ -4,8 +4,8 @@ A padded batch spends compute on every position up to `seq_length`; RL responses
 long-tailed, so most of it is padding. Here a data-parallel rank's sequences are packed
 into rows of at most `max_tokens` tokens (`PackedMicroBatch`): one `[1, T]` row with
 `cu_seqlens`, run by Megatron as THD (`PackedSeqParams`): rotary positions restart at
-every sequence and attention never crosses a boundary (Transformer Engine on GPU,
-`models.packed_attention` on CPU). Model outputs come back as the sequences' `[k, s]` rows
+every sequence and attention never crosses a boundary (Transformer Engine's attention, or
+`models.sdpa_attention` without it). Model outputs come back as the sequences' `[k, s]` rows
 (`as_rows`), so the losses, their exact mini-batch denominators and every per-token field
 are the padded path's, unchanged.
 

@@ -1,11 +1,9 @@
 """schedules.packing: placement (balanced DP split, first-fit-decreasing bins, equal
-micro-batch counts), the packed row and its way back to rows, and the block-causal mask,
-against hand-worked examples."""
+micro-batch counts), and the packed row and its way back to rows, against hand-worked examples."""
 
 import pytest
 import torch
 
-from megatron_rl.models.packed_attention import block_causal_mask
 from megatron_rl.schedules import Microbatching, PackedMicroBatch, TrainBatch, pack_sequences
 from megatron_rl.schedules.packing import balanced_bins, balanced_partition, first_fit_decreasing
 
@@ -66,12 +64,6 @@ def test_as_rows_is_differentiable():
     y = torch.ones(1, 6, requires_grad=True)
     (mb.as_rows(y) * torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])).sum().backward()
     assert y.grad[0].tolist() == [1, 2, 4, 5, 6, 0]  # row 0 positions 0-1, row 1 positions 0-2
-
-
-def test_block_causal_mask():
-    mask = block_causal_mask(torch.tensor([0, 2, 5], dtype=torch.int32))[0, 0]
-    sees = (~mask).int().tolist()
-    assert sees == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]]
 
 
 def test_microbatching_rank_rows_bins_and_padding_to_count():
