@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: train test test-fast venv clean-venv
+.PHONY: train test test-fast venv clean-venv gpu-check
 
 venv: $(STAMP)
 
@@ -28,6 +28,11 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# On a bare CUDA machine with .whl/ carried (docs/gpu.md): no venv, the machine's python3.
+GPU_CHECK_OUT ?= runs/gpu-check
+gpu-check:
+	python3 tools/gpu_check.py run $(GPU_CHECK_OUT)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -18,7 +18,7 @@ setup(
     description="Reinforcement learning for reasoning LLMs on Megatron-Core with vLLM rollouts",
     long_description=(HERE / "README.md").read_text() if (HERE / "README.md").exists() else "",
     long_description_content_type="text/markdown",
-    python_requires=">=3.11,<3.12",
+    python_requires=">=3.11,<3.13",  # 3.12: the CUDA machines of tools/gpu_check.py
     packages=find_packages(include=["megatron_rl", "megatron_rl.*"]),
     package_data={"megatron_rl.monitor": ["weights/*.safetensors"]},
     install_requires=requirements("base.txt"),

@@ -6,7 +6,8 @@ distributed-optimizer state, one run.
     torchrun --nproc-per-node=2 -m megatron_rl bench checkpoint --model tiny-dense --repeats 1
 
 Saves from TP2 (x DP) and loads back into the same layout and into TP1 (DP = world), and
-reports per method: training-loop blocking time of a save, total save time (until committed),
+reports per method (at world 1, one GPU, it saves from TP1 and has no other layout to load
+into, so the reshard column is n/a): training-loop blocking time of a save, total save time (until committed),
 load time, load-with-reshard time (max over ranks), and ratios to torch DCP. The async
 blocking time (after the first async save, which allocates the host buffers and is reported
 apart), the deferred-snapshot save (``snapshot="before_update"``: the call, and the call
@@ -38,6 +39,7 @@ DEFAULT_MODEL = "cpu-dense-85m"
 """The 323 MiB model of the numbers in docs/benchmarks.md."""
 SAVE_LAYOUT = ParallelConfig(tensor_model_parallel_size=2)
 RESHARD_LAYOUT = ParallelConfig()
+SINGLE_DEVICE_LAYOUT = ParallelConfig()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,7 +92,8 @@ class Plan:
     options: CheckpointBenchOptions
     arch: ModelArch
     save_layout: ParallelConfig = SAVE_LAYOUT
-    reshard_layout: ParallelConfig = RESHARD_LAYOUT
+    reshard_layout: Optional[ParallelConfig] = RESHARD_LAYOUT
+    """None at world 1: a single device has no second layout to load into."""
 
 
 def make_plan(options: CheckpointBenchOptions, world: int) -> Plan:
@@ -101,15 +104,22 @@ def make_plan(options: CheckpointBenchOptions, world: int) -> Plan:
         arch = resolve_model(options.model)
     except ValueError as err:
         raise BenchArgumentError(f"--model: {err}") from None
-    for layout in (SAVE_LAYOUT, RESHARD_LAYOUT):
+    if world == 1:
+        return _checked(Plan(options, arch, SINGLE_DEVICE_LAYOUT, None), world)
+    return _checked(Plan(options, arch), world)
+
+
+def _checked(plan: Plan, world: int) -> Plan:
+    layouts = [plan.save_layout] + ([plan.reshard_layout] if plan.reshard_layout else [])
+    for layout in layouts:
         try:
-            layout.validate(world, arch.shape())
+            layout.validate(world, plan.arch.shape())
         except LayoutError as err:
             raise BenchArgumentError(f"the TP2 save / TP1 reshard layouts at world size {world}: {err}") from None
-    problem = scratch_problem(options.dir)
+    problem = scratch_problem(plan.options.dir)
     if problem:
         raise BenchArgumentError(problem)
-    return Plan(options, arch)
+    return plan
 
 
 def run_args(args: argparse.Namespace) -> int:
@@ -145,8 +155,9 @@ def run(plan: Plan) -> dict:
 
 def print_report(r: dict) -> None:
     mb = r["model_bytes"] / 2**20
+    reshard = f"reshard to {r['reshard_layout']}" if r["reshard_layout"] else "no reshard at world 1"
     print(f"{r['model']['name']}: {mb:.0f} MiB fp32 (+ distributed Adam state), world {r['world_size']}, "
-          "save TP2, reshard to TP1")
+          f"save {r['save_layout']}, {reshard}")
     print(f"{'method':<24}{'blocking s':>11}{'save s':>9}{'load s':>9}{'reshard s':>11}")
     rows = [
         ("ours (sync)", r["ours_sync_save_s"], r["ours_sync_save_s"], r["ours_load_s"], r["ours_reshard_load_s"]),
@@ -160,7 +171,8 @@ def print_report(r: dict) -> None:
         print(f"{name:<24}" + "".join(f"{v:>{w}.3f}" if v is not None else f"{'n/a':>{w}}"
                                       for v, w in zip(values, (11, 9, 9, 11))))
     for key, value in r["ratios"].items():
-        print(f"  {key}: {value:.1f}x")
+        if value is not None:
+            print(f"  {key}: {value:.1f}x")
     show = lambda xs: " ".join(f"{x:.3f}" for x in xs)
     print(f"  async blocking samples s: {show(r['ours_async_blocking_samples_s'])}; "
           f"DCP save samples s: {show(r['dcp_save_samples_s'])}")

@@ -11,6 +11,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -217,27 +218,37 @@ def _ratios(r: dict) -> dict:
         "torch_dist_save_over_ours_sync_save": r["torch_dist_save_s"] / r["ours_sync_save_s"],
         "dcp_load_over_ours_load": r["dcp_load_s"] / r["ours_load_s"],
         "torch_dist_load_over_ours_load": r["torch_dist_load_s"] / r["ours_load_s"],
-        "torch_dist_reshard_over_ours_reshard": r["torch_dist_reshard_load_s"] / r["ours_reshard_load_s"],
+        "torch_dist_reshard_over_ours_reshard": (r["torch_dist_reshard_load_s"] / r["ours_reshard_load_s"]
+                                                 if r["ours_reshard_load_s"] else None),
     }
 
 
-def measure(arch: ModelArch, save_layout: ParallelConfig, reshard_layout: ParallelConfig,
+def _device_name() -> str:
+    return torch.cuda.get_device_name() if platform.current().is_cuda else "cpu"
+
+
+def measure(arch: ModelArch, save_layout: ParallelConfig, reshard_layout: Optional[ParallelConfig],
             scratch: Scratch, repeats: int) -> dict:
-    """Save in ``save_layout``, load back into it and into ``reshard_layout``; the results."""
+    """Save in ``save_layout``, load back into it and into ``reshard_layout`` (None: no
+    reshard, as on one device); the results."""
     from megatron_rl.parallel import destroy
 
     store = _build(arch, save_layout, scratch.path("ours"))
     r = {"world_size": dist.get_world_size(), "model_bytes": _model_bytes(store, save_layout),
-         "save_layout": f"TP{save_layout.tp}", "reshard_layout": f"TP{reshard_layout.tp}",
+         "device": _device_name(), "save_layout": f"TP{save_layout.tp}",
+         "reshard_layout": f"TP{reshard_layout.tp}" if reshard_layout else None,
          "loadavg_start": os.getloadavg()}
     r.update(_our_saves(store, repeats))
     r.update(_baseline_saves(store, scratch, repeats))
     r.update(_loads(store, scratch, resharded=False))
-    store.close()
-    destroy()
-    del store
-    store = _build(arch, reshard_layout, scratch.path("ours"))
-    r.update(_loads(store, scratch, resharded=True))
+    if reshard_layout is None:
+        r.update(ours_reshard_load_s=None, torch_dist_reshard_load_s=None, dcp_reshard_load_s=None)
+    else:
+        store.close()
+        destroy()
+        del store
+        store = _build(arch, reshard_layout, scratch.path("ours"))
+        r.update(_loads(store, scratch, resharded=True))
     r["checkpoint_bytes"] = {"ours": _dir_bytes(store.newest_step_dir()),
                              "torch_dist": _dir_bytes(scratch.path("torch_dist")),
                              "dcp": _dir_bytes(scratch.path("dcp"))}

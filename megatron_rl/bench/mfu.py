@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl import platform
-from megatron_rl.bench import hardware
+from megatron_rl.bench import hardware, step_profile
 from megatron_rl.bench.args import save_json
 from megatron_rl.bench.plan import Case, MfuSettings
 from megatron_rl.bench.training import build_trainable, synthetic_microbatches, train_step
@@ -46,6 +46,7 @@ def run_case(arch: ModelArch, settings: MfuSettings, case: Case, peak_tflops: fl
         dtype=settings.dtype,
         moe_token_dispatcher_type=settings.moe_token_dispatcher_type,
         recompute_activations=settings.recompute_activations,
+        attention=settings.attention,
     )
     chunks, optimizer = build_trainable(settings.role, arch, case.parallel, options)
     per_rank = settings.global_batch_size // case.parallel.dp(world)
@@ -61,6 +62,7 @@ def run_case(arch: ModelArch, settings: MfuSettings, case: Case, peak_tflops: fl
         losses.append(step())
         timer.stop()
     step_times = hardware.max_over_ranks(timer.seconds())  # the slowest rank sets the pace
+    profile = step_profile.profile_step(step, cuda) if settings.profile else None
     peak_memory = hardware.max_over_ranks([float(hardware.peak_memory_bytes(cuda))])[0]
     everyone = [None] * world
     dist.all_gather_object(everyone, losses[-1])
@@ -94,6 +96,7 @@ def run_case(arch: ModelArch, settings: MfuSettings, case: Case, peak_tflops: fl
         "mfu": achieved / peak_tflops,
         "peak_memory_gib": peak_memory / 2**30,
         "last_loss": last_loss,
+        "profile": profile,
     }
 
 
@@ -135,10 +138,10 @@ def _cpu_name() -> str:
 
 
 def _context(arch: ModelArch, settings: MfuSettings) -> dict:
-    from megatron_rl.models.layer_spec import has_transformer_engine
+    from megatron_rl.models.layer_spec import describe_attention, uses_transformer_engine
 
     plat = platform.current()
-    te = has_transformer_engine()
+    te = uses_transformer_engine(settings.attention)
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": host.node(),
@@ -148,7 +151,7 @@ def _context(arch: ModelArch, settings: MfuSettings) -> dict:
         "torch_threads_per_rank": torch.get_num_threads(),
         "torch": torch.__version__,
         "transformer_engine": te,
-        "layer_spec": "transformer_engine" if te else "megatron local (unfused attention)",
+        "layer_spec": describe_attention(settings.attention),
         "memory_kind": hardware.memory_kind(plat.is_cuda),
         "settings": dataclasses.asdict(settings),
         "arch": dataclasses.asdict(arch),
@@ -182,6 +185,8 @@ def run(arch: ModelArch, settings: MfuSettings, cases: list[Case], json_path: Op
             f"{_rate(result['achieved_tflops_per_device'], plat.is_cuda)}/device  "
             f"step {result['step_time_s']:.3f} s  peak mem {result['peak_memory_gib']:.2f} GiB  "
             f"loss {result['last_loss']:.3f}", flush=True)
+        if result["profile"]:
+            say(step_profile.describe(result["profile"]), flush=True)
     if not plat.is_cuda and not settings.peak_tflops:
         peaks.append(measure_peak(settings))  # again after the load: the machine may be shared
     peak = max(p["tflops"] for p in peaks)  # the best estimate of what the device can do

@@ -49,6 +49,10 @@ class MfuSettings:
     """Untimed steps first (allocator, thread pools, kernel selection)."""
     moe_token_dispatcher_type: str = "alltoall"
     recompute_activations: bool = False
+    attention: str = "auto"
+    """auto | sdpa | unfused (models.layer_spec.ATTENTIONS)."""
+    profile: bool = False
+    """One more step under torch.profiler: where the time went, by op category (.step_profile)."""
     peak_tflops: Optional[float] = None
     """Per-device peak to use instead of the table / the measured CPU peak."""
     peak_matmul_size: int = 2048
@@ -130,6 +134,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--dispatcher", choices=("alltoall", "allgather"), default="alltoall",
                    help="MoE token dispatcher")
     p.add_argument("--recompute", action="store_true", help="full activation recomputation")
+    p.add_argument("--profile", action="store_true",
+                   help="one more step under torch.profiler; time by op category and the top ops in the JSON")
+    p.add_argument("--attention", choices=("auto", "sdpa", "unfused"), default="auto",
+                   help="auto: Transformer Engine if installed, else SDPA; unfused: Megatron's local attention, "
+                   "for comparison")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="per-device peak to divide by (default: GPU table, or the measured CPU matmul peak)")
     p.add_argument("--peak-matmul-size", type=positive, default=2048, help="CPU peak: matrix size")
@@ -180,7 +189,8 @@ def make_plan(args: argparse.Namespace, world: int):
     settings = MfuSettings(
         model=args.model, role=args.role, dtype=args.dtype, seq_length=args.seq_length,
         global_batch_size=args.global_batch_size, steps=args.steps, warmup=args.warmup,
-        moe_token_dispatcher_type=args.dispatcher, recompute_activations=args.recompute,
+        moe_token_dispatcher_type=args.dispatcher, recompute_activations=args.recompute, attention=args.attention,
+        profile=args.profile,
         peak_tflops=args.peak_tflops, peak_matmul_size=args.peak_matmul_size,
     )
     cases = _cases(args, arch, settings, world)

@@ -99,23 +99,26 @@ def make_tiny_hf(family: str, out_dir: str | os.PathLike, style: str = PER_EXPER
     return out
 
 
-def hf_logits(hf_dir: str | os.PathLike, tokens: torch.Tensor) -> torch.Tensor:
-    """transformers' fp32 logits [batch, seq, vocab] for ``tokens``."""
+def hf_logits(hf_dir: str | os.PathLike, tokens: torch.Tensor, device: str | torch.device = "cpu") -> torch.Tensor:
+    """transformers' fp32 logits [batch, seq, vocab] for ``tokens``, computed on ``device``
+    (and returned there), with the eager attention every install has."""
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager")
-    model.eval()
+    model.to(device).eval()
     with torch.no_grad():
-        return model(input_ids=tokens).logits.float()
+        return model(input_ids=tokens.to(device)).logits.float()
 
 
 def megatron_logits(chunks: Sequence[torch.nn.Module], tokens: torch.Tensor, tp_group) -> Optional[torch.Tensor]:
-    """Megatron's logits [batch, seq, padded vocab] on last-stage ranks (None elsewhere),
-    run through Megatron's own schedule so that pipeline stages pass activations."""
+    """Megatron's logits [batch, seq, padded vocab] on last-stage ranks (None elsewhere), on
+    the platform's device, run through Megatron's own schedule so that pipeline stages pass
+    activations."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     batch, seq = tokens.shape
-    positions = torch.arange(seq).unsqueeze(0).expand_as(tokens)
+    tokens = tokens.to(platform.current().device)
+    positions = torch.arange(seq, device=tokens.device).unsqueeze(0).expand_as(tokens)
     outputs = []
 
     def forward_step(data_iterator, model):

@@ -181,7 +181,7 @@ def load_common_state(optimizer, saved: Optional[dict]) -> None:
         raise CheckpointError("the checkpoint holds no optimizer state, but an optimizer was given to load")
     groups, scaler = decode(saved["param_groups"]), decode(saved["grad_scaler"])
     for sub in sub_optimizers(optimizer):
-        state = {"optimizer": {"param_groups": copy.deepcopy(groups)}}
+        state = {"optimizer": {"param_groups": _with_expert_twins(groups, sub.optimizer.param_groups)}}
         if scaler is not None and sub.grad_scaler is not None:
             state["grad_scaler"] = scaler
         try:
@@ -190,6 +190,34 @@ def load_common_state(optimizer, saved: Optional[dict]) -> None:
             known = sorted({_group_id(g) for g in groups}, key=str)
             raise CheckpointError(f"optimizer param group {e} is not in the checkpoint; saved groups: {known}") from e
         _unshare_steps(sub)
+
+
+def _with_expert_twins(saved: list[dict], live: list[dict]) -> list[dict]:
+    """The saved param groups, plus a relabelled copy for each live group that differs from a
+    saved one only in ``is_expert_parallel``.
+
+    Megatron puts expert weights in groups of their own only when EP > 1 (below it they are
+    reduced like dense weights), so a checkpoint saved at EP1 has no expert group, and Megatron
+    matches groups by their identifier keys: loading it at EP2 would fail although the
+    hyper-parameters and step of the expert group are the dense group's."""
+    from megatron.core.optimizer.optimizer import param_group_identifier_keys
+
+    flag = param_group_identifier_keys.index("is_expert_parallel")
+    out = copy.deepcopy(saved)
+    known = {_group_id(g) for g in saved}
+    for group in live:
+        gid = _group_id(group)
+        if gid in known:
+            continue
+        twin = next((g for g in saved if _group_id(g)[:flag] + _group_id(g)[flag + 1:] == gid[:flag] + gid[flag + 1:]),
+                    None)
+        if twin is not None:
+            relabelled = copy.deepcopy(twin)
+            key = "is_expert_parallel" if "is_expert_parallel" in twin else "pre_is_expert_parallel"
+            relabelled[key] = gid[flag]
+            out.append(relabelled)
+            known.add(gid)
+    return out
 
 
 def _unshare_steps(sub) -> None:

@@ -58,10 +58,13 @@ class HostBuffers:
         """Copy ``items`` into host buffers. ``after``: a CUDA event recorded on the training
         stream at save time; the copy then runs on a side stream once it has passed (the
         background thread of a deferred snapshot), not on the training stream."""
-        cuda = any(i.data.is_cuda for i in items)
+        device = next((i.data.device for i in items if i.data.is_cuda), None)
+        cuda = device is not None
         stream = None
         if cuda and after is not None:
-            stream = torch.cuda.Stream()
+            # On this rank's GPU: a thread's current device starts at GPU 0, whatever the
+            # training thread set, so a plain Stream() would copy (and wait) on another GPU.
+            stream = torch.cuda.Stream(device=device)
             stream.wait_event(after)
         kept, out = {}, {}
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
@@ -77,7 +80,7 @@ class HostBuffers:
         if stream is not None:
             stream.synchronize()
         elif cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
         return out
 
 

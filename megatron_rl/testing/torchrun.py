@@ -122,11 +122,14 @@ def launch(
     args: Sequence[str] = (),
     timeout_s: float = 1200,
     cases: Optional[Sequence[str]] = None,
+    env: Optional[dict] = None,
 ) -> dict:
-    """Run ``script`` with torchrun at ``world_size``; return rank 0's case results."""
+    """Run ``script`` with torchrun at ``world_size``; return rank 0's case results.
+    ``env`` adds variables for the ranks (e.g. ``MEGATRON_RL_FORCE_CPU=1`` for a CPU
+    reference run on a GPU machine)."""
     with tempfile.TemporaryDirectory(prefix="mrl-torchrun-") as tmp:
         result_path = Path(tmp) / "result.json"
-        env = {RESULT_ENV: str(result_path)}
+        env = {**(env or {}), RESULT_ENV: str(result_path)}
         if cases is not None:
             env[CASES_ENV] = ",".join(cases)
         start = time.time()

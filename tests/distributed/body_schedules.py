@@ -38,16 +38,15 @@ from megatron_rl.parallel.full_tensors import gather_full, load_full, main_grad,
 from megatron_rl.schedules import (
     ActorLoss,
     CriticLoss,
-    TrainBatch,
     compute_logprobs,
     compute_values,
     forward_backward,
     gather_data_parallel,
     local_batch,
-    pack_sequences,
     train_step,
 )
 from megatron_rl.schedules.packing import Microbatching
+from megatron_rl.testing import batches
 from megatron_rl.testing.tiny import TINY_ARCHS
 from megatron_rl.testing.torchrun import run_cases
 
@@ -64,27 +63,8 @@ CRITIC = CriticLoss(value_clip=0.2)
 
 
 def rollout_batch(vocab):
-    """Realistic shapes: prompts of 2-5 tokens, responses of 1 to all remaining positions."""
-    g = torch.Generator().manual_seed(2024)
-    prompts, responses = [], []
-    for n in range(GLOBAL_BATCH):
-        p = int(torch.randint(2, 6, (), generator=g))
-        r = SEQ - p if n == 3 else int(torch.randint(1, SEQ - p + 1, (), generator=g))
-        prompts.append(torch.randint(0, vocab, (p,), generator=g).tolist())
-        responses.append(torch.randint(0, vocab, (r,), generator=g).tolist())
-    tokens, mask = pack_sequences(prompts, responses, SEQ)
-    seq_adv = torch.randn(GLOBAL_BATCH, 1, generator=g)
-    return TrainBatch(
-        tokens=tokens,
-        loss_mask=mask,
-        lengths=torch.tensor([len(p) + len(r) for p, r in zip(prompts, responses)]),
-        advantages=seq_adv * (1 + 0.3 * torch.randn(GLOBAL_BATCH, SEQ, generator=g)),
-        returns=torch.randn(GLOBAL_BATCH, SEQ, generator=g),
-        old_values=0.3 * torch.randn(GLOBAL_BATCH, SEQ, generator=g),
-        temperature=0.7 + 0.6 * torch.rand(GLOBAL_BATCH, SEQ, generator=g),
-        h_hat=2 * torch.rand(GLOBAL_BATCH, SEQ, generator=g) - 1,
-        is_positive=torch.rand(GLOBAL_BATCH, generator=g) > 0.5,
-    ), g
+    """The mini-batch every layout and the reference train on, and its generator for noise."""
+    return batches.rollout_batch(vocab, GLOBAL_BATCH, SEQ, seed=2024)
 
 
 def plain_logprobs(model, batch, vocab):

@@ -57,7 +57,8 @@ def test_bench_script_short_run(tmp_path):
     out = tmp_path / "mfu.json"
     proc = subprocess.run(
         [sys.executable, "tools/bench_mfu.py", "--model", "tiny-dense", "--steps", "2", "--warmup", "1",
-         "--seq-length", "32", "--global-batch-size", "2", "--peak-matmul-size", "256", "--json", str(out)],
+         "--seq-length", "32", "--global-batch-size", "2", "--peak-matmul-size", "256", "--profile",
+         "--json", str(out)],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -74,3 +75,12 @@ def test_bench_script_short_run(tmp_path):
     assert case["peak_memory_gib"] > 0.05  # RSS of a process holding torch and Megatron
     assert math.isfinite(case["last_loss"]) and abs(case["last_loss"] - math.log(96)) < 0.5
     assert "tokens/s" in proc.stdout and "MFU" in proc.stdout
+    # The profiled step: the CPU's SDPA kernel is the attention, the projections are GEMMs, and
+    # the categories add up to the busy time, which one step's wall time bounds.
+    profile = case["profile"]
+    shares = {label: c["seconds"] for label, c in profile["categories"].items()}
+    assert shares["attention"] > 0 and shares["gemm"] > 0 and shares["optimizer"] > 0, shares
+    assert sum(shares.values()) == pytest.approx(profile["busy_s"])
+    assert 0 < profile["busy_s"] <= profile["step_wall_s"] * 1.05 and profile["idle_s"] is None
+    assert any("scaled_dot_product" in op["op"] for op in profile["top_ops"] if op["category"] == "attention")
+    assert "profile: busy" in proc.stdout

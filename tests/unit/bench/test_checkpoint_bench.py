@@ -40,13 +40,19 @@ def test_every_option_has_a_flag_and_reaches_the_run(tmp_path):
 
 def test_plan_rejects_what_cannot_run(tmp_path):
     options = bench.CheckpointBenchOptions(model="tiny-dense")
-    with pytest.raises(BenchArgumentError, match="world size 1 is not divisible by tensor_model_parallel_size"):
-        bench.make_plan(options, world=1)
+    with pytest.raises(BenchArgumentError, match="world size 3 is not divisible by tensor_model_parallel_size"):
+        bench.make_plan(options, world=3)
     with pytest.raises(BenchArgumentError, match="--model: model 'cpu-dense' is neither a preset"):
         bench.make_plan(dataclasses.replace(options, model="cpu-dense"), world=2)
     (tmp_path / "file").write_text("x")
     with pytest.raises(BenchArgumentError, match="exists and is not a directory"):
         bench.make_plan(dataclasses.replace(options, dir=tmp_path / "file"), world=2)
+
+
+def test_one_device_saves_from_tp1_and_has_no_reshard_layout():
+    plan = bench.make_plan(bench.CheckpointBenchOptions(model="tiny-dense"), world=1)
+    assert plan.save_layout.tp == 1 and plan.reshard_layout is None
+    assert bench.make_plan(bench.CheckpointBenchOptions(model="tiny-dense"), world=2).reshard_layout.tp == 1
 
 
 def test_a_non_empty_dir_is_refused_with_exit_2_and_left_alone(tmp_path):

@@ -1,0 +1,159 @@
+"""A tiny model trained with Megatron's DDP and distributed optimizer, for checkpoint tests.
+
+The saved state (parameters and Adam state) and its full, layout-free tensors gathered
+without the checkpoint code, so a test's expectations never come from the store it tests.
+Works on whatever device the platform picked (CUDA + NCCL or CPU + gloo).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from megatron_rl import platform
+from megatron_rl.models import build_model
+from megatron_rl.models.builder import BuildOptions
+from megatron_rl.parallel import ParallelConfig, initialize
+from megatron_rl.parallel.full_tensors import gather_full, params_as
+from megatron_rl.testing.tiny import TINY_ARCHS
+
+GLOBAL_BATCH, SEQ, MBS = 8, 16, 2
+
+
+class TrainingRun:
+    """One model + Megatron DDP + distributed optimizer in one layout, trained on fixed data.
+
+    ``data="step"``: each step's batch is fixed by the step number (the same in any layout);
+    ``"python_rng"``: drawn from python's RNG, so only a resume that restores it sees the
+    same data."""
+
+    def __init__(self, kind: str, layout: dict, seed: int = 7, data: str = "step", dtype: str = "fp32"):
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        self.arch, self.parallel, self.data = TINY_ARCHS[kind], ParallelConfig(**layout), data
+        self.mbs = 1 if self.parallel.virtual_pipeline_model_parallel_size else MBS  # interleaving needs M >= PP
+        self.ctx = initialize(self.parallel, seed=seed, model=self.arch.shape())
+        chunks = build_model("actor", self.arch, self.parallel, BuildOptions(dtype=dtype))
+        config = chunks[0].config
+        with platform.megatron_scope():
+            ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=False)
+            self.chunks = [DistributedDataParallel(config, ddp, c) for c in chunks]
+            self.optimizer = get_megatron_optimizer(
+                OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True, clip_grad=1.0,
+                                weight_decay=0.01, bf16=dtype == "bf16"),
+                self.chunks,
+            )
+        config.finalize_model_grads_func = finalize_model_grads
+
+    def batch(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's (tokens, labels) micro-batches of ``step``, on the platform's device."""
+        seed = step if self.data == "step" else random.getrandbits(62)
+        g = torch.Generator().manual_seed(1000 + seed)
+        tokens = torch.randint(0, self.arch.vocab_size, (GLOBAL_BATCH, SEQ + 1), generator=g)
+        per_rank = GLOBAL_BATCH // self.parallel.dp(self.ctx.world_size)
+        rows = slice(self.ctx.coords.dp * per_rank, (self.ctx.coords.dp + 1) * per_rank)
+        tokens = tokens[rows].to(platform.current().device)
+        return [(tokens[i : i + self.mbs, :-1], tokens[i : i + self.mbs, 1:]) for i in range(0, per_rank, self.mbs)]
+
+    def train(self, steps) -> list[float]:
+        """One optimizer step per entry of ``steps``; the mean loss of each (every rank)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        losses = []
+        for step in steps:
+            micro = self.batch(step)
+            with platform.megatron_scope():
+                for c in self.chunks:
+                    c.zero_grad_buffer()
+                self.optimizer.zero_grad()
+                out = get_forward_backward_func()(
+                    forward_step_func=_forward_step,
+                    data_iterator=[iter(micro) for _ in self.chunks] if len(self.chunks) > 1 else iter(micro),
+                    model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
+                    num_microbatches=len(micro), seq_length=SEQ, micro_batch_size=self.mbs, forward_only=False,
+                )
+                self.optimizer.step()
+            local = sum(float(o["loss"]) for o in out) / len(out) if out else None
+            everyone = [None] * self.ctx.world_size
+            dist.all_gather_object(everyone, local)
+            values = [v for v in everyone if v is not None]
+            losses.append(sum(values) / len(values))
+        return losses
+
+    def full_params(self) -> dict[str, torch.Tensor]:
+        """{canonical name: full fp32 tensor on the CPU} of every parameter (every rank)."""
+        return gather_full(self.chunks)
+
+    def full_optimizer_state(self) -> dict[str, torch.Tensor]:
+        """{'<state>.<name>': full tensor}, assembled without the checkpoint code: each DP
+        rank writes its flat slice of a parameter's state into zeros, an all-reduce over the
+        sub-optimizer's DP group completes it, gather_full assembles TP/PP/EP pieces."""
+        from megatron_rl.checkpoint.optimizer_state import sub_optimizers
+
+        device = platform.current().device
+        per_key = {key: {} for key in ("param", "exp_avg", "exp_avg_sq")}
+        for sub in sub_optimizers(self.optimizer):
+            mine = _flat_ranges(sub)
+            for buffer in sub.buffers:
+                for param in buffer.params:  # same order on every DP rank
+                    states = sub._get_main_param_and_optimizer_states(param) if param in mine else None
+                    for key, full in per_key.items():
+                        flat = torch.zeros(param.numel(), device=device)
+                        if states is not None:
+                            flat[mine[param].start : mine[param].end] = states[key].detach().view(-1)
+                        dist.all_reduce(flat, group=sub.data_parallel_group)
+                        full[param] = flat
+        out = {}
+        for key, full in per_key.items():
+            with params_as(self.chunks, lambda p: full[p].view_as(p.data)):
+                for name, tensor in gather_full(self.chunks).items():
+                    out[f"{key}.{name}"] = tensor
+        return out
+
+    def step_count(self) -> list[float]:
+        """The distinct Adam step counts of the optimizer's parameter groups."""
+        from megatron_rl.checkpoint.optimizer_state import sub_optimizers
+
+        groups = (g for s in sub_optimizers(self.optimizer) for g in s.state_dict()["optimizer"]["param_groups"])
+        return sorted({g["step"] for g in groups})
+
+
+def _flat_ranges(sub) -> dict:
+    """param -> the range of its flat shard this DP rank's sub-optimizer owns."""
+    mine = {}
+    for gbuf in sub.gbuf_ranges:
+        for per_bucket in gbuf.values():
+            for bucket in per_bucket:
+                for param, ranges in bucket["param_map"].items():
+                    mine[param] = ranges["param"]
+    return mine
+
+
+def _forward_step(data_iterator, model):
+    tokens, labels = next(data_iterator)
+    positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
+    out = model(tokens, positions, None, labels=labels)
+
+    def loss_func(output):
+        loss = output.float().mean()
+        return loss, {"loss": loss.detach().clone()}
+
+    return out, loss_func
+
+
+def hold_writer_until_update(ckpt, optimizer, after_s: float) -> list:
+    """Occupy ``ckpt``'s background writer until ``optimizer``'s next step() is called, then
+    ``after_s`` more: a deferred snapshot queued now provably starts copying after the update
+    was asked for, so the update must wait for it. Returns the hooks (remove them after)."""
+    from megatron_rl.checkpoint.optimizer_state import sub_optimizers
+
+    called = threading.Event()
+    hooks = [sub.optimizer.register_step_pre_hook(lambda *_: called.set()) for sub in sub_optimizers(optimizer)]
+    ckpt._background().submit(lambda: (called.wait(120), time.sleep(after_s)))
+    return hooks
