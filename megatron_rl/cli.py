@@ -31,11 +31,20 @@ trainer, algorithm, rollout, data, checkpoint, monitor); unknown keys and bad va
 
 #: subcommand -> (module whose main(argv) runs it, help line)
 OWN_PARSERS = {
-    "convert": ("megatron_rl.bridge.cli", "HF <-> Megatron checkpoints: hf-to-megatron, megatron-to-hf; see `convert --help`"),
+    "convert": (
+        "megatron_rl.bridge.cli",
+        "HF <-> Megatron checkpoints: hf-to-megatron, megatron-to-hf; see `convert --help`",
+    ),
     "ckpt": ("megatron_rl.checkpoint.cli", "inspect and verify checkpoints; see `ckpt --help`"),
-    "bench": ("megatron_rl.bench.cli", "benchmarks: mfu | weight-sync | checkpoint | mismatch | packing | async; see `bench --help`"),
+    "bench": (
+        "megatron_rl.bench.cli",
+        "benchmarks: mfu | weight-sync | checkpoint | mismatch | packing | async; see `bench --help`",
+    ),
     "plot": ("megatron_rl.trainer.plot", "draw a run's reward/length/entropy curves to RUN_DIR/curves.png"),
-    "monitor": ("megatron_rl.monitor.cli", "faulty-machine detection (Minder): detect, eval, train-denoiser, synth; see `monitor --help`"),
+    "monitor": (
+        "megatron_rl.monitor.cli",
+        "faulty-machine detection (Minder): detect, eval, train-denoiser, synth; see `monitor --help`",
+    ),
 }
 
 
@@ -62,8 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(train)
     show = sub.add_parser("config", help="print the resolved config as YAML")
     _add_config_args(show)
-    layout = sub.add_parser("layout", help="validate the run (layouts against the model it builds, recipe, data) "
-                            "and print every rank's coordinates")
+    layout = sub.add_parser(
+        "layout",
+        help="validate the run (layouts against the model it builds, recipe, data) and print every rank's coordinates",
+    )
     _add_config_args(layout)
     layout.add_argument("--world-size", type=int, required=True, help="number of ranks")
     # Subcommands with their own parsers (loaded only when used: they import torch).
@@ -122,8 +133,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 from megatron_rl.models.smoke import run
 
                 summary = run(cfg)
-                print(f"run dir: {summary['run_dir']}  lm_loss {summary['first_loss']:.3f} -> "
-                      f"{summary['last_loss']:.3f} (chance {summary['chance_loss']:.3f})")
+                print(
+                    f"run dir: {summary['run_dir']}  lm_loss {summary['first_loss']:.3f} -> "
+                    f"{summary['last_loss']:.3f} (chance {summary['chance_loss']:.3f})"
+                )
                 return summary.get("exit_code", 0)
             from megatron_rl.trainer import train
 
@@ -133,12 +146,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if summary.get("error"):
                 print(f"megatron-rl: error: {summary['error']}", file=sys.stderr)
             elif summary["steps"] == 0:
-                print(f"run dir: {summary['run_dir']} already holds step {summary['last_step']} of "
-                      f"trainer.max_steps={cfg.trainer.max_steps}: nothing to train (choose another "
-                      "trainer.run_dir or a larger trainer.max_steps)")
+                print(
+                    f"run dir: {summary['run_dir']} already holds step {summary['last_step']} of "
+                    f"trainer.max_steps={cfg.trainer.max_steps}: nothing to train (choose another "
+                    "trainer.run_dir or a larger trainer.max_steps)"
+                )
             else:
-                print(f"run dir: {summary['run_dir']}  reward (mean of first 5 steps of this run) "
-                      f"{summary['first_reward']:.3f} -> (last 5) {summary['last_reward']:.3f}")
+                print(
+                    f"run dir: {summary['run_dir']}  reward (mean of first 5 steps of this run) "
+                    f"{summary['first_reward']:.3f} -> (last 5) {summary['last_reward']:.3f}"
+                )
             return summary["exit_code"]
         raise AssertionError(args.command)
     except ConfigError as err:

@@ -22,9 +22,7 @@ def shared_compile_caches(tmp_path_factory):
         yield
 
 
-GPU_SKIP_REASON = (
-    "needs a CUDA device: tools/gpu_check.py runs the gpu-marked tests on a machine with one"
-)
+GPU_SKIP_REASON = "needs a CUDA device: tools/gpu_check.py runs the gpu-marked tests on a machine with one"
 GPU_DRY_RUN_ENV = "MEGATRON_RL_GPU_DRY_RUN"
 """Set to 1 to run the gpu-marked tests on a machine without CUDA, their CUDA launches on the
 CPU: a check that the bodies and comparisons work before GPU time is spent on them."""

@@ -33,21 +33,28 @@ def main() -> int:
 
 def print_table(result: dict) -> None:
     print(f"{result['recipe']}, {result['date']}, {result['machine']['cpus']} CPUs")
-    print("| mode | world | tokens/s | samples/s | step s | train s | rollout s | generation s | overlap | rollout busy "
-          "| train idle s | rollout idle s | staleness mean / max | partial samples | length | reward step 1 -> N |")
+    print(
+        "| mode | world | tokens/s | samples/s | step s | train s | rollout s | generation s | overlap | rollout busy "
+        "| train idle s | rollout idle s | staleness mean / max | partial samples | length | reward step 1 -> N |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for mode in result["modes"]:
         m, world = result["modes"][mode], result["runs"][mode]["world"]
         curve = m["reward_curve"]
-        print(f"| {mode} | {world} | {m['tokens_per_s']:.0f} | {_fmt(m['samples_per_s'], '.1f')} | {m['step_s']:.2f} | {m['train_s']:.2f} | "
-              f"{m['rollout_s']:.2f} | {_fmt(m['generation_s'], '.2f')} | {_fmt(m['overlap_fraction'], '.2f')} | "
-              f"{_fmt(m['rollout_busy_fraction'], '.2f')} | "
-              f"{_fmt(m['train_idle_s'], '.2f')} | {_fmt(m['rollout_idle_s'], '.2f')} | "
-              f"{_fmt(m['staleness_mean'], '.1f')} / {_fmt(m['staleness_max'], 'd')} | "
-              f"{_fmt(m['partial_samples'], '.1f')} | {_fmt(m['response_length'], '.1f')} | "
-              f"{curve[0]:.3f} -> {curve[-1]:.3f} |")
-    speedups = [f"{k.removeprefix('speedup_').replace('_vs_', ' vs ').replace('samples_', 'samples/s ')}: {v:.2f}x"
-                for k, v in result.items() if k.startswith("speedup_")]
+        print(
+            f"| {mode} | {world} | {m['tokens_per_s']:.0f} | {_fmt(m['samples_per_s'], '.1f')} | {m['step_s']:.2f} | {m['train_s']:.2f} | "
+            f"{m['rollout_s']:.2f} | {_fmt(m['generation_s'], '.2f')} | {_fmt(m['overlap_fraction'], '.2f')} | "
+            f"{_fmt(m['rollout_busy_fraction'], '.2f')} | "
+            f"{_fmt(m['train_idle_s'], '.2f')} | {_fmt(m['rollout_idle_s'], '.2f')} | "
+            f"{_fmt(m['staleness_mean'], '.1f')} / {_fmt(m['staleness_max'], 'd')} | "
+            f"{_fmt(m['partial_samples'], '.1f')} | {_fmt(m['response_length'], '.1f')} | "
+            f"{curve[0]:.3f} -> {curve[-1]:.3f} |"
+        )
+    speedups = [
+        f"{k.removeprefix('speedup_').replace('_vs_', ' vs ').replace('samples_', 'samples/s ')}: {v:.2f}x"
+        for k, v in result.items()
+        if k.startswith("speedup_")
+    ]
     print("speedup " + "; ".join(speedups))
 
 

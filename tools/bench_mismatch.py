@@ -28,17 +28,20 @@ def main() -> int:
         for model in args.models.split(","):
             for dtype in args.dtypes.split(","):
                 out = Path(tmp) / f"{model}-{dtype}.json"
-                results.append(run_bench("mismatch", ["--model", model, "--dtype", dtype, "--prompts", args.prompts],
-                                         out))
+                results.append(
+                    run_bench("mismatch", ["--model", model, "--dtype", dtype, "--prompts", args.prompts], out)
+                )
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     print("| model | dtype | tokens | agreement (own) | mean abs dlogp own / replay | k3 KL own / replay | ratio |")
     print("|---|---|---|---|---|---|---|")
     for r in results:
         own, rep = r["own_routers"], r["replayed"]
         ratio = r["k3_ratio_replay_over_own"]
-        print(f"| {r['model']} ({r['experts']} experts, top-{r['topk']}) | {r['dtype']} | {own['tokens']} | "
-              f"{own['router_agreement']:.3f} | {own['mean_abs_dlogp']:.2e} / {rep['mean_abs_dlogp']:.2e} | "
-              f"{own['k3_kl']:.2e} / {rep['k3_kl']:.2e} | {'-' if ratio is None else f'{ratio:.2f}'} |")
+        print(
+            f"| {r['model']} ({r['experts']} experts, top-{r['topk']}) | {r['dtype']} | {own['tokens']} | "
+            f"{own['router_agreement']:.3f} | {own['mean_abs_dlogp']:.2e} / {rep['mean_abs_dlogp']:.2e} | "
+            f"{own['k3_kl']:.2e} / {rep['k3_kl']:.2e} | {'-' if ratio is None else f'{ratio:.2f}'} |"
+        )
     return 0
 
 

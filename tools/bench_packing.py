@@ -21,17 +21,24 @@ def main() -> int:
     p.add_argument("--steps", default="3")
     p.add_argument("--json", default="bench_packing.json")
     args = p.parse_args()
-    result = run_bench("packing", ["--model", args.model, "--rows", args.rows, "--median", args.median,
-                                   "--steps", args.steps], args.json)
+    result = run_bench(
+        "packing",
+        ["--model", args.model, "--rows", args.rows, "--median", args.median, "--steps", args.steps],
+        args.json,
+    )
     print(f"{result['model']}, {result['date']}")
-    print("| distribution | rows | seq_length | budget | efficiency padded / packed | micro-batches padded / packed "
-          "| step s padded / packed | speedup | max grad diff |")
+    print(
+        "| distribution | rows | seq_length | budget | efficiency padded / packed | micro-batches padded / packed "
+        "| step s padded / packed | speedup | max grad diff |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in result["results"]:
         eff, mbs, s = r["packing_efficiency"], r["micro_batches"], r["step_s"]
-        print(f"| {r['distribution']} | {r['rows']} | {r['seq_length']} | {r['budget_tokens']} | "
-              f"{eff['padded']:.3f} / {eff['packed']:.3f} | {mbs['padded']} / {mbs['packed']} | "
-              f"{s['padded']:.2f} / {s['packed']:.2f} | {r['speedup_vs_padded']:.2f}x | {r['grad_max_abs_diff']:.1e} |")
+        print(
+            f"| {r['distribution']} | {r['rows']} | {r['seq_length']} | {r['budget_tokens']} | "
+            f"{eff['padded']:.3f} / {eff['packed']:.3f} | {mbs['padded']} / {mbs['packed']} | "
+            f"{s['padded']:.2f} / {s['packed']:.2f} | {r['speedup_vs_padded']:.2f}x | {r['grad_max_abs_diff']:.1e} |"
+        )
     return 0
 
 

@@ -27,8 +27,9 @@ def measure(model_dir: str, cpu_linear: str, prompts: int, n: int, max_tokens: i
 
     from megatron_rl.rollout import EngineConfig, RolloutEngine, Sampling
 
-    engine = RolloutEngine(model_dir, EngineConfig(max_model_len=128, load_tokenizer=False, cpu_linear=cpu_linear,
-                                                   cache_dir=cache))
+    engine = RolloutEngine(
+        model_dir, EngineConfig(max_model_len=128, load_tokenizer=False, cpu_linear=cpu_linear, cache_dir=cache)
+    )
     g = torch.Generator().manual_seed(0)
     batch = [torch.randint(3, 90, (12,), generator=g).tolist() for _ in range(prompts)]
     sampling = Sampling(n=n, max_tokens=max_tokens, temperature=1.0)
@@ -76,8 +77,11 @@ def main(argv=None) -> int:
             print(proc.stderr[-2000:], file=sys.stderr)
             return proc.returncode
         result = json.loads(proc.stdout.strip().splitlines()[-1])
-        print(f"{args.preset}: cpu_linear={fmt}: {result['tokens_per_s']:.0f} tok/s "
-              f"({result['rows']} rows x {args.max_tokens} tokens)", flush=True)
+        print(
+            f"{args.preset}: cpu_linear={fmt}: {result['tokens_per_s']:.0f} tok/s "
+            f"({result['rows']} rows x {args.max_tokens} tokens)",
+            flush=True,
+        )
     return 0
 
 

@@ -26,9 +26,20 @@ from pathlib import Path
 
 def _run(name: str, out: Path, base: Path, steps: int, overrides: list[str]) -> dict:
     run_dir = out / name
-    cmd = [sys.executable, "-m", "megatron_rl", "train", "--config", "examples/dapo.yaml",
-           f"trainer.run_dir={run_dir}", f"trainer.max_steps={steps}", f"model.hf_path={base}",
-           f"data.source={base}/train.jsonl", "data.reward=digits", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "megatron_rl",
+        "train",
+        "--config",
+        "examples/dapo.yaml",
+        f"trainer.run_dir={run_dir}",
+        f"trainer.max_steps={steps}",
+        f"model.hf_path={base}",
+        f"data.source={base}/train.jsonl",
+        "data.reward=digits",
+        *overrides,
+    ]
     print("$", " ".join(cmd), flush=True)
     start = time.perf_counter()
     subprocess.run(cmd, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
@@ -57,8 +68,11 @@ def main(argv=None) -> int:
     parser.add_argument("--smooth", type=int, default=5, help="steps in the moving average")
     parser.add_argument("--window", type=int, default=4, help="T-PPO generation window (tokens)")
     parser.add_argument("--max-new-tokens", type=int, default=12)
-    parser.add_argument("--task", default="digits_max",
-                        help="digit task of the base (digits_max_steps: responses of 2-8 reasoning steps)")
+    parser.add_argument(
+        "--task",
+        default="digits_max",
+        help="digit task of the base (digits_max_steps: responses of 2-8 reasoning steps)",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides for both runs (key=value)")
     args = parser.parse_args(argv)
 
@@ -69,22 +83,35 @@ def main(argv=None) -> int:
     common = [f"rollout.max_new_tokens={args.max_new_tokens}", *args.overrides]
     runs = {
         "ppo": _run("ppo", args.out, base, args.steps, ["algorithm.recipe=ppo", "algorithm.overrides={}", *common]),
-        "tppo": _run("tppo", args.out, base, args.steps,
-                     ["algorithm.recipe=tppo", f"algorithm.overrides={{generation_window: {args.window}}}", *common]),
+        "tppo": _run(
+            "tppo",
+            args.out,
+            base,
+            args.steps,
+            ["algorithm.recipe=tppo", f"algorithm.overrides={{generation_window: {args.window}}}", *common],
+        ),
     }
-    report = {"task": args.task, "target_reward": args.target, "smooth_steps": args.smooth, "steps": args.steps,
-              "window": args.window, "max_new_tokens": args.max_new_tokens}
+    report = {
+        "task": args.task,
+        "target_reward": args.target,
+        "smooth_steps": args.smooth,
+        "steps": args.steps,
+        "window": args.window,
+        "max_new_tokens": args.max_new_tokens,
+    }
     for name, run in runs.items():
         rows = run["rows"]
         seconds, step = time_to_reward(rows, args.target, args.smooth)
         rewards = [r["reward/mean"] for r in rows if r["reward/mean"] is not None]
         report[name] = {
-            "time_to_target_s": seconds, "step_at_target": step,
+            "time_to_target_s": seconds,
+            "step_at_target": step,
             "mean_step_s": sum(r["timing/step_s"] for r in rows) / len(rows),
             "mean_rollout_s": sum(r["timing/rollout_s"] for r in rows) / len(rows),
             "first5_reward": sum(rewards[:5]) / max(len(rewards[:5]), 1),
             "last5_reward": sum(rewards[-5:]) / max(len(rewards[-5:]), 1),
-            "process_wall_s": run["wall_s"], "command": run["command"],
+            "process_wall_s": run["wall_s"],
+            "command": run["command"],
         }
     a, b = report["ppo"]["time_to_target_s"], report["tppo"]["time_to_target_s"]
     report["speedup_tppo_over_ppo"] = a / b if a and b else None

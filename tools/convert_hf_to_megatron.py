@@ -1,7 +1,7 @@
 """HF directory -> megatron_rl checkpoint (same as `megatron-rl convert hf-to-megatron`).
 
-    python tools/convert_hf_to_megatron.py --hf DIR --out DIR [--tp N --pp N --ep N --etp N]
-    torchrun --nproc-per-node=4 tools/convert_hf_to_megatron.py --hf DIR --out DIR --tp 2 --ep 2
+python tools/convert_hf_to_megatron.py --hf DIR --out DIR [--tp N --pp N --ep N --etp N]
+torchrun --nproc-per-node=4 tools/convert_hf_to_megatron.py --hf DIR --out DIR --tp 2 --ep 2
 """
 
 import sys

@@ -1,6 +1,6 @@
 """megatron_rl checkpoint -> HF directory (same as `megatron-rl convert megatron-to-hf`).
 
-    python tools/convert_megatron_to_hf.py --ckpt DIR --out DIR [--step N] [--dtype bf16]
+python tools/convert_megatron_to_hf.py --ckpt DIR --out DIR [--step N] [--dtype bf16]
 """
 
 import sys

@@ -44,10 +44,28 @@ WHEEL_LIST = ROOT / "requirements" / "gpu-kit.txt"
 WHEEL_DIR = ROOT / ".whl"
 TARGET_PYTHON = "3.12"
 # pip matches manylinux tags exactly, so name every glibc level a wheel may be tagged with.
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64", "manylinux1_x86_64")
-MFU_SHAPE = ["--dtype", "bf16", "--seq-length", "4096", "--global-batch-size", "16", "--micro-batch-size", "2",
-             "--warmup", "2", "--steps", "5"]
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)
+MFU_SHAPE = [
+    "--dtype",
+    "bf16",
+    "--seq-length",
+    "4096",
+    "--global-batch-size",
+    "16",
+    "--micro-batch-size",
+    "2",
+    "--warmup",
+    "2",
+    "--steps",
+    "5",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,22 +86,65 @@ def parts(out: Path) -> list[Part]:
     to 10 minutes, the longest command a lent machine runs; the parts take about half that."""
     bench = (sys.executable, "-m", "megatron_rl", "bench")
     mfu = lambda name, model, limit, *extra: Part(  # noqa: E731
-        name, (*bench, "mfu", "--model", model, *MFU_SHAPE, *extra, "--json", str(out / f"{name}.json")), limit)
+        name, (*bench, "mfu", "--model", model, *MFU_SHAPE, *extra, "--json", str(out / f"{name}.json")), limit
+    )
     return [
         mfu("mfu-dense", "gpu-dense-1b", 100, "--profile"),
-        Part("tests", (sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider",
-                       "--junitxml", str(out / "tests.xml")), 240),
+        Part(
+            "tests",
+            (
+                sys.executable,
+                "-m",
+                "pytest",
+                "tests/gpu",
+                "-m",
+                "gpu",
+                "-q",
+                "-rs",
+                "-p",
+                "no:cacheprovider",
+                "--junitxml",
+                str(out / "tests.xml"),
+            ),
+            240,
+        ),
         mfu("mfu-moe", "gpu-moe-2b", 100, "--profile"),
         mfu("mfu-dense-unfused", "gpu-dense-1b", 80, "--attention", "unfused"),
-        Part("checkpoint", (*bench, "checkpoint", "--model", "cpu-dense-85m", "--repeats", "3",
-                            "--json", str(out / "checkpoint.json")), 80),
+        Part(
+            "checkpoint",
+            (
+                *bench,
+                "checkpoint",
+                "--model",
+                "cpu-dense-85m",
+                "--repeats",
+                "3",
+                "--json",
+                str(out / "checkpoint.json"),
+            ),
+            80,
+        ),
     ]
 
 
 def pip_download_argv(dest: Path, wheel_list: Path = WHEEL_LIST) -> list[str]:
     """pip's command that fetches the kit's wheels for the CUDA machine's Python."""
-    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--python-version", TARGET_PYTHON, "--implementation", "cp", "-d", str(dest), "-r", str(wheel_list)]
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        TARGET_PYTHON,
+        "--implementation",
+        "cp",
+        "-d",
+        str(dest),
+        "-r",
+        str(wheel_list),
+    ]
     for tag in PLATFORMS:
         argv += ["--platform", tag]
     return argv
@@ -98,10 +159,23 @@ def install_wheels(wheels: Path, target: Path, log) -> None:
     """The carried wheels into ``target`` (no index, no dependencies: the machine has them)."""
     files = sorted(str(w) for w in wheels.glob("*.whl"))
     if not files:
-        raise SystemExit(f"gpu_check: no wheels in {wheels}; run `python tools/gpu_check.py fetch` on a machine "
-                         "with the package index and carry the folder")
-    argv = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-            "--target", str(target), *files]
+        raise SystemExit(
+            f"gpu_check: no wheels in {wheels}; run `python tools/gpu_check.py fetch` on a machine "
+            "with the package index and carry the folder"
+        )
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-index",
+        "--no-deps",
+        "--no-compile",
+        "--target",
+        str(target),
+        *files,
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True)
     log.write(proc.stdout + proc.stderr)
     if proc.returncode != 0:
@@ -110,19 +184,23 @@ def install_wheels(wheels: Path, target: Path, log) -> None:
 
 def machine_facts(env: dict) -> dict:
     """The device, driver and library versions the numbers were taken with."""
-    probe = ("import json, torch, megatron.core as m, transformers as t; "
-             "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, "
-             "'device': torch.cuda.get_device_name() if torch.cuda.is_available() else None, "
-             "'megatron_core': m.__version__, 'transformers': t.__version__}))")
+    probe = (
+        "import json, torch, megatron.core as m, transformers as t; "
+        "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, "
+        "'device': torch.cuda.get_device_name() if torch.cuda.is_available() else None, "
+        "'megatron_core': m.__version__, 'transformers': t.__version__}))"
+    )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=ROOT)
     facts = json.loads(proc.stdout) if proc.returncode == 0 else {"probe_error": proc.stderr[-2000:]}
     smi = shutil.which("nvidia-smi")
     if smi:
         query = "--query-gpu=name,memory.total,driver_version"
-        facts["nvidia_smi"] = subprocess.run([smi, query, "--format=csv,noheader"], capture_output=True,
-                                             text=True).stdout.strip()
-    facts.update(python=platform.python_version(), host=platform.node(),
-                 date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        facts["nvidia_smi"] = subprocess.run(
+            [smi, query, "--format=csv,noheader"], capture_output=True, text=True
+        ).stdout.strip()
+    facts.update(
+        python=platform.python_version(), host=platform.node(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    )
     return facts
 
 
@@ -135,8 +213,14 @@ def junit_summary(xml_path: Path) -> dict:
             if child.tag in ("failure", "error", "skipped"):
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
                 message = (child.get("message") or "")[:2000]
-        tests.append({"name": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
-                      "seconds": float(case.get("time", 0)), "message": message})
+        tests.append(
+            {
+                "name": f"{case.get('classname')}::{case.get('name')}",
+                "outcome": outcome,
+                "seconds": float(case.get("time", 0)),
+                "message": message,
+            }
+        )
     counts = {o: sum(t["outcome"] == o for t in tests) for o in ("passed", "failed", "error", "skipped")}
     return {"counts": counts, "tests": tests}
 
@@ -146,8 +230,7 @@ def run_part(part: Part, out: Path, env: dict, log) -> dict:
     log.write(f"\n==== {part.name}: {' '.join(part.argv)}\n")
     log.flush()
     start = time.time()
-    proc = subprocess.Popen(part.argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(part.argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         code = proc.wait(timeout=part.timeout_s)
     except subprocess.TimeoutExpired:
@@ -170,8 +253,13 @@ def run(out: Path, names: Optional[Sequence[str]], wheels: Path) -> int:
     target = Path(tempfile.mkdtemp(prefix="mrl-gpu-kit-"))
     with open(out / "gpu_check.log", "w") as log:
         install_wheels(wheels, target, log)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(target)]), PYTHONUNBUFFERED="1",
-                   HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(ROOT), str(target)]),
+            PYTHONUNBUFFERED="1",
+            HF_HUB_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+        )
         summary = {"machine": machine_facts(env), "parts": {}}
         for part in chosen:
             summary["parts"][part.name] = run_part(part, out, env, log)
@@ -187,8 +275,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     f.add_argument("--dest", type=Path, default=WHEEL_DIR)
     r = sub.add_parser("run", help="run the checks on a CUDA machine; results under OUT_DIR")
     r.add_argument("out", type=Path, metavar="OUT_DIR")
-    r.add_argument("--parts", default="", help="comma-separated subset of: " + ", ".join(
-        p.name for p in parts(Path("."))))
+    r.add_argument(
+        "--parts", default="", help="comma-separated subset of: " + ", ".join(p.name for p in parts(Path(".")))
+    )
     r.add_argument("--wheels", type=Path, default=WHEEL_DIR)
     args = parser.parse_args(argv)
     if args.command == "fetch":
@@ -196,8 +285,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     names = [n for n in args.parts.split(",") if n]
     unknown = sorted(set(names) - {p.name for p in parts(args.out)})
     if unknown:
-        parser.exit(2, f"gpu_check: unknown part(s) {', '.join(unknown)}; allowed: "
-                       f"{', '.join(p.name for p in parts(args.out))}\n")
+        parser.exit(
+            2,
+            f"gpu_check: unknown part(s) {', '.join(unknown)}; allowed: {', '.join(p.name for p in parts(args.out))}\n",
+        )
     return run(args.out, names, args.wheels)
 
 

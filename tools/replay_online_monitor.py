@@ -42,9 +42,15 @@ def one_trace(cfg: CoupledConfig, grow: bool, denoiser) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
         declared = replay_online(st.grid, step, online, run_dir, denoiser)
     hit = [d for d in declared if label and d.alert.machine == label.machine and d.at >= label.start]
-    return dict(fault=cfg.fault, machines=cfg.machines, seed=cfg.seed, step_s=round(step, 1),
-                found=bool(hit), delay_s=round(hit[0].at - label.start) if hit else None,
-                false_alarms=len(declared) - len(hit))
+    return dict(
+        fault=cfg.fault,
+        machines=cfg.machines,
+        seed=cfg.seed,
+        step_s=round(step, 1),
+        found=bool(hit),
+        delay_s=round(hit[0].at - label.start) if hit else None,
+        false_alarms=len(declared) - len(hit),
+    )
 
 
 def summary(rows: list[dict]) -> dict:
@@ -55,11 +61,17 @@ def summary(rows: list[dict]) -> dict:
     rec = len(found) / max(1, len(faulty))
     kinds = Counter(r["fault"] for r in faulty)
     hits = Counter(r["fault"] for r in found)
-    return dict(recall=round(rec, 3), precision=round(p, 3), f1=round(2 * p * rec / (p + rec), 3) if found else 0.0,
-                found=len(found), faults=len(faulty), false_alarms=fa,
-                fault_free_false_alarms=sum(r["false_alarms"] for r in rows if not r["fault"]),
-                median_delay_s=statistics.median([r["delay_s"] for r in found]) if found else None,
-                per_kind={k: f"{hits[k]}/{kinds[k]}" for k in kinds})
+    return dict(
+        recall=round(rec, 3),
+        precision=round(p, 3),
+        f1=round(2 * p * rec / (p + rec), 3) if found else 0.0,
+        found=len(found),
+        faults=len(faulty),
+        false_alarms=fa,
+        fault_free_false_alarms=sum(r["false_alarms"] for r in rows if not r["fault"]),
+        median_delay_s=statistics.median([r["delay_s"] for r in found]) if found else None,
+        per_kind={k: f"{hits[k]}/{kinds[k]}" for k in kinds},
+    )
 
 
 def main() -> None:
@@ -76,11 +88,14 @@ def main() -> None:
     torch.set_num_threads(1)
     lo, hi = (float(x) for x in a.step_period.split(","))
     denoiser = None if a.model == "none" else Denoiser.load(a.model or default_model_dir())
-    configs = [CoupledConfig(machines=n, duration_s=a.duration_s, seed=a.seed + j, fault=kind,
-                             step_period_s=(lo, hi), step_metrics=True)
-               for n in (int(x) for x in a.machines.split(","))
-               for kind, count in [(None, a.fault_free)] + [(k, a.faulty) for k in COUPLED_FAULT_KINDS]
-               for j in range(count)]
+    configs = [
+        CoupledConfig(
+            machines=n, duration_s=a.duration_s, seed=a.seed + j, fault=kind, step_period_s=(lo, hi), step_metrics=True
+        )
+        for n in (int(x) for x in a.machines.split(","))
+        for kind, count in [(None, a.fault_free)] + [(k, a.faulty) for k in COUPLED_FAULT_KINDS]
+        for j in range(count)
+    ]
     result = {}
     for grow in (False, True):
         rows = [one_trace(c, grow, denoiser) for c in configs]

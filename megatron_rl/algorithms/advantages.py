@@ -56,11 +56,7 @@ def compute_gae(
     batch, length = rewards.shape
     mask = response_mask.bool()
     gamma_lam = gamma * torch.as_tensor(lam, dtype=dtype, device=device)  # scalar or [B]
-    next_value = (
-        torch.zeros(batch, dtype=dtype, device=device)
-        if bootstrap is None
-        else as_float(bootstrap).to(dtype)
-    )
+    next_value = torch.zeros(batch, dtype=dtype, device=device) if bootstrap is None else as_float(bootstrap).to(dtype)
     next_adv = torch.zeros(batch, dtype=dtype, device=device)
     advantages = torch.zeros_like(rewards)
     # The recursion is sequential in t; everything inside one step is vectorised over B.

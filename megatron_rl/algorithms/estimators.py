@@ -119,9 +119,7 @@ class AdvantageOutputs:
 
 def _gae(inputs: AdvantageInputs) -> AdvantageOutputs:
     values = inputs.require("values", "gae")
-    adv, ret = compute_gae(
-        inputs.token_level_rewards(), values, inputs.response_mask, inputs.gamma, inputs.lam
-    )
+    adv, ret = compute_gae(inputs.token_level_rewards(), values, inputs.response_mask, inputs.gamma, inputs.lam)
     return AdvantageOutputs(adv, ret)
 
 
@@ -131,8 +129,12 @@ def _decoupled_gae(inputs: AdvantageInputs) -> AdvantageOutputs:
     if inputs.length_adaptive_alpha is not None:
         lam_policy = length_adaptive_lambda(inputs.response_lengths(), inputs.length_adaptive_alpha)
     adv, ret = decoupled_gae(
-        inputs.token_level_rewards(), values, inputs.response_mask,
-        inputs.gamma, lam_policy, inputs.lam_critic,
+        inputs.token_level_rewards(),
+        values,
+        inputs.response_mask,
+        inputs.gamma,
+        lam_policy,
+        inputs.lam_critic,
     )
     return AdvantageOutputs(adv, ret)
 
@@ -163,8 +165,11 @@ def _grpo(inputs: AdvantageInputs) -> AdvantageOutputs:
 def _token_level_group_average(inputs: AdvantageInputs) -> AdvantageOutputs:
     group_index = inputs.require("group_index", "token_level_group_average")
     adv = token_level_group_average_advantages(
-        inputs.sequence_rewards(), group_index, inputs.response_lengths(),
-        inputs.eps, inputs.fallback,
+        inputs.sequence_rewards(),
+        group_index,
+        inputs.response_lengths(),
+        inputs.eps,
+        inputs.fallback,
     )
     return AdvantageOutputs(_broadcast(adv, inputs.response_mask), None)
 

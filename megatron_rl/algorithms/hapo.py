@@ -57,9 +57,7 @@ def _quantile(values: Tensor, q: float) -> Tensor:
     return ordered[lo] + (position - lo) * (ordered[hi] - ordered[lo])
 
 
-def entropy_stats(
-    entropy: Tensor, response_mask: Tensor, pivot_quantile: float = 0.8
-) -> EntropyStats:
+def entropy_stats(entropy: Tensor, response_mask: Tensor, pivot_quantile: float = 0.8) -> EntropyStats:
     """Compute `EntropyStats` from per-token entropy [B, T] over the real tokens."""
     if not 0.0 <= pivot_quantile <= 1.0:
         raise ValueError(f"pivot_quantile must be in [0, 1], got {pivot_quantile}")

@@ -109,9 +109,7 @@ def get_loss_aggregation(mode: str) -> LossAggregation:
         raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {valid}") from None
 
 
-def aggregate(
-    loss_tokens: Tensor, response_mask: Tensor, mode: str, norm: Norm | None = None
-) -> Tensor:
+def aggregate(loss_tokens: Tensor, response_mask: Tensor, mode: str, norm: Norm | None = None) -> Tensor:
     """Reduce per-token losses [B, T] to a scalar.
 
     token-mean: Σ m·ℓ / N_tok. seq-mean-token-mean: Σ_seq (Σ_t m·ℓ / Σ_t m) / N_seq.
@@ -150,8 +148,10 @@ def policy_loss(
     metrics clipfrac, dual_clipfrac, approx_kl (mean old − new), ratio_mean, ratio_max.
     """
     if advantages.dim() != logp.dim():  # a [B] advantage would broadcast along T, silently
-        raise ValueError(f"advantages must be shaped like logp {tuple(logp.shape)}, "
-                         f"got {tuple(advantages.shape)}; broadcast with adv[:, None]")
+        raise ValueError(
+            f"advantages must be shaped like logp {tuple(logp.shape)}, "
+            f"got {tuple(advantages.shape)}; broadcast with adv[:, None]"
+        )
     if clip_c is not None and clip_c <= 1.0:
         raise ValueError(f"clip_c (dual clip) must be > 1, got {clip_c}")
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -201,9 +201,7 @@ def value_loss(
     return aggregate(0.5 * error, response_mask, agg, norm)
 
 
-def positive_example_nll(
-    logp: Tensor, response_mask: Tensor, is_positive: Tensor, norm: Norm | None = None
-) -> Tensor:
+def positive_example_nll(logp: Tensor, response_mask: Tensor, is_positive: Tensor, norm: Norm | None = None) -> Tensor:
     """VAPO positive-example LM loss: −Σ logp over tokens of correct responses / their count.
 
     logp, response_mask: [B, T]; is_positive: [B] bool. Imitating its own correct samples

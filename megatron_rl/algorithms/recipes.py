@@ -85,8 +85,12 @@ class OverlongPenalty:
     def __post_init__(self) -> None:
         _check_types(self)
         _check(self.max_len > 0, "overlong.max_len", self.max_len, "> 0")
-        _check(0 < self.buffer_len <= self.max_len, "overlong.buffer_len", self.buffer_len,
-               f"in (0, max_len={self.max_len}]")
+        _check(
+            0 < self.buffer_len <= self.max_len,
+            "overlong.buffer_len",
+            self.buffer_len,
+            f"in (0, max_len={self.max_len}]",
+        )
         _check(self.factor >= 0, "overlong.factor", self.factor, ">= 0")
 
 
@@ -165,54 +169,79 @@ class AlgorithmRecipe:
 
     def _check_advantages(self) -> None:
         estimators = ", ".join(ADVANTAGE_ESTIMATORS)
-        _check(self.advantage_estimator in ADVANTAGE_ESTIMATORS, "advantage_estimator",
-               self.advantage_estimator, estimators)
+        _check(
+            self.advantage_estimator in ADVANTAGE_ESTIMATORS,
+            "advantage_estimator",
+            self.advantage_estimator,
+            estimators,
+        )
         for name in ("gamma", "lam", "lam_critic"):
             value = getattr(self, name)
             _check(0.0 <= value <= 1.0, name, value, "[0, 1]")
         alpha = self.length_adaptive_alpha
         _check(alpha is None or alpha > 0, "length_adaptive_alpha", alpha, "None or > 0")
-        _check(alpha is None or self.advantage_estimator == "decoupled_gae",
-               "length_adaptive_alpha", alpha, "None unless advantage_estimator='decoupled_gae'")
+        _check(
+            alpha is None or self.advantage_estimator == "decoupled_gae",
+            "length_adaptive_alpha",
+            alpha,
+            "None unless advantage_estimator='decoupled_gae'",
+        )
         _check(self.group_fallback > 0, "group_fallback", self.group_fallback, "> 0")
         needs_critic = self.advantage_estimator in CRITIC_ESTIMATORS
-        _check(self.use_critic == needs_critic, "use_critic", self.use_critic,
-               f"{needs_critic} for advantage_estimator={self.advantage_estimator!r}")
+        _check(
+            self.use_critic == needs_critic,
+            "use_critic",
+            self.use_critic,
+            f"{needs_critic} for advantage_estimator={self.advantage_estimator!r}",
+        )
 
     def _check_losses(self) -> None:
         for name in ("clip_low", "clip_high"):
             value = getattr(self, name)
             _check(0.0 < value < 1.0, name, value, "(0, 1)")
         _check(self.clip_c is None or self.clip_c > 1.0, "clip_c", self.clip_c, "None or > 1")
-        _check(self.loss_agg in LOSS_AGGREGATIONS, "loss_agg", self.loss_agg,
-               ", ".join(LOSS_AGGREGATIONS))
-        _check(self.kl is None or isinstance(self.kl, KLPenalty), "kl", self.kl,
-               "None, a KLPenalty or a dict of its fields")
+        _check(self.loss_agg in LOSS_AGGREGATIONS, "loss_agg", self.loss_agg, ", ".join(LOSS_AGGREGATIONS))
+        _check(
+            self.kl is None or isinstance(self.kl, KLPenalty),
+            "kl",
+            self.kl,
+            "None, a KLPenalty or a dict of its fields",
+        )
         _check(self.positive_nll_coef >= 0, "positive_nll_coef", self.positive_nll_coef, ">= 0")
-        _check(self.value_clip is None or self.value_clip > 0, "value_clip", self.value_clip,
-               "None or > 0")
-        _check(self.critic_lr_multiplier > 0, "critic_lr_multiplier",
-               self.critic_lr_multiplier, "> 0")
+        _check(self.value_clip is None or self.value_clip > 0, "value_clip", self.value_clip, "None or > 0")
+        _check(self.critic_lr_multiplier > 0, "critic_lr_multiplier", self.critic_lr_multiplier, "> 0")
         _check(self.value_warmup_steps >= 0, "value_warmup_steps", self.value_warmup_steps, ">= 0")
-        _check(self.use_critic or self.value_warmup_steps == 0, "value_warmup_steps",
-               self.value_warmup_steps, "0 when use_critic is False")
-        _check(self.use_critic or self.value_clip is None, "value_clip", self.value_clip,
-               "None when use_critic is False")
+        _check(
+            self.use_critic or self.value_warmup_steps == 0,
+            "value_warmup_steps",
+            self.value_warmup_steps,
+            "0 when use_critic is False",
+        )
+        _check(
+            self.use_critic or self.value_clip is None, "value_clip", self.value_clip, "None when use_critic is False"
+        )
 
     def _check_rollouts(self) -> None:
         _check(self.max_gen_batches >= 1, "max_gen_batches", self.max_gen_batches, ">= 1")
-        _check(self.overlong is None or isinstance(self.overlong, OverlongPenalty), "overlong",
-               self.overlong, "None, an OverlongPenalty or a dict of its fields")
+        _check(
+            self.overlong is None or isinstance(self.overlong, OverlongPenalty),
+            "overlong",
+            self.overlong,
+            "None, an OverlongPenalty or a dict of its fields",
+        )
         window = self.generation_window
         _check(window is None or window >= 1, "generation_window", window, "None or >= 1")
         # A cut-off response treated as finished would be scored as if it had ended.
-        _check(window is None or self.advantage_estimator == "egae", "generation_window",
-               window, "None unless advantage_estimator='egae'")
+        _check(
+            window is None or self.advantage_estimator == "egae",
+            "generation_window",
+            window,
+            "None unless advantage_estimator='egae'",
+        )
         _check(0.0 <= self.temperature_tau < 1.0, "temperature_tau", self.temperature_tau, "[0, 1)")
         for name in ("entropy_clip_alpha", "redistribution_beta"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), ">= 0")
-        _check(0.0 < self.entropy_pivot_quantile < 1.0, "entropy_pivot_quantile",
-               self.entropy_pivot_quantile, "(0, 1)")
+        _check(0.0 < self.entropy_pivot_quantile < 1.0, "entropy_pivot_quantile", self.entropy_pivot_quantile, "(0, 1)")
 
     @property
     def token_aware(self) -> bool:
@@ -239,38 +268,70 @@ class AlgorithmRecipe:
 RECIPES: dict[str, AlgorithmRecipe] = {
     # PPO (Ouyang et al. / verl defaults): GAE γ = 1, λ = 0.95 for policy and critic.
     "ppo": AlgorithmRecipe(
-        name="ppo", advantage_estimator="gae", lam=0.95, lam_critic=0.95,
-        whiten_advantages=True, use_critic=True, loss_agg="seq-mean-token-mean",
+        name="ppo",
+        advantage_estimator="gae",
+        lam=0.95,
+        lam_critic=0.95,
+        whiten_advantages=True,
+        use_critic=True,
+        loss_agg="seq-mean-token-mean",
     ),
     # GRPO (DeepSeekMath): group-normalised outcome reward; KL k3 optional, off here.
     "grpo": AlgorithmRecipe(
-        name="grpo", advantage_estimator="grpo", loss_agg="seq-mean-token-mean",
+        name="grpo",
+        advantage_estimator="grpo",
+        loss_agg="seq-mean-token-mean",
     ),
     # DAPO: Clip-Higher 0.2/0.28, token-level loss, dynamic sampling, soft overlong, no KL.
     "dapo": AlgorithmRecipe(
-        name="dapo", advantage_estimator="grpo", loss_agg="token-mean",
-        clip_low=0.2, clip_high=0.28, dynamic_sampling=True,
+        name="dapo",
+        advantage_estimator="grpo",
+        loss_agg="token-mean",
+        clip_low=0.2,
+        clip_high=0.28,
+        dynamic_sampling=True,
         overlong=OverlongPenalty(max_len=20480, buffer_len=4096, factor=1.0),
     ),
     # VAPO: decoupled GAE (λ_critic 1, length-adaptive λ_policy α = 0.05), value
     # pretraining 50 steps, critic lr 2×, positive-example NLL μ = 0.1.
     "vapo": AlgorithmRecipe(
-        name="vapo", advantage_estimator="decoupled_gae", lam_critic=1.0,
-        length_adaptive_alpha=0.05, use_critic=True, value_warmup_steps=50,
-        critic_lr_multiplier=2.0, loss_agg="token-mean", clip_low=0.2, clip_high=0.28,
+        name="vapo",
+        advantage_estimator="decoupled_gae",
+        lam_critic=1.0,
+        length_adaptive_alpha=0.05,
+        use_critic=True,
+        value_warmup_steps=50,
+        critic_lr_multiplier=2.0,
+        loss_agg="token-mean",
+        clip_low=0.2,
+        clip_high=0.28,
         positive_nll_coef=0.1,
     ),
     # T-PPO: EGAE on an 8K window of a 24K budget; critic on finished rows, MC targets.
     "tppo": AlgorithmRecipe(
-        name="tppo", advantage_estimator="egae", lam=0.95, lam_critic=1.0, use_critic=True,
-        loss_agg="token-mean", clip_low=0.2, clip_high=0.28, generation_window=8192,
+        name="tppo",
+        advantage_estimator="egae",
+        lam=0.95,
+        lam_critic=1.0,
+        use_critic=True,
+        loss_agg="token-mean",
+        clip_low=0.2,
+        clip_high=0.28,
+        generation_window=8192,
     ),
     # HAPO: token-level group average, adaptive temperature τ = 0.05, entropy-asymmetric
     # clip α = 1, redistribution β = 1, dual clip 10, dynamic sampling.
     "hapo": AlgorithmRecipe(
-        name="hapo", advantage_estimator="token_level_group_average", loss_agg="token-mean",
-        clip_low=0.2, clip_high=0.2, clip_c=10.0, dynamic_sampling=True,
-        temperature_tau=0.05, entropy_clip_alpha=1.0, redistribution_beta=1.0,
+        name="hapo",
+        advantage_estimator="token_level_group_average",
+        loss_agg="token-mean",
+        clip_low=0.2,
+        clip_high=0.2,
+        clip_c=10.0,
+        dynamic_sampling=True,
+        temperature_tau=0.05,
+        entropy_clip_alpha=1.0,
+        redistribution_beta=1.0,
     ),
 }
 

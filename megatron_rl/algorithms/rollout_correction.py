@@ -79,7 +79,7 @@ class CorrectionOutputs:
 
 
 def _log_ratio(inputs: CorrectionInputs) -> Tensor:
-    delta = (inputs.old_logprobs.double() - inputs.rollout_logprobs.double())
+    delta = inputs.old_logprobs.double() - inputs.rollout_logprobs.double()
     return torch.where(inputs.mask, delta, 0.0)
 
 
@@ -101,20 +101,26 @@ def _seq_mis(inputs: CorrectionInputs, cfg: RolloutCorrection) -> CorrectionOutp
     seq_log_ratio = _log_ratio(inputs).sum(dim=-1)
     seq_ratio = torch.exp(seq_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     has_tokens = inputs.mask.any(dim=-1)
-    outside = has_tokens & ((seq_log_ratio < torch.log(torch.tensor(cfg.low, dtype=torch.float64)))
-                            | (seq_log_ratio > torch.log(torch.tensor(cfg.high, dtype=torch.float64))))
+    outside = has_tokens & (
+        (seq_log_ratio < torch.log(torch.tensor(cfg.low, dtype=torch.float64)))
+        | (seq_log_ratio > torch.log(torch.tensor(cfg.high, dtype=torch.float64)))
+    )
     weights = torch.where(inputs.mask & ~outside[:, None], seq_ratio[:, None], 0.0)
     return CorrectionOutputs(weights.float(), int((inputs.mask & outside[:, None]).sum()), int(outside.sum()))
 
 
 _REGISTRY: dict[str, Callable[[CorrectionInputs, RolloutCorrection], CorrectionOutputs]] = {
-    "token_tis": _token_tis, "token_mask": _token_mask, "seq_mis": _seq_mis,
+    "token_tis": _token_tis,
+    "token_mask": _token_mask,
+    "seq_mis": _seq_mis,
 }
 
 
 def correct_rollout(inputs: CorrectionInputs, cfg: RolloutCorrection) -> CorrectionOutputs:
     """The per-token weights of ``cfg.kind`` (see the module docstring for the formulas)."""
     if inputs.old_logprobs.shape != inputs.rollout_logprobs.shape or inputs.mask.shape != inputs.old_logprobs.shape:
-        raise ValueError(f"old_logprobs {tuple(inputs.old_logprobs.shape)}, rollout_logprobs "
-                         f"{tuple(inputs.rollout_logprobs.shape)} and mask {tuple(inputs.mask.shape)} must match")
+        raise ValueError(
+            f"old_logprobs {tuple(inputs.old_logprobs.shape)}, rollout_logprobs "
+            f"{tuple(inputs.rollout_logprobs.shape)} and mask {tuple(inputs.mask.shape)} must match"
+        )
     return _REGISTRY[cfg.kind](inputs, cfg)

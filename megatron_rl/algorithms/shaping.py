@@ -13,9 +13,7 @@ from megatron_rl.algorithms._common import (
 __all__ = ["overlong_penalty", "dynamic_sampling_keep"]
 
 
-def overlong_penalty(
-    lengths: Tensor, max_len: int, buffer_len: int, factor: float = 1.0
-) -> Tensor:
+def overlong_penalty(lengths: Tensor, max_len: int, buffer_len: int, factor: float = 1.0) -> Tensor:
     """DAPO soft overlong punishment, [B] lengths -> [B] penalty (≤ 0), added to R.
 
     0 for l ≤ max_len − buffer_len, then a linear ramp down to −factor at l = max_len,
@@ -23,9 +21,7 @@ def overlong_penalty(
     turns a correct answer into a truncated one. (DAPO: max_len 20480, buffer 4096.)
     """
     if buffer_len <= 0 or buffer_len > max_len:
-        raise ValueError(
-            f"overlong_penalty needs 0 < buffer_len <= max_len, got {buffer_len}, {max_len}"
-        )
+        raise ValueError(f"overlong_penalty needs 0 < buffer_len <= max_len, got {buffer_len}, {max_len}")
     expected = max_len - buffer_len
     excess = (as_float(lengths) - expected) / buffer_len
     return -factor * excess.clamp(0.0, 1.0)

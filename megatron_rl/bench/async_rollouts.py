@@ -56,8 +56,12 @@ from megatron_rl.bench.args import BenchArgumentError, positive, run_checked, sa
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "grpo.yaml"
 CORRECTION = "algorithm.overrides={rollout_correction: {kind: token_tis, cap: 2.0}}"
 """What max_staleness > 0 requires; every mode uses it, so all train with the same loss."""
-MODES = {"colocated": None, "disaggregated_k0": (0, False), "disaggregated_k1": (1, False),
-         "disaggregated_k1_partial": (1, True)}
+MODES = {
+    "colocated": None,
+    "disaggregated_k0": (0, False),
+    "disaggregated_k1": (1, False),
+    "disaggregated_k1_partial": (1, True),
+}
 """mode -> (rollout.max_staleness, rollout.partial) (None: colocated)."""
 FIRST_STEP = 2
 """Steps before this one are left out of the means (one-time costs; k = 1 has nothing in flight)."""
@@ -104,8 +108,19 @@ class Launch:
     """Everything but trainer.run_dir."""
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.world}",
-                "-m", "megatron_rl", "train", "--config", str(RECIPE), *self.config_overrides()]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={self.world}",
+            "-m",
+            "megatron_rl",
+            "train",
+            "--config",
+            str(RECIPE),
+            *self.config_overrides(),
+        ]
 
     def config_overrides(self) -> tuple[str, ...]:
         return (f"trainer.run_dir={self.run_dir}", *self.overrides)
@@ -114,27 +129,48 @@ class Launch:
 def add_parser(sub) -> argparse.ArgumentParser:
     from megatron_rl.config.schema import RolloutConfig
 
-    p = sub.add_parser("async", help="colocated vs disaggregated rollouts at max_staleness 0 and 1, and 1 with "
-                                     "partial rollouts (launches torchrun)",
-                       description=__doc__.split("\n\n")[0], epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "async",
+        help="colocated vs disaggregated rollouts at max_staleness 0 and 1, and 1 with "
+        "partial rollouts (launches torchrun)",
+        description=__doc__.split("\n\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--steps", type=positive, default=8, help="training steps of each run (means over steps 2..N)")
     p.add_argument("--train-ranks", type=positive, default=1, help="training ranks (the colocated run's world size)")
     p.add_argument("--rollout-ranks", type=positive, default=1, help="vLLM ranks added in the disaggregated runs")
     p.add_argument("--prompts-per-step", type=positive, default=64, help="rollout.prompts_per_step")
     p.add_argument("--n-samples", type=positive, default=8, help="rollout.n_samples (GRPO's group size)")
     p.add_argument("--max-new-tokens", type=positive, default=16, help="rollout.max_new_tokens")
-    p.add_argument("--task", default="digits_max", help="the synthetic task (data.source=task:NAME); "
-                   "digits_max_steps answers in ~9 tokens, digits_max_work in ~95 (with --set trainer.seq_length=192)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a config override for every run, after the bench's own (repeatable; e.g. "
-                        "trainer.seq_length=112 for a task whose prompt and answer need it)")
-    p.add_argument("--partial-chunk-tokens", type=positive, default=RolloutConfig.partial_chunk_tokens,
-                   help="rollout.partial_chunk_tokens (default: the config's)")
+    p.add_argument(
+        "--task",
+        default="digits_max",
+        help="the synthetic task (data.source=task:NAME); "
+        "digits_max_steps answers in ~9 tokens, digits_max_work in ~95 (with --set trainer.seq_length=192)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for every run, after the bench's own (repeatable; e.g. "
+        "trainer.seq_length=112 for a task whose prompt and answer need it)",
+    )
+    p.add_argument(
+        "--partial-chunk-tokens",
+        type=positive,
+        default=RolloutConfig.partial_chunk_tokens,
+        help="rollout.partial_chunk_tokens (default: the config's)",
+    )
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {', '.join(MODES)}")
     p.add_argument("--seed", type=int, default=1234, help="trainer.seed of every run")
-    p.add_argument("--dir", type=Path, default=Path("runs/bench-async"),
-                   help="the run directories go here (must not exist or be empty; kept)")
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=Path("runs/bench-async"),
+        help="the run directories go here (must not exist or be empty; kept)",
+    )
     p.add_argument("--timeout", type=positive, default=1800, help="seconds one launch may take")
     p.add_argument("--json", default=None, help="write the result here")
     return p
@@ -142,33 +178,55 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def make_plan(args: argparse.Namespace, world: int) -> Plan:
     if world != 1:
-        raise BenchArgumentError(f"bench async launches its own torchrun runs; run it in one process, not "
-                                 f"WORLD_SIZE={world}")
+        raise BenchArgumentError(
+            f"bench async launches its own torchrun runs; run it in one process, not WORLD_SIZE={world}"
+        )
     if args.steps < FIRST_STEP:
-        raise BenchArgumentError(f"--steps {args.steps}: the means start at step {FIRST_STEP}; "
-                                 f"pass --steps >= {FIRST_STEP}")
+        raise BenchArgumentError(
+            f"--steps {args.steps}: the means start at step {FIRST_STEP}; pass --steps >= {FIRST_STEP}"
+        )
     if args.dir.exists() and (not args.dir.is_dir() or any(args.dir.iterdir())):
-        raise BenchArgumentError(f"--dir {args.dir} exists and is not an empty directory; pass a new or empty one "
-                                 "(a trainer finding a run dir of its own there would resume from it)")
+        raise BenchArgumentError(
+            f"--dir {args.dir} exists and is not an empty directory; pass a new or empty one "
+            "(a trainer finding a run dir of its own there would resume from it)"
+        )
     modes = tuple(m for m in args.modes.split(",") if m)
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
         raise BenchArgumentError(f"--modes {args.modes!r}: choose from {', '.join(MODES)}")
-    plan = Plan(steps=args.steps, train_ranks=args.train_ranks, rollout_ranks=args.rollout_ranks,
-                prompts_per_step=args.prompts_per_step, n_samples=args.n_samples,
-                max_new_tokens=args.max_new_tokens, task=args.task, partial_chunk_tokens=args.partial_chunk_tokens,
-                modes=modes, extra_overrides=tuple(args.set), seed=args.seed, dir=args.dir,
-                json_path=Path(args.json) if args.json else None, timeout_s=float(args.timeout))
+    plan = Plan(
+        steps=args.steps,
+        train_ranks=args.train_ranks,
+        rollout_ranks=args.rollout_ranks,
+        prompts_per_step=args.prompts_per_step,
+        n_samples=args.n_samples,
+        max_new_tokens=args.max_new_tokens,
+        task=args.task,
+        partial_chunk_tokens=args.partial_chunk_tokens,
+        modes=modes,
+        extra_overrides=tuple(args.set),
+        seed=args.seed,
+        dir=args.dir,
+        json_path=Path(args.json) if args.json else None,
+        timeout_s=float(args.timeout),
+    )
     check_configs(plan)
     return plan
 
 
 def launches(plan: Plan) -> list[Launch]:
     """The runs of ``plan.modes``, in the order they are launched."""
-    common = (f"trainer.max_steps={plan.steps}", f"trainer.seed={plan.seed}", "rollout.seed_per_prompt=true",
-              f"rollout.prompts_per_step={plan.prompts_per_step}", f"rollout.n_samples={plan.n_samples}",
-              f"rollout.max_new_tokens={plan.max_new_tokens}", f"data.source=task:{plan.task}", CORRECTION,
-              *plan.extra_overrides)
+    common = (
+        f"trainer.max_steps={plan.steps}",
+        f"trainer.seed={plan.seed}",
+        "rollout.seed_per_prompt=true",
+        f"rollout.prompts_per_step={plan.prompts_per_step}",
+        f"rollout.n_samples={plan.n_samples}",
+        f"rollout.max_new_tokens={plan.max_new_tokens}",
+        f"data.source=task:{plan.task}",
+        CORRECTION,
+        *plan.extra_overrides,
+    )
     out = []
     for mode in plan.modes:
         if MODES[mode] is None:
@@ -176,9 +234,20 @@ def launches(plan: Plan) -> list[Launch]:
             continue
         staleness, partial = MODES[mode]
         extra = ("rollout.partial=true", f"rollout.partial_chunk_tokens={plan.partial_chunk_tokens}") if partial else ()
-        out.append(Launch(mode, plan.train_ranks + plan.rollout_ranks, plan.dir / mode,
-                          (*common, "rollout.placement=disaggregated", f"rollout.num_ranks={plan.rollout_ranks}",
-                           f"rollout.max_staleness={staleness}", *extra)))
+        out.append(
+            Launch(
+                mode,
+                plan.train_ranks + plan.rollout_ranks,
+                plan.dir / mode,
+                (
+                    *common,
+                    "rollout.placement=disaggregated",
+                    f"rollout.num_ranks={plan.rollout_ranks}",
+                    f"rollout.max_staleness={staleness}",
+                    *extra,
+                ),
+            )
+        )
     return out
 
 
@@ -195,6 +264,7 @@ def check_configs(plan: Plan) -> None:
 
 
 # -- the summary (pure: metrics rows in, JSON-able dict out) ----------------------------------
+
 
 def _mean(rows: Sequence[dict], key: str) -> Optional[float]:
     values = [r[key] for r in rows if r.get(key) is not None]
@@ -220,24 +290,31 @@ def summarize_mode(rows: Sequence[dict], first_step: int = FIRST_STEP, n_samples
     generated = [r["timing/generation_s"] for r in timed if "timing/generation_s" in r]
     kept = [r["rollout/kept_groups"] for r in timed if "rollout/kept_groups" in r]
     return {
-        "steps": len(rows), "timed_steps": len(timed),
-        "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+        "steps": len(rows),
+        "timed_steps": len(timed),
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
         "samples_per_s": sum(kept) * n_samples / seconds if n_samples and len(kept) == len(timed) else None,
-        "step_s": _mean(timed, "timing/step_s"), "train_s": _mean(timed, "timing/train_s"),
+        "step_s": _mean(timed, "timing/step_s"),
+        "train_s": _mean(timed, "timing/train_s"),
         "rollout_s": _mean(timed, "timing/rollout_s"),
         "generation_s": _mean(timed, "timing/generation_s"),
         "overlap_fraction": _mean(timed, "timing/overlap_fraction"),
-        "train_idle_s": _mean(timed, "timing/train_idle_s"), "rollout_idle_s": _mean(timed, "timing/rollout_idle_s"),
+        "train_idle_s": _mean(timed, "timing/train_idle_s"),
+        "rollout_idle_s": _mean(timed, "timing/rollout_idle_s"),
         "rollout_busy_fraction": sum(generated) / seconds if generated else None,
-        "staleness_mean": _mean(timed, "rollout/staleness_mean"), "staleness_max": max(staleness, default=None),
+        "staleness_mean": _mean(timed, "rollout/staleness_mean"),
+        "staleness_max": max(staleness, default=None),
         "partial_samples": _mean(timed, "rollout/partial_samples"),
         "response_length": _mean(timed, "response_length/mean"),
         "reward_curve": [r["reward/mean"] for r in rows],
     }
 
 
-def summarize(rows_by_mode: dict[str, Sequence[dict]], first_step: int = FIRST_STEP,
-              n_samples: Optional[int] = None) -> dict:
+def summarize(
+    rows_by_mode: dict[str, Sequence[dict]], first_step: int = FIRST_STEP, n_samples: Optional[int] = None
+) -> dict:
     """Per-mode numbers and the ratios between the modes run: tokens/s (``speedup_<a>_vs_<b>``)
     and trained samples/s (``speedup_samples_<a>_vs_<b>``)."""
     modes = {mode: summarize_mode(rows, first_step, n_samples) for mode, rows in rows_by_mode.items()}
@@ -246,16 +323,23 @@ def summarize(rows_by_mode: dict[str, Sequence[dict]], first_step: int = FIRST_S
     ratios = {}
     for prefix, key in (("speedup", "tokens_per_s"), ("speedup_samples", "samples_per_s")):
         rate = {mode: m[key] for mode, m in modes.items() if m[key] is not None}
-        ratios.update({f"{prefix}_{a}_vs_{b}": rate[name[a]] / rate[name[b]] for a, b in pairs
-                       if name[a] in rate and name[b] in rate})
+        ratios.update(
+            {
+                f"{prefix}_{a}_vs_{b}": rate[name[a]] / rate[name[b]]
+                for a, b in pairs
+                if name[a] in rate and name[b] in rate
+            }
+        )
     return {
-        "modes": modes, **ratios,
+        "modes": modes,
+        **ratios,
         "tokens_per_s_is": f"sum over steps {first_step}..N of throughput/tokens_per_s x timing/step_s "
-                           "(generated + trained tokens) / sum of timing/step_s",
+        "(generated + trained tokens) / sum of timing/step_s",
     }
 
 
 # -- the launches ------------------------------------------------------------------------------
+
 
 def launch_one(launch: Launch, log: Path, timeout_s: float) -> tuple[list[dict], float]:
     """Run one trainer launch (one thread per rank): its metrics rows and its wall time."""
@@ -286,14 +370,28 @@ def run(plan: Plan) -> dict:
         load = os.getloadavg()
         print(f"bench async: {launch.mode} (world {launch.world}) ...", file=sys.stderr, flush=True)
         rows[launch.mode], wall = launch_one(launch, plan.dir / f"{launch.mode}.log", plan.timeout_s)
-        runs[launch.mode] = {"world": launch.world, "wall_s": wall, "loadavg_start": load,
-                             "loadavg_end": os.getloadavg(), "command": shlex.join(launch.command())}
-    result = {"bench": "async", "recipe": str(RECIPE.relative_to(RECIPE.parents[1])),
-              **summarize(rows, n_samples=plan.n_samples), "runs": runs,
-              "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(plan).items()},
-              "date": started.isoformat(timespec="seconds"), "command": shlex.join(["megatron-rl", *sys.argv[1:]]),
-              "machine": {"host": host.node(), "cpus": os.cpu_count(), "platform": host.platform(),
-                          "python": host.python_version()}}
+        runs[launch.mode] = {
+            "world": launch.world,
+            "wall_s": wall,
+            "loadavg_start": load,
+            "loadavg_end": os.getloadavg(),
+            "command": shlex.join(launch.command()),
+        }
+    result = {
+        "bench": "async",
+        "recipe": str(RECIPE.relative_to(RECIPE.parents[1])),
+        **summarize(rows, n_samples=plan.n_samples),
+        "runs": runs,
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(plan).items()},
+        "date": started.isoformat(timespec="seconds"),
+        "command": shlex.join(["megatron-rl", *sys.argv[1:]]),
+        "machine": {
+            "host": host.node(),
+            "cpus": os.cpu_count(),
+            "platform": host.platform(),
+            "python": host.python_version(),
+        },
+    }
     print(json.dumps(result, indent=1))
     save_json(result, plan.json_path)
     return result

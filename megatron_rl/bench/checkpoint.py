@@ -59,13 +59,24 @@ class CheckpointBenchOptions:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"preset ({', '.join(PRESETS)}) or HF model dir / config.json (default {DEFAULT_MODEL})")
-    p.add_argument("--dir", type=Path, default=None,
-                   help="scratch directory: must not exist (created, removed at the end) or be empty "
-                   "(its new contents removed at the end); default: a new directory under the system temp dir")
-    p.add_argument("--repeats", type=positive, default=5,
-                   help="timed steady-state async saves, deferred saves and DCP saves (medians reported)")
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"preset ({', '.join(PRESETS)}) or HF model dir / config.json (default {DEFAULT_MODEL})",
+    )
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="scratch directory: must not exist (created, removed at the end) or be empty "
+        "(its new contents removed at the end); default: a new directory under the system temp dir",
+    )
+    p.add_argument(
+        "--repeats",
+        type=positive,
+        default=5,
+        help="timed steady-state async saves, deferred saves and DCP saves (medians reported)",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--keep", action="store_true", help="leave the checkpoints in the scratch directory")
     return p
@@ -74,7 +85,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def add_parser(sub) -> argparse.ArgumentParser:
     """The ``checkpoint`` subcommand of ``megatron-rl bench``."""
     p = sub.add_parser(
-        "checkpoint", help="checkpoint store vs torch_dist vs torch DCP: blocking, save, load, reshard (torchrun)",
+        "checkpoint",
+        help="checkpoint store vs torch_dist vs torch DCP: blocking, save, load, reshard (torchrun)",
         description=__doc__.split("\n\n")[0].replace("\n", " "),
     )
     return add_arguments(p)
@@ -156,28 +168,47 @@ def run(plan: Plan) -> dict:
 def print_report(r: dict) -> None:
     mb = r["model_bytes"] / 2**20
     reshard = f"reshard to {r['reshard_layout']}" if r["reshard_layout"] else "no reshard at world 1"
-    print(f"{r['model']['name']}: {mb:.0f} MiB fp32 (+ distributed Adam state), world {r['world_size']}, "
-          f"save {r['save_layout']}, {reshard}")
+    print(
+        f"{r['model']['name']}: {mb:.0f} MiB fp32 (+ distributed Adam state), world {r['world_size']}, "
+        f"save {r['save_layout']}, {reshard}"
+    )
     print(f"{'method':<24}{'blocking s':>11}{'save s':>9}{'load s':>9}{'reshard s':>11}")
     rows = [
         ("ours (sync)", r["ours_sync_save_s"], r["ours_sync_save_s"], r["ours_load_s"], r["ours_reshard_load_s"]),
-        ("ours (async)", r["ours_async_blocking_s"], r["ours_async_save_s"], r["ours_load_s"], r["ours_reshard_load_s"]),
+        (
+            "ours (async)",
+            r["ours_async_blocking_s"],
+            r["ours_async_save_s"],
+            r["ours_load_s"],
+            r["ours_reshard_load_s"],
+        ),
         ("ours (async, deferred)", r["ours_deferred_call_s"], None, None, None),
-        ("megatron torch_dist", r["torch_dist_save_s"], r["torch_dist_save_s"], r["torch_dist_load_s"],
-         r["torch_dist_reshard_load_s"]),
+        (
+            "megatron torch_dist",
+            r["torch_dist_save_s"],
+            r["torch_dist_save_s"],
+            r["torch_dist_load_s"],
+            r["torch_dist_reshard_load_s"],
+        ),
         ("torch DCP", r["dcp_save_s"], r["dcp_save_s"], r["dcp_load_s"], None),
     ]
     for name, *values in rows:
-        print(f"{name:<24}" + "".join(f"{v:>{w}.3f}" if v is not None else f"{'n/a':>{w}}"
-                                      for v, w in zip(values, (11, 9, 9, 11))))
+        print(
+            f"{name:<24}"
+            + "".join(f"{v:>{w}.3f}" if v is not None else f"{'n/a':>{w}}" for v, w in zip(values, (11, 9, 9, 11)))
+        )
     for key, value in r["ratios"].items():
         if value is not None:
             print(f"  {key}: {value:.1f}x")
     show = lambda xs: " ".join(f"{x:.3f}" for x in xs)
-    print(f"  async blocking samples s: {show(r['ours_async_blocking_samples_s'])}; "
-          f"DCP save samples s: {show(r['dcp_save_samples_s'])}")
-    print(f"  deferred snapshot call samples s: {show(r['ours_deferred_call_samples_s'])}; "
-          f"with an update right after it: {show(r['ours_deferred_immediate_update_samples_s'])}")
+    print(
+        f"  async blocking samples s: {show(r['ours_async_blocking_samples_s'])}; "
+        f"DCP save samples s: {show(r['dcp_save_samples_s'])}"
+    )
+    print(
+        f"  deferred snapshot call samples s: {show(r['ours_deferred_call_samples_s'])}; "
+        f"with an update right after it: {show(r['ours_deferred_immediate_update_samples_s'])}"
+    )
     print(f"  first async save (allocates host buffers) blocking s: {r['ours_async_first_blocking_s']:.3f}")
     print(f"  load average at start {show(r['loadavg_start'])}, at end {show(r['loadavg_end'])}")
     if r["dir"]:

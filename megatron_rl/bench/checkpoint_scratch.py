@@ -23,8 +23,10 @@ def scratch_problem(requested: Optional[Path]) -> Optional[str]:
     if not requested.is_dir():
         return f"--dir {requested} exists and is not a directory"
     if any(requested.iterdir()):
-        return (f"--dir {requested} exists and is not empty; pass a new or empty directory "
-                "(the bench removes only what it creates)")
+        return (
+            f"--dir {requested} exists and is not empty; pass a new or empty directory "
+            "(the bench removes only what it creates)"
+        )
     return None
 
 

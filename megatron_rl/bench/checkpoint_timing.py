@@ -37,8 +37,9 @@ class _Store:
 
     def save(self, step: int, async_save: bool, snapshot: str = "at_save"):
         """The store's save; returns its handle (``handle.wait()`` until committed)."""
-        return self.checkpointer.save(self.root, step, model=self.chunks, optimizer=self.optimizer,
-                                      async_save=async_save, snapshot=snapshot)
+        return self.checkpointer.save(
+            self.root, step, model=self.chunks, optimizer=self.optimizer, async_save=async_save, snapshot=snapshot
+        )
 
     def wait_snapshot(self) -> None:
         """What an optimizer update issued now would wait for (a deferred snapshot's copy)."""
@@ -189,8 +190,10 @@ def _baseline_saves(store: _Store, scratch: Scratch, repeats: int) -> dict:
 def _loads(store: _Store, scratch: Scratch, resharded: bool) -> dict:
     """Load every method's checkpoint into ``store``'s model; DCP's plain pieces cannot reshard."""
     kind = "reshard_load" if resharded else "load"
-    r = {f"ours_{kind}_s": _timed(store.load)[0],
-         f"torch_dist_{kind}_s": _timed(lambda: _torch_dist_load(store, scratch.path("torch_dist")))[0]}
+    r = {
+        f"ours_{kind}_s": _timed(store.load)[0],
+        f"torch_dist_{kind}_s": _timed(lambda: _torch_dist_load(store, scratch.path("torch_dist")))[0],
+    }
     r[f"dcp_{kind}_s"] = None if resharded else _timed(lambda: _dcp_load(store, scratch.path("dcp")))[0]
     return r
 
@@ -210,7 +213,8 @@ def _dir_bytes(path: Path) -> int:
 def _ratios(r: dict) -> dict:
     return {
         "dcp_save_over_ours_async_blocking": r["dcp_save_s"] / r["ours_async_blocking_s"],
-        "dcp_save_over_ours_async_blocking_worst": min(r["dcp_save_samples_s"]) / max(r["ours_async_blocking_samples_s"]),
+        "dcp_save_over_ours_async_blocking_worst": min(r["dcp_save_samples_s"])
+        / max(r["ours_async_blocking_samples_s"]),
         "dcp_save_over_ours_deferred_call": r["dcp_save_s"] / r["ours_deferred_call_s"],
         "dcp_save_over_ours_deferred_call_worst": min(r["dcp_save_samples_s"]) / max(r["ours_deferred_call_samples_s"]),
         "dcp_save_over_ours_deferred_immediate_update": r["dcp_save_s"] / r["ours_deferred_immediate_update_s"],
@@ -218,8 +222,9 @@ def _ratios(r: dict) -> dict:
         "torch_dist_save_over_ours_sync_save": r["torch_dist_save_s"] / r["ours_sync_save_s"],
         "dcp_load_over_ours_load": r["dcp_load_s"] / r["ours_load_s"],
         "torch_dist_load_over_ours_load": r["torch_dist_load_s"] / r["ours_load_s"],
-        "torch_dist_reshard_over_ours_reshard": (r["torch_dist_reshard_load_s"] / r["ours_reshard_load_s"]
-                                                 if r["ours_reshard_load_s"] else None),
+        "torch_dist_reshard_over_ours_reshard": (
+            r["torch_dist_reshard_load_s"] / r["ours_reshard_load_s"] if r["ours_reshard_load_s"] else None
+        ),
     }
 
 
@@ -227,17 +232,26 @@ def _device_name() -> str:
     return torch.cuda.get_device_name() if platform.current().is_cuda else "cpu"
 
 
-def measure(arch: ModelArch, save_layout: ParallelConfig, reshard_layout: Optional[ParallelConfig],
-            scratch: Scratch, repeats: int) -> dict:
+def measure(
+    arch: ModelArch,
+    save_layout: ParallelConfig,
+    reshard_layout: Optional[ParallelConfig],
+    scratch: Scratch,
+    repeats: int,
+) -> dict:
     """Save in ``save_layout``, load back into it and into ``reshard_layout`` (None: no
     reshard, as on one device); the results."""
     from megatron_rl.parallel import destroy
 
     store = _build(arch, save_layout, scratch.path("ours"))
-    r = {"world_size": dist.get_world_size(), "model_bytes": _model_bytes(store, save_layout),
-         "device": _device_name(), "save_layout": f"TP{save_layout.tp}",
-         "reshard_layout": f"TP{reshard_layout.tp}" if reshard_layout else None,
-         "loadavg_start": os.getloadavg()}
+    r = {
+        "world_size": dist.get_world_size(),
+        "model_bytes": _model_bytes(store, save_layout),
+        "device": _device_name(),
+        "save_layout": f"TP{save_layout.tp}",
+        "reshard_layout": f"TP{reshard_layout.tp}" if reshard_layout else None,
+        "loadavg_start": os.getloadavg(),
+    }
     r.update(_our_saves(store, repeats))
     r.update(_baseline_saves(store, scratch, repeats))
     r.update(_loads(store, scratch, resharded=False))
@@ -249,9 +263,11 @@ def measure(arch: ModelArch, save_layout: ParallelConfig, reshard_layout: Option
         del store
         store = _build(arch, reshard_layout, scratch.path("ours"))
         r.update(_loads(store, scratch, resharded=True))
-    r["checkpoint_bytes"] = {"ours": _dir_bytes(store.newest_step_dir()),
-                             "torch_dist": _dir_bytes(scratch.path("torch_dist")),
-                             "dcp": _dir_bytes(scratch.path("dcp"))}
+    r["checkpoint_bytes"] = {
+        "ours": _dir_bytes(store.newest_step_dir()),
+        "torch_dist": _dir_bytes(scratch.path("torch_dist")),
+        "dcp": _dir_bytes(scratch.path("dcp")),
+    }
     r["loadavg_end"] = os.getloadavg()
     r["ratios"] = _ratios(r)
     store.close()

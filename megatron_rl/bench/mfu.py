@@ -50,8 +50,9 @@ def run_case(arch: ModelArch, settings: MfuSettings, case: Case, peak_tflops: fl
     )
     chunks, optimizer = build_trainable(settings.role, arch, case.parallel, options)
     per_rank = settings.global_batch_size // case.parallel.dp(world)
-    micro = synthetic_microbatches(per_rank // case.micro_batch_size, case.micro_batch_size,
-                                   settings.seq_length, arch.vocab_size, settings.seed)
+    micro = synthetic_microbatches(
+        per_rank // case.micro_batch_size, case.micro_batch_size, settings.seq_length, arch.vocab_size, settings.seed
+    )
     num_microbatches = len(micro)
     step = partial(train_step, chunks, optimizer, micro, settings.role)
     losses = [step() for _ in range(settings.warmup)]
@@ -74,8 +75,9 @@ def run_case(arch: ModelArch, settings: MfuSettings, case: Case, peak_tflops: fl
         torch.cuda.empty_cache()
 
     vocab = padded_vocab_size(arch.vocab_size, case.parallel.tp)  # the LM head computes these rows
-    flops = training_flops(arch, [settings.seq_length] * settings.global_batch_size,
-                           role=settings.role, vocab_size=vocab)
+    flops = training_flops(
+        arch, [settings.seq_length] * settings.global_batch_size, role=settings.role, vocab_size=vocab
+    )
     step_s = sum(step_times) / len(step_times)
     achieved = flops.total / step_s / world / 1e12
     return {
@@ -172,19 +174,25 @@ def run(arch: ModelArch, settings: MfuSettings, cases: list[Case], json_path: Op
         torch.backends.cudnn.allow_tf32 = True
     say = print if rank == 0 else (lambda *a, **k: None)
     report = _context(arch, settings)
-    say(f"bench mfu: {settings.model} {settings.role} {settings.dtype}, seq {settings.seq_length}, "
+    say(
+        f"bench mfu: {settings.model} {settings.role} {settings.dtype}, seq {settings.seq_length}, "
         f"global batch {settings.global_batch_size}, world {world} on {report['device']}, "
-        f"{report['torch_threads_per_rank']} thread(s)/rank, {report['layer_spec']}", flush=True)
+        f"{report['torch_threads_per_rank']} thread(s)/rank, {report['layer_spec']}",
+        flush=True,
+    )
     peaks = [measure_peak(settings)]
     say(f"peak per device: {_rate(peaks[0]['tflops'], plat.is_cuda)} ({peaks[0]['source']})", flush=True)
     report["cases"] = []
     for case in cases:
         result = run_case(arch, settings, case, peaks[0]["tflops"])
         report["cases"].append(result)
-        say(f"{result['layout']:34s} {result['tokens_per_s']:10.1f} tokens/s  "
+        say(
+            f"{result['layout']:34s} {result['tokens_per_s']:10.1f} tokens/s  "
             f"{_rate(result['achieved_tflops_per_device'], plat.is_cuda)}/device  "
             f"step {result['step_time_s']:.3f} s  peak mem {result['peak_memory_gib']:.2f} GiB  "
-            f"loss {result['last_loss']:.3f}", flush=True)
+            f"loss {result['last_loss']:.3f}",
+            flush=True,
+        )
         if result["profile"]:
             say(step_profile.describe(result["profile"]), flush=True)
     if not plat.is_cuda and not settings.peak_tflops:
@@ -198,8 +206,10 @@ def run(arch: ModelArch, settings: MfuSettings, cases: list[Case], json_path: Op
         # On a shared machine the fastest step is the least disturbed one.
         result["mfu_best_step"] = result["mfu"] * result["step_time_s"] / result["step_time_min_s"]
     report["load_average_1m_after"] = os.getloadavg()[0]
-    say(f"MFU vs {_rate(peak, plat.is_cuda).strip()} per device: " + ", ".join(
-        f"{r['layout']} {100 * r['mfu']:.1f}%" for r in report["cases"]))
+    say(
+        f"MFU vs {_rate(peak, plat.is_cuda).strip()} per device: "
+        + ", ".join(f"{r['layout']} {100 * r['mfu']:.1f}%" for r in report["cases"])
+    )
     if rank == 0 and json_path is not None:
         save_json(report, json_path)
         say(f"wrote {json_path}")

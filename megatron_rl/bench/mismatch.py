@@ -29,8 +29,10 @@ from megatron_rl.bench.presets import PRESETS, model_label, resolve_model
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.utils import dtypes
 
-DESCRIPTION = ("Mean |dlogp|, k3 KL(vLLM || Megatron) and router agreement of sampled tokens, "
-               "without and with router replay (MoE, one dtype per run, world 1).")
+DESCRIPTION = (
+    "Mean |dlogp|, k3 KL(vLLM || Megatron) and router agreement of sampled tokens, "
+    "without and with router replay (MoE, one dtype per run, world 1)."
+)
 EPILOG = """\
 examples:
   megatron-rl bench mismatch --model tiny-moe --dtype fp32
@@ -56,8 +58,13 @@ class Plan:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("mismatch", help="train-inference mismatch of a MoE model, without and with router replay",
-                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "mismatch",
+        help="train-inference mismatch of a MoE model, without and with router replay",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default="tiny-moe", help=f"a MoE preset ({', '.join(_moe_presets())}) or an HF dir")
     p.add_argument("--dtype", default="bf16", help="fp32 | bf16 (model, optimizer-free forward and vLLM)")
     p.add_argument("--prompts", type=positive, default=8, help="random prompts")
@@ -86,9 +93,19 @@ def make_plan(args: argparse.Namespace, world: int) -> Plan:
     if not arch.is_moe:
         raise BenchArgumentError(f"--model {args.model} is not a MoE model; MoE presets: {', '.join(_moe_presets())}")
     hf_dir = Path(args.model) if args.model not in PRESETS else None
-    return Plan(arch=arch, model_label=model_label(args.model), hf_dir=hf_dir, dtype=dtypes.long_name(args.dtype),
-                prompts=args.prompts, samples=args.samples, prompt_len=args.prompt_len, max_tokens=args.max_tokens,
-                seed=args.seed, work_dir=Path(args.work_dir), json_path=Path(args.json) if args.json else None)
+    return Plan(
+        arch=arch,
+        model_label=model_label(args.model),
+        hf_dir=hf_dir,
+        dtype=dtypes.long_name(args.dtype),
+        prompts=args.prompts,
+        samples=args.samples,
+        prompt_len=args.prompt_len,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        work_dir=Path(args.work_dir),
+        json_path=Path(args.json) if args.json else None,
+    )
 
 
 def _rollouts(plan: Plan, engine) -> list:
@@ -97,8 +114,9 @@ def _rollouts(plan: Plan, engine) -> list:
     from megatron_rl.rollout import Sampling
 
     g = torch.Generator().manual_seed(plan.seed)
-    prompts = [torch.randint(3, plan.arch.vocab_size, (plan.prompt_len,), generator=g).tolist()
-               for _ in range(plan.prompts)]
+    prompts = [
+        torch.randint(3, plan.arch.vocab_size, (plan.prompt_len,), generator=g).tolist() for _ in range(plan.prompts)
+    ]
     groups = engine.generate(prompts, Sampling(n=plan.samples, max_tokens=plan.max_tokens, temperature=1.0))
     return [s for group in groups for s in group]
 
@@ -113,10 +131,12 @@ def _measure(chunks, replay, samples, arch: ModelArch, seq_length: int, replayed
     from megatron_rl.trainer.assembly import pack_routes
 
     tokens, response = pack_sequences([s.prompt_ids for s in samples], [s.token_ids for s in samples], seq_length)
-    mask = scatter_response([torch.ones(len(s.token_ids)) for s in samples], [len(s.prompt_ids) for s in samples],
-                            seq_length).bool()
-    vllm = scatter_response([torch.tensor(s.logprobs) for s in samples], [len(s.prompt_ids) for s in samples],
-                            seq_length).double()
+    mask = scatter_response(
+        [torch.ones(len(s.token_ids)) for s in samples], [len(s.prompt_ids) for s in samples], seq_length
+    ).bool()
+    vllm = scatter_response(
+        [torch.tensor(s.logprobs) for s in samples], [len(s.prompt_ids) for s in samples], seq_length
+    ).double()
     batch = TrainBatch(tokens=tokens, loss_mask=mask, routes=pack_routes(samples, seq_length))
     replay.begin(replay=replayed)
     logp, _ = compute_logprobs(chunks, batch, 1, arch.vocab_size)
@@ -145,9 +165,17 @@ def run(plan: Plan) -> dict:
     if plan.hf_dir is None and not (hf_dir / "config.json").exists():
         save_tiny_model(plan.arch, hf_dir, seed=0)
     seq_length = plan.prompt_len + plan.max_tokens
-    engine = RolloutEngine(hf_dir, EngineConfig(dtype=plan.dtype, max_model_len=seq_length, load_tokenizer=False,
-                                                seed=plan.seed, record_routes=True,
-                                                cache_dir=str(plan.work_dir / "cache")))
+    engine = RolloutEngine(
+        hf_dir,
+        EngineConfig(
+            dtype=plan.dtype,
+            max_model_len=seq_length,
+            load_tokenizer=False,
+            seed=plan.seed,
+            record_routes=True,
+            cache_dir=str(plan.work_dir / "cache"),
+        ),
+    )
     started = time.perf_counter()
     samples = _rollouts(plan, engine)
     initialize(ParallelConfig(), seed=1, model=plan.arch.shape())
@@ -155,12 +183,18 @@ def run(plan: Plan) -> dict:
     load_hf(chunks, hf_dir, plan.arch)
     replay = RouteReplay(chunks)
     result = {
-        "bench": "mismatch", "model": plan.model_label, "dtype": plan.dtype,
-        "experts": plan.arch.num_moe_experts, "topk": plan.arch.moe_router_topk, "layers": plan.arch.num_layers,
-        "samples": len(samples), "own_routers": _measure(chunks, replay, samples, plan.arch, seq_length, False),
+        "bench": "mismatch",
+        "model": plan.model_label,
+        "dtype": plan.dtype,
+        "experts": plan.arch.num_moe_experts,
+        "topk": plan.arch.moe_router_topk,
+        "layers": plan.arch.num_layers,
+        "samples": len(samples),
+        "own_routers": _measure(chunks, replay, samples, plan.arch, seq_length, False),
         "replayed": _measure(chunks, replay, samples, plan.arch, seq_length, True),
         "seconds": round(time.perf_counter() - started, 1),
-        "date": datetime.date.today().isoformat(), "host": host.node(),
+        "date": datetime.date.today().isoformat(),
+        "host": host.node(),
     }
     own, replayed = result["own_routers"]["k3_kl"], result["replayed"]["k3_kl"]
     result["k3_ratio_replay_over_own"] = replayed / own if own > 0 else None

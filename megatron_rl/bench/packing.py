@@ -59,9 +59,13 @@ class Plan:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("packing", help="padded vs packed training step on the same sequences",
-                       description=__doc__.split("\n\n")[0], epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "packing",
+        help="padded vs packed training step on the same sequences",
+        description=__doc__.split("\n\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default="cpu-dense-5m", help="a preset name or an HF model directory")
     p.add_argument("--distributions", default=",".join(DISTRIBUTIONS), help="comma-separated: default, lognormal")
     p.add_argument("--rows", type=positive, default=64, help="sequences per step (a multiple of 8)")
@@ -85,9 +89,16 @@ def make_plan(args: argparse.Namespace, world: int) -> Plan:
         arch = resolve_model(args.model)
     except ValueError as err:
         raise BenchArgumentError(str(err)) from None
-    return Plan(arch=arch, model_label=model_label(args.model), distributions=chosen, rows=args.rows,
-                median=args.median, steps=args.steps, seed=args.seed,
-                json_path=Path(args.json) if args.json else None)
+    return Plan(
+        arch=arch,
+        model_label=model_label(args.model),
+        distributions=chosen,
+        rows=args.rows,
+        median=args.median,
+        steps=args.steps,
+        seed=args.seed,
+        json_path=Path(args.json) if args.json else None,
+    )
 
 
 def sequence_lengths(distribution: str, rows: int, median: int, seed: int) -> tuple[list[int], list[int], int]:
@@ -111,13 +122,19 @@ def make_batch(prompts: list[int], responses: list[int], seq_length: int, vocab:
     from megatron_rl.schedules import TrainBatch, pack_sequences
 
     g = torch.Generator().manual_seed(seed + 1)
-    tokens, mask = pack_sequences([torch.randint(0, vocab, (p,), generator=g).tolist() for p in prompts],
-                                  [torch.randint(0, vocab, (r,), generator=g).tolist() for r in responses],
-                                  seq_length)
+    tokens, mask = pack_sequences(
+        [torch.randint(0, vocab, (p,), generator=g).tolist() for p in prompts],
+        [torch.randint(0, vocab, (r,), generator=g).tolist() for r in responses],
+        seq_length,
+    )
     shape = tokens.shape
-    return TrainBatch(tokens=tokens, loss_mask=mask, advantages=torch.randn(shape[0], 1, generator=g).expand(shape),
-                      old_logprobs=-5.0 + 0.1 * torch.randn(shape, generator=g),
-                      lengths=torch.tensor([p + r for p, r in zip(prompts, responses)]))
+    return TrainBatch(
+        tokens=tokens,
+        loss_mask=mask,
+        advantages=torch.randn(shape[0], 1, generator=g).expand(shape),
+        old_logprobs=-5.0 + 0.1 * torch.randn(shape, generator=g),
+        lengths=torch.tensor([p + r for p, r in zip(prompts, responses)]),
+    )
 
 
 def _gradients(chunks, batch, loss, micro) -> tuple[float, dict]:
@@ -143,10 +160,13 @@ def measure(plan: Plan, chunks, optimizer, distribution: str) -> dict:
     batch = make_batch(prompts, responses, seq_length, plan.arch.vocab_size, plan.seed)
     loss = ActorLoss(get_recipe("dapo"), plan.arch.vocab_size)
     rows_per_micro_batch = DISTRIBUTIONS[distribution]
-    modes = {"padded": Microbatching(micro_batch_size=rows_per_micro_batch),
-             "packed": Microbatching(max_tokens=rows_per_micro_batch * seq_length)}
-    (padded_loss, padded_grads), (packed_loss, packed_grads) = (_gradients(chunks, batch, loss, m)
-                                                                for m in modes.values())
+    modes = {
+        "padded": Microbatching(micro_batch_size=rows_per_micro_batch),
+        "packed": Microbatching(max_tokens=rows_per_micro_batch * seq_length),
+    }
+    (padded_loss, padded_grads), (packed_loss, packed_grads) = (
+        _gradients(chunks, batch, loss, m) for m in modes.values()
+    )
     grad_diff = max(float((packed_grads[k] - g).abs().max()) for k, g in padded_grads.items())
     seconds = {name: [] for name in modes}
     for step in range(plan.steps + 1):  # step 0 warms up
@@ -158,13 +178,18 @@ def measure(plan: Plan, chunks, optimizer, distribution: str) -> dict:
     cost = {name: m.cost(batch, 1) for name, m in modes.items()}
     step_s = {name: statistics.median(s) for name, s in seconds.items()}
     return {
-        "distribution": distribution, "rows": plan.rows, "seq_length": seq_length,
-        "real_tokens": cost["packed"]["real_tokens"], "budget_tokens": modes["packed"].max_tokens,
+        "distribution": distribution,
+        "rows": plan.rows,
+        "seq_length": seq_length,
+        "real_tokens": cost["packed"]["real_tokens"],
+        "budget_tokens": modes["packed"].max_tokens,
         "packing_efficiency": {n: c["real_tokens"] / c["computed_tokens"] for n, c in cost.items()},
         "micro_batches": {n: c["micro_batches"] for n, c in cost.items()},
-        "step_s": step_s, "step_s_all": seconds,
+        "step_s": step_s,
+        "step_s_all": seconds,
         "speedup_vs_padded": step_s["padded"] / step_s["packed"],
-        "loss_abs_diff": abs(padded_loss - packed_loss), "grad_max_abs_diff": grad_diff,
+        "loss_abs_diff": abs(padded_loss - packed_loss),
+        "grad_max_abs_diff": grad_diff,
     }
 
 
@@ -178,9 +203,12 @@ def run(plan: Plan) -> dict:
     initialize(ParallelConfig(), seed=plan.seed, model=plan.arch.shape())
     chunks, optimizer = build_trainable("actor", plan.arch, ParallelConfig(), BuildOptions())
     result = {
-        "bench": "packing", "model": plan.model_label, "dtype": "float32",
+        "bench": "packing",
+        "model": plan.model_label,
+        "dtype": "float32",
         "results": [measure(plan, chunks, optimizer, d) for d in plan.distributions],
-        "date": datetime.date.today().isoformat(), "host": host.node(),
+        "date": datetime.date.today().isoformat(),
+        "host": host.node(),
     }
     print(json.dumps(result, indent=1))
     save_json(result, plan.json_path)

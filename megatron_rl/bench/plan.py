@@ -24,7 +24,7 @@ examples:
   megatron-rl bench mfu --model gpu-moe-2b --dtype bf16 --seq-length 4096 \\
       --global-batch-size 16 --micro-batch-size 2          # one H100: target MFU >= 40%
 
---model takes a preset ({', '.join(PRESETS)})
+--model takes a preset ({", ".join(PRESETS)})
 or an HF model directory / config.json. Under torchrun the layout (--tp/--pp/--ep, or every
 layout with --sweep) must fit the world size.
 """
@@ -109,10 +109,12 @@ def batch_problem(settings: MfuSettings, case: Case, world: int) -> Optional[str
 def add_parser(sub) -> argparse.ArgumentParser:
     """The ``mfu`` subcommand of ``megatron-rl bench``."""
     p = sub.add_parser(
-        "mfu", help="model FLOPs utilisation of Megatron training steps",
+        "mfu",
+        help="model FLOPs utilisation of Megatron training steps",
         description="Time Megatron training steps (DDP + distributed optimizer) of one model on "
         "synthetic tokens; report tokens/s, TFLOP/s per device, MFU and peak memory.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", required=True, help="preset name or HF model dir / config.json")
     p.add_argument("--role", choices=("actor", "critic"), default="actor")
@@ -125,25 +127,40 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--vpp", type=positive, default=None, help="virtual_pipeline_model_parallel_size")
     p.add_argument("--ep", type=positive, default=1, help="expert_model_parallel_size")
     p.add_argument("--etp", type=positive, default=None, help="expert_tensor_parallel_size (default: TP)")
-    p.add_argument("--sweep", action="store_true",
-                   help="every TP x PP (x EP) layout that fits the world size, x --sweep-micro-batch-sizes")
-    p.add_argument("--sweep-micro-batch-sizes", type=positive_list(int, "1,2,4"), default=[1, 2, 4],
-                   metavar="1,2,4")
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="every TP x PP (x EP) layout that fits the world size, x --sweep-micro-batch-sizes",
+    )
+    p.add_argument("--sweep-micro-batch-sizes", type=positive_list(int, "1,2,4"), default=[1, 2, 4], metavar="1,2,4")
     p.add_argument("--steps", type=positive, default=5, help="timed steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    p.add_argument("--dispatcher", choices=("alltoall", "allgather"), default="alltoall",
-                   help="MoE token dispatcher")
+    p.add_argument("--dispatcher", choices=("alltoall", "allgather"), default="alltoall", help="MoE token dispatcher")
     p.add_argument("--recompute", action="store_true", help="full activation recomputation")
-    p.add_argument("--profile", action="store_true",
-                   help="one more step under torch.profiler; time by op category and the top ops in the JSON")
-    p.add_argument("--attention", choices=("auto", "sdpa", "unfused"), default="auto",
-                   help="auto: Transformer Engine if installed, else SDPA; unfused: Megatron's local attention, "
-                   "for comparison")
-    p.add_argument("--peak-tflops", type=float, default=None,
-                   help="per-device peak to divide by (default: GPU table, or the measured CPU matmul peak)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="one more step under torch.profiler; time by op category and the top ops in the JSON",
+    )
+    p.add_argument(
+        "--attention",
+        choices=("auto", "sdpa", "unfused"),
+        default="auto",
+        help="auto: Transformer Engine if installed, else SDPA; unfused: Megatron's local attention, for comparison",
+    )
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="per-device peak to divide by (default: GPU table, or the measured CPU matmul peak)",
+    )
     p.add_argument("--peak-matmul-size", type=positive, default=2048, help="CPU peak: matrix size")
-    p.add_argument("--json", type=Path, default=None,
-                   help="results file (default runs/bench/mfu_<model>_<role>_<dtype>_world<W>.json)")
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="results file (default runs/bench/mfu_<model>_<role>_<dtype>_world<W>.json)",
+    )
     return p
 
 
@@ -158,8 +175,10 @@ def _cases(args: argparse.Namespace, arch: ModelArch, settings: MfuSettings, wor
             )
         return cases
     layout = ParallelConfig(
-        tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
-        virtual_pipeline_model_parallel_size=args.vpp, expert_model_parallel_size=args.ep,
+        tensor_model_parallel_size=args.tp,
+        pipeline_model_parallel_size=args.pp,
+        virtual_pipeline_model_parallel_size=args.vpp,
+        expert_model_parallel_size=args.ep,
         expert_tensor_parallel_size=args.etp,
     )
     try:
@@ -183,15 +202,22 @@ def make_plan(args: argparse.Namespace, world: int):
         raise BenchArgumentError(f"--warmup {args.warmup} must be >= 0")
     if args.seq_length > arch.max_position_embeddings:
         raise BenchArgumentError(
-            f"--seq-length {args.seq_length} exceeds the model's max_position_embeddings "
-            f"{arch.max_position_embeddings}"
+            f"--seq-length {args.seq_length} exceeds the model's max_position_embeddings {arch.max_position_embeddings}"
         )
     settings = MfuSettings(
-        model=args.model, role=args.role, dtype=args.dtype, seq_length=args.seq_length,
-        global_batch_size=args.global_batch_size, steps=args.steps, warmup=args.warmup,
-        moe_token_dispatcher_type=args.dispatcher, recompute_activations=args.recompute, attention=args.attention,
+        model=args.model,
+        role=args.role,
+        dtype=args.dtype,
+        seq_length=args.seq_length,
+        global_batch_size=args.global_batch_size,
+        steps=args.steps,
+        warmup=args.warmup,
+        moe_token_dispatcher_type=args.dispatcher,
+        recompute_activations=args.recompute,
+        attention=args.attention,
         profile=args.profile,
-        peak_tflops=args.peak_tflops, peak_matmul_size=args.peak_matmul_size,
+        peak_tflops=args.peak_tflops,
+        peak_matmul_size=args.peak_matmul_size,
     )
     cases = _cases(args, arch, settings, world)
     path = args.json or Path("runs/bench") / f"mfu_{model_label(args.model)}_{args.role}_{args.dtype}_world{world}.json"

@@ -23,13 +23,36 @@ from megatron_rl.models.hf_config import ModelArch, arch_from_hf
 from megatron_rl.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
 
 
-def _arch(family: str, hidden: int, layers: int, heads: int, groups: int, head_dim: int, ffn: int,
-          vocab: int, *, max_positions: int = 2048, rope_theta: float = 10000.0, **moe) -> ModelArch:
+def _arch(
+    family: str,
+    hidden: int,
+    layers: int,
+    heads: int,
+    groups: int,
+    head_dim: int,
+    ffn: int,
+    vocab: int,
+    *,
+    max_positions: int = 2048,
+    rope_theta: float = 10000.0,
+    **moe,
+) -> ModelArch:
     return ModelArch(
-        family=family, vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_attention_heads=heads,
-        num_query_groups=groups, head_dim=head_dim, ffn_hidden_size=ffn, norm_epsilon=1e-6,
-        rope_theta=rope_theta, max_position_embeddings=max_positions, tie_word_embeddings=False,
-        qkv_bias=False, qk_layernorm=True, **moe,
+        family=family,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_attention_heads=heads,
+        num_query_groups=groups,
+        head_dim=head_dim,
+        ffn_hidden_size=ffn,
+        norm_epsilon=1e-6,
+        rope_theta=rope_theta,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=False,
+        qkv_bias=False,
+        qk_layernorm=True,
+        **moe,
     )
 
 
@@ -47,8 +70,9 @@ PRESETS: dict[str, ModelArch] = {
     "cpu-dense-9m": _arch("qwen3", 384, 4, 6, 2, 64, 1024, 4096),
     "cpu-moe-14m": _arch("qwen3_moe", 384, 4, 6, 2, 64, 1024, 4096, **_experts(256)),
     # Qwen3-30B-A3B's routing shape (top-8 of many small experts), scaled to CPU: 64 experts.
-    "cpu-moe-64e": _arch("qwen3_moe", 256, 4, 8, 4, 32, 768, 4096, num_moe_experts=64, moe_router_topk=8,
-                         moe_ffn_hidden_size=64),
+    "cpu-moe-64e": _arch(
+        "qwen3_moe", 256, 4, 8, 4, 32, 768, 4096, num_moe_experts=64, moe_router_topk=8, moe_ffn_hidden_size=64
+    ),
     "cpu-dense-82m": _arch("qwen3", 1024, 4, 16, 4, 64, 3072, 16384),
     "cpu-dense-85m": _arch("qwen3", 768, 4, 12, 6, 64, 3072, 32000),
     "gpu-dense-1b": _arch("qwen3", 2048, 16, 16, 8, 128, 8192, 32768, **_GPU),
@@ -64,8 +88,7 @@ def resolve_model(name_or_path: str) -> ModelArch:
     config = path / "config.json" if path.is_dir() else path
     if not config.is_file():
         raise ValueError(
-            f"model {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) "
-            "nor an HF model directory / config.json"
+            f"model {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor an HF model directory / config.json"
         )
     return arch_from_hf(types.SimpleNamespace(**json.loads(config.read_text())))
 

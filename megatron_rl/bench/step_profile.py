@@ -19,14 +19,32 @@ from typing import Callable
 import torch
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
-    "attention": ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention",
-                  "aten::softmax", "aten::_softmax"),
-    "gemm": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
-             "grouped_mm"),
+    "attention": (
+        "scaled_dot_product",
+        "flash_attention",
+        "efficient_attention",
+        "cudnn_attention",
+        "aten::softmax",
+        "aten::_softmax",
+    ),
+    "gemm": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", "grouped_mm"),
     "communication": ("nccl", "c10d", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"),
     "optimizer": ("_foreach_", "multi_tensor", "adam"),
-    "moe_routing_and_permutation": ("topk", "sort", "scatter", "gather", "index_select", "index_add", "index_put",
-                                    "histc", "bincount", "cumsum", "nonzero", "masked_select", "repeat_interleave"),
+    "moe_routing_and_permutation": (
+        "topk",
+        "sort",
+        "scatter",
+        "gather",
+        "index_select",
+        "index_add",
+        "index_put",
+        "histc",
+        "bincount",
+        "cumsum",
+        "nonzero",
+        "masked_select",
+        "repeat_interleave",
+    ),
 }
 """Category -> substrings of an op's name (first match wins, in this order; else "other").
 Attention's softmax is the unfused attention's (``aten::_log_softmax`` of a loss does not match).
@@ -79,15 +97,19 @@ def summarize(averages, wall_s: float, cuda: bool) -> dict:
         "step_wall_s": wall_s,
         "busy_s": busy_s,
         "idle_s": max(wall_s - busy_s, 0.0) if cuda else None,
-        "categories": {label: {"seconds": s, "share_of_busy": s / busy_s if busy_s else 0.0}
-                       for label, s in by_category.items()},
+        "categories": {
+            label: {"seconds": s, "share_of_busy": s / busy_s if busy_s else 0.0} for label, s in by_category.items()
+        },
         "top_ops": [{"op": name, "seconds": s, "calls": n, "category": category(name)} for name, (s, n) in top],
     }
 
 
 def describe(summary: dict) -> str:
     """One line for the bench's output: each category's share of the busy time."""
-    shares = ", ".join(f"{label} {100 * c['share_of_busy']:.0f}%" for label, c in summary["categories"].items()
-                       if c["seconds"] > 0)
-    idle = f", idle {summary['idle_s']:.3f} s of {summary['step_wall_s']:.3f} s" if summary["idle_s"] is not None else ""
+    shares = ", ".join(
+        f"{label} {100 * c['share_of_busy']:.0f}%" for label, c in summary["categories"].items() if c["seconds"] > 0
+    )
+    idle = (
+        f", idle {summary['idle_s']:.3f} s of {summary['step_wall_s']:.3f} s" if summary["idle_s"] is not None else ""
+    )
     return f"profile: busy {summary['busy_s']:.3f} s ({shares}){idle}"

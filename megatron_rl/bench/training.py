@@ -52,8 +52,7 @@ def build_trainable(role: str, arch: ModelArch, parallel: ParallelConfig, option
 
     The layout's process groups must be initialised (:func:`megatron_rl.parallel.initialize`).
     """
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     from megatron_rl.models.builder import build_model
@@ -64,8 +63,14 @@ def build_trainable(role: str, arch: ModelArch, parallel: ParallelConfig, option
         ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=False)
         chunks = [DistributedDataParallel(config, ddp, c) for c in chunks]
         optimizer = get_megatron_optimizer(
-            OptimizerConfig(optimizer="adam", lr=1e-5, bf16=options.dtype == "bf16",
-                            use_distributed_optimizer=True, clip_grad=1.0, weight_decay=0.0),
+            OptimizerConfig(
+                optimizer="adam",
+                lr=1e-5,
+                bf16=options.dtype == "bf16",
+                use_distributed_optimizer=True,
+                clip_grad=1.0,
+                weight_decay=0.0,
+            ),
             chunks,
         )
     config.finalize_model_grads_func = finalize_model_grads

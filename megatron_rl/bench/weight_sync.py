@@ -31,8 +31,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from megatron_rl.bench.args import (BenchArgumentError, positive, positive_list, run_checked, save_json,
-                                    world_size)
+from megatron_rl.bench.args import BenchArgumentError, positive, positive_list, run_checked, save_json, world_size
 from megatron_rl.bench.presets import PRESETS, resolve_model
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import LayoutError, ParallelConfig
@@ -118,35 +117,60 @@ def parse_layout(text: str) -> ParallelConfig:
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     model = p.add_mutually_exclusive_group()
-    model.add_argument("--preset", choices=list(PRESETS), default=None, metavar="PRESET",
-                       help=f"model to generate (default {DEFAULT_PRESET}; one of {', '.join(PRESETS)}); "
-                       "written once under --work-dir")
+    model.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        default=None,
+        metavar="PRESET",
+        help=f"model to generate (default {DEFAULT_PRESET}; one of {', '.join(PRESETS)}); "
+        "written once under --work-dir",
+    )
     model.add_argument("--hf", type=Path, default=None, help="an existing HF model directory instead")
-    p.add_argument("--layouts", default="tp2,pp2,ep2,tp2_ep2_etp1",
-                   help="comma-separated Megatron layouts, e.g. tp2,pp2,ep2,tp2_ep2_etp1 (default)")
-    p.add_argument("--bucket-mb", type=positive_list(float, "16,64,512"), default=[16.0, 64.0, 512.0],
-                   metavar="16,64,512", help="sync bucket sizes in MiB")
+    p.add_argument(
+        "--layouts",
+        default="tp2,pp2,ep2,tp2_ep2_etp1",
+        help="comma-separated Megatron layouts, e.g. tp2,pp2,ep2,tp2_ep2_etp1 (default)",
+    )
+    p.add_argument(
+        "--bucket-mb",
+        type=positive_list(float, "16,64,512"),
+        default=[16.0, 64.0, 512.0],
+        metavar="16,64,512",
+        help="sync bucket sizes in MiB",
+    )
     p.add_argument("--vllm-tp", type=positive, default=1, help="vLLM tensor_parallel_size (divides the world)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="Megatron and vLLM weights")
     p.add_argument("--iterations", type=positive, default=3, help="timed syncs per layout x bucket")
     p.add_argument("--warmup", type=int, default=1, help="untimed syncs first")
     p.add_argument("--copy-repeats", type=positive, default=5, help="timed plain copies (median)")
-    p.add_argument("--cpu-linear", choices=("packed", "plain"), default="packed",
-                   help="CPU: vLLM's linear weights packed for oneDNN (vLLM's default) or plain (torch's linear)")
-    p.add_argument("--kv-cache-gib", type=positive, default=1,
-                   help="vLLM KV cache per rank on CPU (whole GiB: vLLM reads VLLM_CPU_KVCACHE_SPACE as an int)")
-    p.add_argument("--work-dir", type=Path, default=Path("runs/bench/weight_sync"),
-                   help="generated models and compile caches")
-    p.add_argument("--json", type=Path, default=None,
-                   help="results file (default <work-dir>/weight_sync_<model>_world<W>.json)")
+    p.add_argument(
+        "--cpu-linear",
+        choices=("packed", "plain"),
+        default="packed",
+        help="CPU: vLLM's linear weights packed for oneDNN (vLLM's default) or plain (torch's linear)",
+    )
+    p.add_argument(
+        "--kv-cache-gib",
+        type=positive,
+        default=1,
+        help="vLLM KV cache per rank on CPU (whole GiB: vLLM reads VLLM_CPU_KVCACHE_SPACE as an int)",
+    )
+    p.add_argument(
+        "--work-dir", type=Path, default=Path("runs/bench/weight_sync"), help="generated models and compile caches"
+    )
+    p.add_argument(
+        "--json", type=Path, default=None, help="results file (default <work-dir>/weight_sync_<model>_world<W>.json)"
+    )
     return p
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """The ``weight-sync`` subcommand for ``megatron-rl bench``."""
     p = sub.add_parser(
-        "weight-sync", help="Megatron -> vLLM weight sync: time, GB/s, memory, vs a plain copy",
-        description=DESCRIPTION, epilog=EPILOG,
+        "weight-sync",
+        help="Megatron -> vLLM weight sync: time, GB/s, memory, vs a plain copy",
+        description=DESCRIPTION,
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     return add_arguments(p)
@@ -190,10 +214,20 @@ def make_plan(args: argparse.Namespace, world: int) -> Plan:
         )
     json_path = args.json or args.work_dir / f"weight_sync_{label}_world{world}.json"
     return Plan(
-        arch=arch, model_label=label, hf_dir=hf_dir, work_dir=args.work_dir, layouts=tuple(layouts),
-        skipped=tuple(skipped), bucket_bytes=tuple(int(mb * _MB) for mb in args.bucket_mb),
-        dtype=dtypes.long_name(args.dtype), vllm_tp=args.vllm_tp, iterations=args.iterations, warmup=args.warmup,
-        copy_repeats=args.copy_repeats, kv_cache_gib=args.kv_cache_gib, cpu_linear=args.cpu_linear,
+        arch=arch,
+        model_label=label,
+        hf_dir=hf_dir,
+        work_dir=args.work_dir,
+        layouts=tuple(layouts),
+        skipped=tuple(skipped),
+        bucket_bytes=tuple(int(mb * _MB) for mb in args.bucket_mb),
+        dtype=dtypes.long_name(args.dtype),
+        vllm_tp=args.vllm_tp,
+        iterations=args.iterations,
+        warmup=args.warmup,
+        copy_repeats=args.copy_repeats,
+        kv_cache_gib=args.kv_cache_gib,
+        cpu_linear=args.cpu_linear,
         json_path=json_path,
     )
 
@@ -351,7 +385,6 @@ def _build_layout(plan: Plan, layout: ParallelConfig, hf_dir: Path):
 
 def bench_bucket(chunks, arch: ModelArch, engine, plan: Plan, bucket_bytes: int) -> dict:
     """Time sync / gather alone / load alone / plain copy for one bucket size (collective)."""
-    import torch
 
     from megatron_rl.bridge import PER_EXPERT, iter_hf_buckets, iter_hf_tensors
     from megatron_rl.rollout.sync import WeightSync, buckets
@@ -421,8 +454,14 @@ def bench_layout(plan: Plan, name: str, layout: ParallelConfig, hf_dir: Path, en
         rows = []
         for bucket_bytes in plan.bucket_bytes:
             row = bench_bucket(chunks, plan.arch, engine, plan, bucket_bytes)
-            rows.append({"layout": name, "parallel": layout.describe(world),
-                         "gather_received_mb_max_rank": received / _MB, **row})
+            rows.append(
+                {
+                    "layout": name,
+                    "parallel": layout.describe(world),
+                    "gather_received_mb_max_rank": received / _MB,
+                    **row,
+                }
+            )
             _print_row(rows[-1])
         return rows
     finally:
@@ -466,21 +505,52 @@ def _build_engine(plan: Plan, hf_dir: Path):
     from megatron_rl.rollout import EngineConfig, RolloutEngine
 
     config = EngineConfig(
-        tensor_parallel_size=plan.vllm_tp, dtype=plan.dtype, max_model_len=128, load_tokenizer=False,
-        cpu_kv_cache_gib=plan.kv_cache_gib, cpu_linear=plan.cpu_linear, cache_dir=str(plan.work_dir / "cache"),
+        tensor_parallel_size=plan.vllm_tp,
+        dtype=plan.dtype,
+        max_model_len=128,
+        load_tokenizer=False,
+        cpu_kv_cache_gib=plan.kv_cache_gib,
+        cpu_linear=plan.cpu_linear,
+        cache_dir=str(plan.work_dir / "cache"),
     )
     return RolloutEngine(hf_dir, config)
 
 
-_COLUMNS = ("layout", "bucket MB", "bkts", "MB/rank", "sync s", "GB/s", "gather s", "load s",
-            "copy s", "x copy", "x copy(all)", "x copy(cpu)", "peak+ MB", "kept MB")
+_COLUMNS = (
+    "layout",
+    "bucket MB",
+    "bkts",
+    "MB/rank",
+    "sync s",
+    "GB/s",
+    "gather s",
+    "load s",
+    "copy s",
+    "x copy",
+    "x copy(all)",
+    "x copy(cpu)",
+    "peak+ MB",
+    "kept MB",
+)
 
 
 def _row_cells(r: dict) -> tuple:
-    return (r["layout"], f"{r['bucket_mb']:.3g}", r["buckets"], f"{r['bytes'] / _MB:.1f}", f"{r['sync_s']:.3f}",
-            f"{r['gb_per_s']:.2f}", f"{r['gather_s']:.3f}", f"{r['load_s']:.3f}", f"{r['copy_s']:.4f}",
-            f"{r['ratio_to_copy']:.1f}", f"{r['ratio_to_copy_all_ranks']:.1f}", f"{r['ratio_cpu_time_to_copy']:.1f}",
-            f"{r['peak_extra_mb']:.1f}", f"{r['kept_buffers_mb']:.1f}")
+    return (
+        r["layout"],
+        f"{r['bucket_mb']:.3g}",
+        r["buckets"],
+        f"{r['bytes'] / _MB:.1f}",
+        f"{r['sync_s']:.3f}",
+        f"{r['gb_per_s']:.2f}",
+        f"{r['gather_s']:.3f}",
+        f"{r['load_s']:.3f}",
+        f"{r['copy_s']:.4f}",
+        f"{r['ratio_to_copy']:.1f}",
+        f"{r['ratio_to_copy_all_ranks']:.1f}",
+        f"{r['ratio_cpu_time_to_copy']:.1f}",
+        f"{r['peak_extra_mb']:.1f}",
+        f"{r['kept_buffers_mb']:.1f}",
+    )
 
 
 def _fmt(cells: Sequence) -> str:
@@ -516,9 +586,12 @@ def run(plan: Plan) -> dict:
     if rank == 0:
         for line in plan.skipped:
             print(f"skipped layout {line}", flush=True)
-        print(f"engine built in {engine.build_s:.1f} s; world {world}, vLLM TP{plan.vllm_tp}, "
-              f"CPU linear weights {plan.cpu_linear}, gather {transport}, "
-              f"{plan.iterations} timed syncs (median)\n{_fmt(_COLUMNS)}", flush=True)
+        print(
+            f"engine built in {engine.build_s:.1f} s; world {world}, vLLM TP{plan.vllm_tp}, "
+            f"CPU linear weights {plan.cpu_linear}, gather {transport}, "
+            f"{plan.iterations} timed syncs (median)\n{_fmt(_COLUMNS)}",
+            flush=True,
+        )
     rows = []
     for name, layout in plan.layouts:
         rows.extend(bench_layout(plan, name, layout, hf_dir, engine))
@@ -530,8 +603,12 @@ def run(plan: Plan) -> dict:
         "world_size": world,
         "torch_threads": torch.get_num_threads(),
         "host_load_average_1min": {"start": load_before[0], "end": os.getloadavg()[0]},
-        "model": {"name": plan.model_label, "hf_dir": str(hf_dir), "family": plan.arch.family,
-                  "arch": dataclasses.asdict(plan.arch)},
+        "model": {
+            "name": plan.model_label,
+            "hf_dir": str(hf_dir),
+            "family": plan.arch.family,
+            "arch": dataclasses.asdict(plan.arch),
+        },
         "dtype": plan.dtype,
         "vllm_tp": plan.vllm_tp,
         "cpu_linear": plan.cpu_linear,
@@ -539,7 +616,8 @@ def run(plan: Plan) -> dict:
         "iterations": plan.iterations,
         "warmup": plan.warmup,
         "engine_build_s": engine.build_s,
-        "memory_kind": "torch.cuda.max_memory_allocated - memory_allocated" if _cuda()
+        "memory_kind": "torch.cuda.max_memory_allocated - memory_allocated"
+        if _cuda()
         else "VmHWM (reset via /proc/self/clear_refs) - VmRSS before, max over ranks",
         "skipped_layouts": list(plan.skipped),
         "results": rows,

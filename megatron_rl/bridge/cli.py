@@ -45,12 +45,18 @@ def build_parser() -> argparse.ArgumentParser:
         to_m.add_argument(flag, type=int, default=1, help=f"{name} model parallel size of the target layout")
     to_m.add_argument("--etp", type=int, default=None, help="expert tensor parallel size (default: = --tp)")
     to_hf = sub.add_parser("megatron-to-hf", help="megatron_rl checkpoint -> HF directory (one process)")
-    to_hf.add_argument("--ckpt", required=True, type=Path, help="checkpoint root (written by hf-to-megatron or training)")
+    to_hf.add_argument(
+        "--ckpt", required=True, type=Path, help="checkpoint root (written by hf-to-megatron or training)"
+    )
     to_hf.add_argument("--out", required=True, type=Path, help="new HF directory to write")
     to_hf.add_argument("--step", type=int, default=None, help="step to export (default: newest committed)")
-    to_hf.add_argument("--dtype", choices=dtypes.SHORT_NAMES, default=None, help="dtype to write (default: the HF config's)")
     to_hf.add_argument(
-        "--expert-style", choices=("per_expert", "fused"), default=None,
+        "--dtype", choices=dtypes.SHORT_NAMES, default=None, help="dtype to write (default: the HF config's)"
+    )
+    to_hf.add_argument(
+        "--expert-style",
+        choices=("per_expert", "fused"),
+        default=None,
         help="MoE expert names (default: those of the HF checkpoint the model came from)",
     )
     return parser
@@ -95,27 +101,37 @@ def _megatron_to_hf(args) -> int:
     from megatron_rl.bridge.convert import megatron_to_hf
 
     dtype = dtypes.to_torch(args.dtype) if args.dtype else None
-    export = megatron_to_hf(args.ckpt, args.out, step=args.step, dtype=dtype, style=args.expert_style,
-                            progress=_progress("megatron -> hf"))
+    export = megatron_to_hf(
+        args.ckpt, args.out, step=args.step, dtype=dtype, style=args.expert_style, progress=_progress("megatron -> hf")
+    )
     copied = f" with {', '.join(export.copied)}" if export.copied else ""
     print(f"wrote {export.path}{copied}")
     if export.no_tokenizer:
-        print(f"megatron-rl convert: note: {export.path} has no tokenizer: {export.no_tokenizer}; "
-              "copy the tokenizer files of the original model into it", file=sys.stderr)
+        print(
+            f"megatron-rl convert: note: {export.path} has no tokenizer: {export.no_tokenizer}; "
+            "copy the tokenizer files of the original model into it",
+            file=sys.stderr,
+        )
     return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    from megatron_rl.bridge.inputs import ConvertInputError
     from megatron_rl.bridge.mapping import BridgeError
     from megatron_rl.checkpoint.format import CheckpointError
     from megatron_rl.models.hf_config import UnsupportedModelError
     from megatron_rl.parallel import LayoutError
 
-    from megatron_rl.bridge.inputs import ConvertInputError
-
-    errors = (ConvertInputError, BridgeError, CheckpointError, UnsupportedModelError, LayoutError, FileNotFoundError,
-              FileExistsError)
+    errors = (
+        ConvertInputError,
+        BridgeError,
+        CheckpointError,
+        UnsupportedModelError,
+        LayoutError,
+        FileNotFoundError,
+        FileExistsError,
+    )
     try:
         return _hf_to_megatron(args) if args.command == "hf-to-megatron" else _megatron_to_hf(args)
     except errors as e:

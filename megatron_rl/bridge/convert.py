@@ -148,8 +148,9 @@ def megatron_to_hf(
                 for h in hf:
                     yield h, assemble_hf(h, tmap, full).to(dtype_of(names))
 
-        out = write_checkpoint(out_dir, specs, stream(), config_with_dtype(hf_config, specs[0][2]), max_file_bytes,
-                               copy_files=copies)
+        out = write_checkpoint(
+            out_dir, specs, stream(), config_with_dtype(hf_config, specs[0][2]), max_file_bytes, copy_files=copies
+        )
     return HFExport(out, [c.name for c in copies], no_tokenizer)
 
 

@@ -46,14 +46,20 @@ ATTENTION = (
         GroupedQKV(),
         when="qkv_bias",
     ),
-    Rule(L + "self_attention.q_layernorm.weight", (H + "self_attn.q_norm.weight",), Copy("head_dim"), when="qk_layernorm"),
-    Rule(L + "self_attention.k_layernorm.weight", (H + "self_attn.k_norm.weight",), Copy("head_dim"), when="qk_layernorm"),
+    Rule(
+        L + "self_attention.q_layernorm.weight", (H + "self_attn.q_norm.weight",), Copy("head_dim"), when="qk_layernorm"
+    ),
+    Rule(
+        L + "self_attention.k_layernorm.weight", (H + "self_attn.k_norm.weight",), Copy("head_dim"), when="qk_layernorm"
+    ),
     Rule(L + "self_attention.linear_proj.weight", (H + "self_attn.o_proj.weight",), Copy("hidden"), ("q_rows",)),
     Rule(L + "mlp.linear_fc1.layer_norm_weight", (H + "post_attention_layernorm.weight",), Copy("hidden")),
 )
 
 DENSE_MLP = (
-    Rule(L + "mlp.linear_fc1.weight", (H + "mlp.gate_proj.weight", H + "mlp.up_proj.weight"), Concat("ffn"), ("hidden",)),
+    Rule(
+        L + "mlp.linear_fc1.weight", (H + "mlp.gate_proj.weight", H + "mlp.up_proj.weight"), Concat("ffn"), ("hidden",)
+    ),
     Rule(L + "mlp.linear_fc2.weight", (H + "mlp.down_proj.weight",), Copy("hidden"), ("ffn",)),
 )
 
@@ -87,7 +93,12 @@ def per_expert_moe(block: str, gate: str, up: str, down: str) -> tuple[Rule, ...
     e = H + block + ".experts.{expert}."
     return (
         Rule(L + "mlp.router.weight", (H + block + ".gate.weight",), Copy("experts"), ("hidden",)),
-        Rule(L + "mlp.experts.{expert}.linear_fc1.weight", (e + gate + ".weight", e + up + ".weight"), Concat("moe_ffn"), ("hidden",)),
+        Rule(
+            L + "mlp.experts.{expert}.linear_fc1.weight",
+            (e + gate + ".weight", e + up + ".weight"),
+            Concat("moe_ffn"),
+            ("hidden",),
+        ),
         Rule(L + "mlp.experts.{expert}.linear_fc2.weight", (e + down + ".weight",), Copy("hidden"), ("moe_ffn",)),
     )
 

@@ -21,8 +21,16 @@ import torch
 
 INDEX_FILE = "model.safetensors.index.json"
 SIDE_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja", "chat_template.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "chat_template.jinja",
+    "chat_template.json",
     "generation_config.json",
 )
 """Files of an HF model directory besides its weights and config that a user of the model
@@ -32,6 +40,7 @@ needs (tokenizer, chat template, generation defaults): an export carries them ov
 def side_files(hf_dir: str | os.PathLike) -> list[Path]:
     """The :data:`SIDE_FILES` present in ``hf_dir``."""
     return [Path(hf_dir) / name for name in SIDE_FILES if (Path(hf_dir) / name).is_file()]
+
 
 #: torch dtype <-> safetensors dtype tag
 DTYPE_TAGS = {

@@ -89,8 +89,11 @@ def _create(nbytes: int, tag: str) -> Optional[str]:
     except OSError as err:
         os.close(fd)
         path.unlink(missing_ok=True)
-        warnings.warn(f"/dev/shm cannot hold a {nbytes / 2**20:.0f} MiB gather arena ({err}); "
-                      f"using broadcasts (a smaller rollout bucket size fits)", stacklevel=3)
+        warnings.warn(
+            f"/dev/shm cannot hold a {nbytes / 2**20:.0f} MiB gather arena ({err}); "
+            f"using broadcasts (a smaller rollout bucket size fits)",
+            stacklevel=3,
+        )
         return None
     os.close(fd)
     return name

@@ -71,12 +71,15 @@ def check_new_checkpoint_root(path: Path, flag: str = "--out") -> None:
         raise ConvertInputError(f"{flag} {path} is a file; give a new or empty directory for the checkpoint")
     steps = fmt.committed_steps(path)
     if steps:
-        raise ConvertInputError(f"{flag} {path} already holds committed step(s) {steps}; "
-                                "give a new or empty directory for the checkpoint")
+        raise ConvertInputError(
+            f"{flag} {path} already holds committed step(s) {steps}; give a new or empty directory for the checkpoint"
+        )
     other = sorted(p.name for p in path.iterdir() if not p.name.startswith(".tmp_step_"))
     if other:
-        raise ConvertInputError(f"{flag} {path} is not empty (holds {', '.join(other[:5])}); "
-                                "give a new or empty directory for the checkpoint")
+        raise ConvertInputError(
+            f"{flag} {path} is not empty (holds {', '.join(other[:5])}); "
+            "give a new or empty directory for the checkpoint"
+        )
 
 
 def check_new_hf_dir(path: Path, flag: str = "--out") -> None:
@@ -88,5 +91,7 @@ def check_new_hf_dir(path: Path, flag: str = "--out") -> None:
         raise ConvertInputError(f"{flag} {path} is a file; give a new or empty directory for the HF model")
     entries = sorted(p.name for p in path.iterdir())
     if entries:
-        raise ConvertInputError(f"{flag} {path} is not empty (holds {', '.join(entries[:5])}); "
-                                "give a new or empty directory for the HF model")
+        raise ConvertInputError(
+            f"{flag} {path} is not empty (holds {', '.join(entries[:5])}); "
+            "give a new or empty directory for the HF model"
+        )

@@ -18,6 +18,12 @@ from megatron_rl.checkpoint.store import SNAPSHOTS, Checkpointer, iter_model_ten
 from megatron_rl.checkpoint.writer import SaveHandle
 
 __all__ = [
-    "CheckpointError", "Checkpointer", "SNAPSHOTS", "SaveHandle", "committed_steps", "iter_model_tensors",
-    "latest_step", "layout_of",
+    "CheckpointError",
+    "Checkpointer",
+    "SNAPSHOTS",
+    "SaveHandle",
+    "committed_steps",
+    "iter_model_tensors",
+    "latest_step",
+    "layout_of",
 ]

@@ -75,7 +75,9 @@ def inspect(path: Path, step: Optional[int] = None, tensors: bool = False, verif
         lines.append("  written on: " + ", ".join(f"{h} (ranks {','.join(r)})" for h, r in by_host.items()))
     if tensors:
         for name, entry in meta.tensors.items():
-            lines.append(f"    {name}  {entry.dtype} {entry.shape}  {len(entry.chunks)} chunk(s)  {_size(_nbytes(entry))}")
+            lines.append(
+                f"    {name}  {entry.dtype} {entry.shape}  {len(entry.chunks)} chunk(s)  {_size(_nbytes(entry))}"
+            )
     if verify:
         from megatron_rl.checkpoint.reader import Reader
 

@@ -39,8 +39,18 @@ _DATA_FILE = re.compile(r"^data_\d+\.bin$")
 
 DTYPES = {
     str(t).removeprefix("torch."): t
-    for t in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
-              torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+    for t in (
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    )
 }
 
 
@@ -70,7 +80,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 def confined(directory: Path, relative: str) -> Path:
     """``directory / relative`` after checking that it names a data file inside it."""
     if not _DATA_FILE.match(relative) or Path(relative).name != relative:
-        raise CheckpointError(f"metadata names file {relative!r}: only data_<rank>.bin inside the checkpoint is allowed")
+        raise CheckpointError(
+            f"metadata names file {relative!r}: only data_<rank>.bin inside the checkpoint is allowed"
+        )
     return directory / relative
 
 
@@ -217,7 +229,8 @@ def resolve_step(root: Path, step: Optional[int] = None) -> int:
         pending = sorted(p.name for p in root.iterdir() if p.name.startswith(".tmp_step_"))
         unfinished = f"; unfinished saves: {', '.join(pending)}" if pending else ""
         raise CheckpointError(
-            f"{root} is not a checkpoint: no committed step in it{unfinished} ({WHAT_IS_A_CHECKPOINT})")
+            f"{root} is not a checkpoint: no committed step in it{unfinished} ({WHAT_IS_A_CHECKPOINT})"
+        )
     if step is None:
         return steps[-1]
     if step not in steps:

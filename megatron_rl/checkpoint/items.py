@@ -14,8 +14,8 @@ from typing import Optional, Sequence
 import torch
 
 from megatron_rl import platform
-from megatron_rl.checkpoint.planner import ChunkInfo, ChunkKey
 from megatron_rl.checkpoint.format import dtype_name
+from megatron_rl.checkpoint.planner import ChunkInfo, ChunkKey
 from megatron_rl.parallel.shards import from_sharded_tensor
 
 

@@ -22,8 +22,12 @@ from megatron_rl.checkpoint.boxes import flat_range_boxes, volume
 from megatron_rl.checkpoint.format import CheckpointError, decode, encode
 from megatron_rl.checkpoint.items import Item, ParamPiece
 
-STATE_NAMES = {"param": "fp32_param", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq",
-               "max_exp_avg_sq": "max_exp_avg_sq"}
+STATE_NAMES = {
+    "param": "fp32_param",
+    "exp_avg": "exp_avg",
+    "exp_avg_sq": "exp_avg_sq",
+    "max_exp_avg_sq": "max_exp_avg_sq",
+}
 
 
 def sub_optimizers(optimizer) -> list:
@@ -52,7 +56,9 @@ def ensure_state(sub) -> None:
     """
     inner = sub.optimizer
     if not isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
-        raise TypeError(f"checkpoint supports torch Adam/AdamW inside the DistributedOptimizer; got {type(inner).__name__}")
+        raise TypeError(
+            f"checkpoint supports torch Adam/AdamW inside the DistributedOptimizer; got {type(inner).__name__}"
+        )
     scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
     for group in inner.param_groups:
         for param in group["params"]:
@@ -103,7 +109,9 @@ def optimizer_items(optimizer, pieces_of: dict[int, list[ParamPiece]]) -> list[I
                     raise CheckpointError(f"unknown optimizer state {state_key!r}; known: {sorted(STATE_NAMES)}")
                 flat = flat.view(-1)
                 if flat.numel() != end - start:
-                    raise CheckpointError(f"optimizer state {state_key} has {flat.numel()} elements for a range of {end - start}")
+                    raise CheckpointError(
+                        f"optimizer state {state_key} has {flat.numel()} elements for a range of {end - start}"
+                    )
                 for piece in pieces:
                     items.extend(_boxes_of_slice(STATE_NAMES[state_key], flat, start, end, piece))
     return items
@@ -209,8 +217,9 @@ def _with_expert_twins(saved: list[dict], live: list[dict]) -> list[dict]:
         gid = _group_id(group)
         if gid in known:
             continue
-        twin = next((g for g in saved if _group_id(g)[:flag] + _group_id(g)[flag + 1:] == gid[:flag] + gid[flag + 1:]),
-                    None)
+        twin = next(
+            (g for g in saved if _group_id(g)[:flag] + _group_id(g)[flag + 1 :] == gid[:flag] + gid[flag + 1 :]), None
+        )
         if twin is not None:
             relabelled = copy.deepcopy(twin)
             key = "is_expert_parallel" if "is_expert_parallel" in twin else "pre_is_expert_parallel"

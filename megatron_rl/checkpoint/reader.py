@@ -99,7 +99,9 @@ class Reader:
         for block in range(block0, block1):
             lo = (block - block0) * fmt.BLOCK_BYTES
             self._check_block(name, chunk, block, view[lo : lo + fmt.BLOCK_BYTES])
-        flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)[first * size - start : last * size - start].view(dtype)
+        flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)[first * size - start : last * size - start].view(
+            dtype
+        )
         return flat.as_strided(local[1], bx.row_major_strides(chunk.shape))
 
     def _chunks_disjoint(self, name: str) -> bool:
@@ -166,7 +168,9 @@ class Reader:
         return out
 
 
-def iter_tensors(directory: Path, metadata: fmt.Metadata, prefix_excluded: str = "optimizer.") -> Iterator[tuple[str, torch.Tensor]]:
+def iter_tensors(
+    directory: Path, metadata: fmt.Metadata, prefix_excluded: str = "optimizer."
+) -> Iterator[tuple[str, torch.Tensor]]:
     with Reader(directory, metadata) as reader:
         for name in metadata.tensors:
             if not name.startswith(prefix_excluded):

@@ -46,8 +46,7 @@ def set_aside(root: Path, step: int) -> Path:
     return target
 
 
-def newest_intact_step(roots: Sequence[Path], on_corrupt: str,
-                       warn: Callable[[str], None] = print) -> Optional[int]:
+def newest_intact_step(roots: Sequence[Path], on_corrupt: str, warn: Callable[[str], None] = print) -> Optional[int]:
     """The newest step committed under ``roots[0]`` whose files are intact in every root
     that holds it (an actor's root and its critic's); None when nothing is committed.
 
@@ -70,11 +69,16 @@ def newest_intact_step(roots: Sequence[Path], on_corrupt: str,
             if on_corrupt == "fail":
                 raise fmt.CheckpointError(
                     f"checkpoint step {step} under {roots[0]} is corrupt: {err} (checkpoint.on_corrupt=fail; "
-                    "fallback sets it aside and resumes from the newest intact step)") from err
+                    "fallback sets it aside and resumes from the newest intact step)"
+                ) from err
             moved = [str(set_aside(root, step)) for root in holders]
-            warn(f"warning: checkpoint step {step} is corrupt: {err}; moved aside to {', '.join(moved)}; "
-                 "trying the step before")
+            warn(
+                f"warning: checkpoint step {step} is corrupt: {err}; moved aside to {', '.join(moved)}; "
+                "trying the step before"
+            )
     if steps:
-        raise fmt.CheckpointError(f"no intact checkpoint under {roots[0]}: steps {steps} are all corrupt "
-                                  f"(set aside as step_<N>{CORRUPT_SUFFIX}); use a new trainer.run_dir")
+        raise fmt.CheckpointError(
+            f"no intact checkpoint under {roots[0]}: steps {steps} are all corrupt "
+            f"(set aside as step_<N>{CORRUPT_SUFFIX}); use a new trainer.run_dir"
+        )
     return None

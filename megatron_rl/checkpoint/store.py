@@ -41,8 +41,12 @@ from megatron_rl.checkpoint.writer import BackgroundWriter, HostBuffers, SaveHan
 
 COMMIT_TIMEOUT_S = 1800.0
 _LAYOUT_FIELDS = (
-    "tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
-    "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
 )
 SNAPSHOTS = ("at_save", "before_update")
 """When an async save copies the state: inside ``save()`` (the call blocks for the copy),
@@ -70,8 +74,10 @@ def _check_snapshot(snapshot: str, async_save: bool, guarded: bool) -> None:
     if snapshot == "before_update" and not async_save:
         raise ValueError("snapshot='before_update' needs async_save=True (a sync save writes before it returns)")
     if snapshot == "before_update" and not guarded:
-        raise ValueError("snapshot='before_update' needs the optimizer whose step() changes the saved tensors "
-                         "(its updates wait for the copy); without one use snapshot='at_save'")
+        raise ValueError(
+            "snapshot='before_update' needs the optimizer whose step() changes the saved tensors "
+            "(its updates wait for the copy); without one use snapshot='at_save'"
+        )
 
 
 def _check_save_args(step, extra, keep_last) -> None:
@@ -187,8 +193,17 @@ class Checkpointer:
         for handle in failed:
             handle.wait()  # raises its error
 
-    def save(self, root, step: int, model, optimizer=None, extra: Optional[dict] = None,
-             async_save: bool = False, keep_last: Optional[int] = None, snapshot: str = "at_save") -> SaveHandle:
+    def save(
+        self,
+        root,
+        step: int,
+        model,
+        optimizer=None,
+        extra: Optional[dict] = None,
+        async_save: bool = False,
+        keep_last: Optional[int] = None,
+        snapshot: str = "at_save",
+    ) -> SaveHandle:
         """Collective. Save model chunks (+ distributed optimizer, RNG, ``extra``) as ``step``.
 
         With ``async_save`` the call returns after the host copy (``snapshot="at_save"``) or at
@@ -206,9 +221,18 @@ class Checkpointer:
         guard = [sub.optimizer for sub in sub_optimizers(optimizer)] if optimizer is not None else []
         return self.save_items(root, step, items, header, record, async_save, keep_last, snapshot, guard)
 
-    def save_items(self, root, step: int, items: list[Item], header: dict, record: dict,
-                   async_save: bool = False, keep_last: Optional[int] = None, snapshot: str = "at_save",
-                   guard: Sequence[torch.optim.Optimizer] = ()) -> SaveHandle:
+    def save_items(
+        self,
+        root,
+        step: int,
+        items: list[Item],
+        header: dict,
+        record: dict,
+        async_save: bool = False,
+        keep_last: Optional[int] = None,
+        snapshot: str = "at_save",
+        guard: Sequence[torch.optim.Optimizer] = (),
+    ) -> SaveHandle:
         """Collective. Plan, snapshot and write ``items`` (boxes of canonical tensors) as ``step``.
 
         ``header`` ({extra, layout}) goes into the metadata once; ``record`` ({rng, optimizer})
@@ -310,7 +334,9 @@ class Checkpointer:
         if metadata.layout == layout_of(model) and str(rank) in metadata.rng:
             rng.restore(metadata.rng[str(rank)])
         else:
-            warnings.warn(f"checkpoint layout {metadata.layout} differs from {layout_of(model)}: RNG states not restored")
+            warnings.warn(
+                f"checkpoint layout {metadata.layout} differs from {layout_of(model)}: RNG states not restored"
+            )
         return json.loads(json.dumps(metadata.extra))
 
 

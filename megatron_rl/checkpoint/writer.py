@@ -102,12 +102,16 @@ def write_rank(tmp: Path, rank: int, items: list[Item], tensors: list[torch.Tens
             for item, tensor in zip(items, tensors):
                 data = _as_bytes(tensor)
                 f.write(data)
-                chunks.append({
-                    "name": item.name,
-                    "dtype": fmt.dtype_name(tensor.dtype),
-                    "global_shape": list(item.global_shape),
-                    "chunk": fmt.Chunk(list(item.offsets), list(tensor.shape), name, offset, len(data), fmt.block_crcs(data)).__dict__,
-                })
+                chunks.append(
+                    {
+                        "name": item.name,
+                        "dtype": fmt.dtype_name(tensor.dtype),
+                        "global_shape": list(item.global_shape),
+                        "chunk": fmt.Chunk(
+                            list(item.offsets), list(tensor.shape), name, offset, len(data), fmt.block_crcs(data)
+                        ).__dict__,
+                    }
+                )
                 offset += len(data)
             f.flush()
             os.fsync(f.fileno())
@@ -149,7 +153,9 @@ def _add_aliases(tensors: dict[str, fmt.TensorEntry], records: list[dict]) -> No
             raise fmt.CheckpointError(f"tensor {name} aliases {target}, which no rank wrote")
         entry = tensors.setdefault(name, fmt.TensorEntry(source.dtype, source.shape, []))
         if (entry.dtype, entry.shape) != (source.dtype, source.shape):
-            raise fmt.CheckpointError(f"tensor {name} ({entry.dtype} {entry.shape}) cannot alias {target} ({source.dtype} {source.shape})")
+            raise fmt.CheckpointError(
+                f"tensor {name} ({entry.dtype} {entry.shape}) cannot alias {target} ({source.dtype} {source.shape})"
+            )
         entry.chunks = list(source.chunks) + entry.chunks
 
 
@@ -264,8 +270,15 @@ class BackgroundWriter:
 class SaveHandle:
     """A save in flight. ``wait()`` returns once the step is committed (on every rank)."""
 
-    def __init__(self, work: Callable[[], None], root: Path, step: int, rank: int, timeout_s: float,
-                 writer: Optional[BackgroundWriter]):
+    def __init__(
+        self,
+        work: Callable[[], None],
+        root: Path,
+        step: int,
+        rank: int,
+        timeout_s: float,
+        writer: Optional[BackgroundWriter],
+    ):
         """Runs ``work`` on ``writer``'s thread, or here and now (a sync save) when it is None."""
         self.root, self.step, self.rank = Path(root), step, rank
         self._timeout_s = timeout_s
@@ -308,7 +321,9 @@ class SaveHandle:
         self._finished.wait()
         if self._error is not None:
             self._waited = True
-            raise fmt.CheckpointError(f"saving step {self.step} failed on rank {self.rank}: {self._error}") from self._error
+            raise fmt.CheckpointError(
+                f"saving step {self.step} failed on rank {self.rank}: {self._error}"
+            ) from self._error
         if self.rank != 0:
             wait_committed(self.root, self.step, self._timeout_s)
         self._waited = True

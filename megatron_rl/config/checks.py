@@ -29,8 +29,10 @@ def validate(config: Config, world_size: int) -> Config:
     if config.rollout.router_replay and not shape.num_moe_experts:
         raise ConfigError("rollout.router_replay=true needs a MoE model; this model has no experts")
     if vllm_ranks % config.rollout.tensor_parallel_size:
-        raise ConfigError(f"rollout.tensor_parallel_size={config.rollout.tensor_parallel_size} must divide "
-                          f"the {vllm_ranks} ranks that run vLLM")
+        raise ConfigError(
+            f"rollout.tensor_parallel_size={config.rollout.tensor_parallel_size} must divide "
+            f"the {vllm_ranks} ranks that run vLLM"
+        )
     if config.trainer.job == "smoke":
         _check_smoke_batch(config, world_size)
         config.algorithm.build()  # unknown recipe, bad override names or values
@@ -57,8 +59,10 @@ def _check_placement(config: Config, world_size: int) -> int:
     if config.trainer.job == "smoke":
         raise ConfigError("rollout.placement=disaggregated: trainer.job=smoke has no rollouts; use colocated")
     if rollout.num_ranks >= world_size:
-        raise ConfigError(f"rollout.num_ranks={rollout.num_ranks} leaves no training rank in a launch of "
-                          f"{world_size}; allowed: 1..{world_size - 1}")
+        raise ConfigError(
+            f"rollout.num_ranks={rollout.num_ranks} leaves no training rank in a launch of "
+            f"{world_size}; allowed: 1..{world_size - 1}"
+        )
     return rollout.num_ranks
 
 
@@ -69,12 +73,16 @@ def _check_staleness(config: Config, recipe) -> None:
     if not staleness:
         return
     if recipe.generation_window is not None:
-        raise ConfigError(f"rollout.max_staleness={staleness} cannot be combined with generation_window "
-                          "(tppo): its window pool is continued in step with training; use 0")
+        raise ConfigError(
+            f"rollout.max_staleness={staleness} cannot be combined with generation_window "
+            "(tppo): its window pool is continued in step with training; use 0"
+        )
     if recipe.rollout_correction is None:
-        raise ConfigError(f"rollout.max_staleness={staleness} trains on samples of an older policy: "
-                          "set algorithm.overrides.rollout_correction (e.g. {kind: token_tis, cap: 2.0}) so the "
-                          "loss reweights them by Megatron's over vLLM's probabilities")
+        raise ConfigError(
+            f"rollout.max_staleness={staleness} trains on samples of an older policy: "
+            "set algorithm.overrides.rollout_correction (e.g. {kind: token_tis, cap: 2.0}) so the "
+            "loss reweights them by Megatron's over vLLM's probabilities"
+        )
 
 
 def _check_layouts(config: Config, world_size: int, shape: ModelShape) -> None:
@@ -97,20 +105,26 @@ def _check_token_budget(config: Config) -> None:
         return
     for section, layout in (("parallel", config.parallel), ("critic_parallel", config.critic_parallel)):
         if layout is not None and layout.sequence_parallel_enabled and budget % layout.tp:
-            raise ConfigError(f"trainer.max_tokens_per_micro_batch={budget} must be a multiple of "
-                              f"{section}.tensor_model_parallel_size={layout.tp} (sequence parallelism "
-                              "splits every packed row over the TP ranks)")
+            raise ConfigError(
+                f"trainer.max_tokens_per_micro_batch={budget} must be a multiple of "
+                f"{section}.tensor_model_parallel_size={layout.tp} (sequence parallelism "
+                "splits every packed row over the TP ranks)"
+            )
         if layout is not None and layout.cp > 1:
-            raise ConfigError(f"trainer.max_tokens_per_micro_batch needs {section}.context_parallel_size=1 "
-                              f"(got {layout.cp}): packed rows under CP need Transformer Engine's THD attention")
+            raise ConfigError(
+                f"trainer.max_tokens_per_micro_batch needs {section}.context_parallel_size=1 "
+                f"(got {layout.cp}): packed rows under CP need Transformer Engine's THD attention"
+            )
 
 
 def _check_smoke_batch(config: Config, world_size: int) -> None:
     """The smoke job splits trainer.global_batch_size over the actor's DP ranks and micro-batches."""
     dp, mbs = config.parallel.dp(world_size), config.trainer.micro_batch_size
     if config.trainer.global_batch_size % (mbs * dp):
-        raise ConfigError(f"trainer.global_batch_size={config.trainer.global_batch_size} must be a multiple of "
-                          f"trainer.micro_batch_size x data-parallel size = {mbs}x{dp} (trainer.job=smoke)")
+        raise ConfigError(
+            f"trainer.global_batch_size={config.trainer.global_batch_size} must be a multiple of "
+            f"trainer.micro_batch_size x data-parallel size = {mbs}x{dp} (trainer.job=smoke)"
+        )
 
 
 def _check_prompts(config: Config) -> None:
@@ -143,8 +157,9 @@ def _check_prompts(config: Config) -> None:
         for location, row in rows:
             parse_row(location, row, fields)
     except DatasetFormatError as err:
-        raise ConfigError(f"{where}: {err}; data.prompt_key={fields.prompt!r}, data.answer_key={fields.answer!r}") \
-            from None
+        raise ConfigError(
+            f"{where}: {err}; data.prompt_key={fields.prompt!r}, data.answer_key={fields.answer!r}"
+        ) from None
 
 
 def _check_reward(config: Config) -> None:
@@ -154,8 +169,9 @@ def _check_reward(config: Config) -> None:
     from megatron_rl.rewards.registry import REWARDS
 
     if config.data.reward not in REWARDS:
-        raise ConfigError(f"data.reward={config.data.reward!r} is not allowed; choose one of "
-                          f"{sorted(['auto', *REWARDS])}")
+        raise ConfigError(
+            f"data.reward={config.data.reward!r} is not allowed; choose one of {sorted(['auto', *REWARDS])}"
+        )
 
 
 def check_recipe(config: Config):
@@ -163,15 +179,21 @@ def check_recipe(config: Config):
     ``megatron-rl config`` checks: it needs no world size)."""
     recipe = config.algorithm.build()  # unknown recipe, bad override names or values
     if recipe.generation_window is not None and recipe.token_aware:
-        raise ConfigError("algorithm: generation_window (tppo) cannot be combined with the HAPO pieces "
-                          "(temperature_tau, entropy_clip_alpha, redistribution_beta): a response's windows "
-                          "would be sampled under different entropy statistics")
+        raise ConfigError(
+            "algorithm: generation_window (tppo) cannot be combined with the HAPO pieces "
+            "(temperature_tau, entropy_clip_alpha, redistribution_beta): a response's windows "
+            "would be sampled under different entropy statistics"
+        )
     if recipe.generation_window is not None and config.rollout.seed_per_prompt:
-        raise ConfigError("rollout.seed_per_prompt=true cannot be combined with generation_window (tppo): "
-                          "a window continued at a later step has no per-prompt seed yet; use false")
+        raise ConfigError(
+            "rollout.seed_per_prompt=true cannot be combined with generation_window (tppo): "
+            "a window continued at a later step has no per-prompt seed yet; use false"
+        )
     if recipe.generation_window is not None and recipe.dynamic_sampling:
-        raise ConfigError("algorithm: generation_window (tppo) cannot be combined with dynamic_sampling: "
-                          "responses finish at different steps, so there are no whole groups to filter")
+        raise ConfigError(
+            "algorithm: generation_window (tppo) cannot be combined with dynamic_sampling: "
+            "responses finish at different steps, so there are no whole groups to filter"
+        )
     return recipe
 
 
@@ -191,4 +213,5 @@ def _check_rows_per_step(config: Config, world_size: int, recipe) -> None:
         raise ConfigError(
             f"rollout.prompts_per_step={groups} groups of rollout.n_samples={group_size} cannot fill one "
             f"training batch of {multiple} rows in whole groups (data-parallel size x trainer.micro_batch_size "
-            "(without a token budget) x algorithm.mini_batches_per_step); raise rollout.prompts_per_step or lower the others")
+            "(without a token budget) x algorithm.mini_batches_per_step); raise rollout.prompts_per_step or lower the others"
+        )

@@ -110,8 +110,10 @@ class TrainerConfig:
             raise ConfigError(f"trainer.lr={self.lr} must be > 0")
         budget = self.max_tokens_per_micro_batch
         if budget is not None and budget < self.seq_length:
-            raise ConfigError(f"trainer.max_tokens_per_micro_batch={budget} is smaller than trainer.seq_length="
-                              f"{self.seq_length}, the longest sequence a micro-batch must hold")
+            raise ConfigError(
+                f"trainer.max_tokens_per_micro_batch={budget} is smaller than trainer.seq_length="
+                f"{self.seq_length}, the longest sequence a micro-batch must hold"
+            )
         if self.global_batch_size % self.micro_batch_size:
             raise ConfigError(
                 f"trainer.global_batch_size={self.global_batch_size} must be a multiple of "
@@ -232,33 +234,44 @@ class RolloutConfig:
         if self.temperature <= 0:
             raise ConfigError(f"rollout.temperature={self.temperature} must be > 0")
         if self.parity_threshold is not None and not self.parity_threshold > 0:
-            raise ConfigError(f"rollout.parity_threshold={self.parity_threshold} must be > 0 (or null: the dtype's limits)")
+            raise ConfigError(
+                f"rollout.parity_threshold={self.parity_threshold} must be > 0 (or null: the dtype's limits)"
+            )
         _choice("rollout", "cpu_linear", self.cpu_linear, ("packed", "plain"))
         _choice("rollout", "placement", self.placement, ("colocated", "disaggregated"))
         if self.placement == "colocated" and self.num_ranks:
-            raise ConfigError(f"rollout.num_ranks={self.num_ranks} only applies to rollout.placement=disaggregated "
-                              "(colocated: every rank generates)")
+            raise ConfigError(
+                f"rollout.num_ranks={self.num_ranks} only applies to rollout.placement=disaggregated "
+                "(colocated: every rank generates)"
+            )
         for key in ("timeout_s", "start_timeout_s"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"rollout.{key}={getattr(self, key)} must be > 0")
         if not (float(self.kv_cache_gib).is_integer() and self.kv_cache_gib >= 1):
             # Refused here, not only when the engine starts: a fault there is requeued by Slurm.
-            raise ConfigError(f"rollout.kv_cache_gib={self.kv_cache_gib} must be a whole number >= 1 "
-                              "(vLLM's CPU backend takes whole GiB)")
+            raise ConfigError(
+                f"rollout.kv_cache_gib={self.kv_cache_gib} must be a whole number >= 1 "
+                "(vLLM's CPU backend takes whole GiB)"
+            )
         if self.max_staleness < 0:
             raise ConfigError(f"rollout.max_staleness={self.max_staleness} must be >= 0 (0: synchronous)")
         if self.placement == "colocated" and self.max_staleness:
-            raise ConfigError(f"rollout.max_staleness={self.max_staleness} needs rollout.placement=disaggregated "
-                              "(colocated engines generate only between updates)")
+            raise ConfigError(
+                f"rollout.max_staleness={self.max_staleness} needs rollout.placement=disaggregated "
+                "(colocated engines generate only between updates)"
+            )
         if self.partial and (self.placement != "disaggregated" or self.max_staleness < 1):
-            raise ConfigError(f"rollout.partial=true needs rollout.placement=disaggregated and rollout.max_staleness "
-                              f">= 1 (got {self.placement}, {self.max_staleness}): only a generation running "
-                              "beside training can receive new weights")
+            raise ConfigError(
+                f"rollout.partial=true needs rollout.placement=disaggregated and rollout.max_staleness "
+                f">= 1 (got {self.placement}, {self.max_staleness}): only a generation running "
+                "beside training can receive new weights"
+            )
         if self.partial_chunk_tokens < 1:
             raise ConfigError(f"rollout.partial_chunk_tokens={self.partial_chunk_tokens} must be >= 1")
         if self.placement == "disaggregated" and self.num_ranks < 1:
-            raise ConfigError(f"rollout.num_ranks={self.num_ranks}: rollout.placement=disaggregated needs "
-                              ">= 1 rank for vLLM")
+            raise ConfigError(
+                f"rollout.num_ranks={self.num_ranks}: rollout.placement=disaggregated needs >= 1 rank for vLLM"
+            )
         _choice("rollout", "log_level", self.log_level, ("debug", "info", "warning", "error"))
 
 

@@ -30,7 +30,7 @@ TASK_PREFIX = "task:"
 def task_name(config: Config) -> Optional[str]:
     """The task of ``task:<name>`` data, None for a prompt file."""
     source = config.data.source
-    return source[len(TASK_PREFIX):] if source.startswith(TASK_PREFIX) else None
+    return source[len(TASK_PREFIX) :] if source.startswith(TASK_PREFIX) else None
 
 
 def base_settings(config: Config) -> Optional[BaseModelSettings]:
@@ -41,8 +41,10 @@ def base_settings(config: Config) -> Optional[BaseModelSettings]:
         return None
     name = task_name(config)
     if name is None:
-        raise ConfigError(f"model.hf_path must be set when data.source is a file ({config.data.source}); "
-                          f"model.preset={config.model.preset!r} builds a base only for task:<name> data")
+        raise ConfigError(
+            f"model.hf_path must be set when data.source is a file ({config.data.source}); "
+            f"model.preset={config.model.preset!r} builds a base only for task:<name> data"
+        )
     try:
         return BaseModelSettings(task=name, family=PRESET_FAMILIES[config.model.preset], seed=config.trainer.seed)
     except ValueError as err:  # an unknown task lists the valid ones

@@ -111,8 +111,14 @@ class PromptDataset:
     rather than failing: long prompts are ordinary data, not malformed rows.
     """
 
-    def __init__(self, paths: str | Path | Sequence[str | Path], tokenizer, *,
-                 fields: PromptFields = PromptFields(), max_prompt_tokens: Optional[int] = None):
+    def __init__(
+        self,
+        paths: str | Path | Sequence[str | Path],
+        tokenizer,
+        *,
+        fields: PromptFields = PromptFields(),
+        max_prompt_tokens: Optional[int] = None,
+    ):
         paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
         if not paths:
             raise DatasetFormatError("no dataset files given")
@@ -139,8 +145,11 @@ class PromptDataset:
         if not self.records:
             raise DatasetFormatError(
                 f"no usable rows in {', '.join(map(str, paths))}"
-                + (f" ({self.num_dropped_overlong} longer than max_prompt_tokens={max_prompt_tokens})"
-                   if self.num_dropped_overlong else "")
+                + (
+                    f" ({self.num_dropped_overlong} longer than max_prompt_tokens={max_prompt_tokens})"
+                    if self.num_dropped_overlong
+                    else ""
+                )
             )
 
     def _record(self, location: str, row: Any, tokenizer, problems: list[str]) -> Optional[PromptRecord]:

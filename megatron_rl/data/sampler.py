@@ -51,8 +51,13 @@ class EpochSampler:
         return self.epoch * self.num_items + self.index
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "index": self.index, "seed": self.seed,
-                "num_items": self.num_items, "shuffle": self.shuffle}
+        return {
+            "epoch": self.epoch,
+            "index": self.index,
+            "seed": self.seed,
+            "num_items": self.num_items,
+            "shuffle": self.shuffle,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at ``state``; refuses a state saved for a different dataset or seed."""

@@ -1,12 +1,12 @@
 """`python -m megatron_rl.launch`: the batch script's helpers (fast: no torch import).
 
-  finish  --run-dir D --rc N [--max-restarts K]   after the launcher exits: decide, requeue the
-                                                  job (excluding the monitor's hosts) when due, and
-                                                  exit with the code the batch script should exit with
-  decide  --run-dir D --rc N [--max-restarts K]   print done | requeue | stop | fail (no action)
-  exclude --run-dir D                             print the exclude file as a node list
-  watch   --pid P --job J [--every S]              beside srun: kill it when it outlives its job
-                                                  step (launch/watch.py)
+finish  --run-dir D --rc N [--max-restarts K]   after the launcher exits: decide, requeue the
+                                                job (excluding the monitor's hosts) when due, and
+                                                exit with the code the batch script should exit with
+decide  --run-dir D --rc N [--max-restarts K]   print done | requeue | stop | fail (no action)
+exclude --run-dir D                             print the exclude file as a node list
+watch   --pid P --job J [--every S]              beside srun: kill it when it outlives its job
+                                                step (launch/watch.py)
 """
 
 from __future__ import annotations
@@ -17,18 +17,27 @@ from typing import Optional, Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m megatron_rl.launch",
-                                     description="Helpers for scripts/slurm/*.sbatch.")
+    parser = argparse.ArgumentParser(
+        prog="python -m megatron_rl.launch", description="Helpers for scripts/slurm/*.sbatch."
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    f = sub.add_parser("finish", help="decide, and requeue this Slurm job (SLURM_JOB_ID) when due; "
-                                      "exit 0 (done or requeued), 75 (stopped) or the failure code")
-    d = sub.add_parser("decide", help="after the launcher exits: print done, requeue, stop or fail "
-                                      "(the reason goes to stderr)")
+    f = sub.add_parser(
+        "finish",
+        help="decide, and requeue this Slurm job (SLURM_JOB_ID) when due; "
+        "exit 0 (done or requeued), 75 (stopped) or the failure code",
+    )
+    d = sub.add_parser(
+        "decide", help="after the launcher exits: print done, requeue, stop or fail (the reason goes to stderr)"
+    )
     for p in (f, d):
         p.add_argument("--run-dir", required=True)
         p.add_argument("--rc", type=int, required=True, help="the launcher's exit code")
-        p.add_argument("--max-restarts", type=int, default=3,
-                       help="requeue a failure only while SLURM_RESTART_COUNT is below this (default 3)")
+        p.add_argument(
+            "--max-restarts",
+            type=int,
+            default=3,
+            help="requeue a failure only while SLURM_RESTART_COUNT is below this (default 3)",
+        )
     e = sub.add_parser("exclude", help="print <run-dir>/monitor/exclude_hosts.txt as a comma-separated node list")
     e.add_argument("--run-dir", required=True)
     w = sub.add_parser("watch", help="kill srun (--pid) once its step of job --job has ended without it")
@@ -94,7 +103,9 @@ def _finish(action: str, rc: int, run_dir: str, env) -> int:
         except RequeueError as err:
             print(f"megatron-rl slurm: {err}", flush=True)
             return rc or FAILED
-        print(f"megatron-rl slurm: requeued job {env.job_id}" + (f", excluding {','.join(excluded)}" if hosts else ""),
-              flush=True)
+        print(
+            f"megatron-rl slurm: requeued job {env.job_id}" + (f", excluding {','.join(excluded)}" if hosts else ""),
+            flush=True,
+        )
         return 0
     return rc or FAILED

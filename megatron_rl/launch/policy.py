@@ -34,7 +34,9 @@ def decide(rc: int, status: Optional[dict], env: SlurmEnv, max_restarts: int) ->
         raise ValueError(f"max_restarts={max_restarts} must be >= 0")
     mine = status is not None and status.get("attempt") == env.attempt
     code = int(status["code"]) if mine else rc
-    where = f"attempt {env.attempt}: launcher exit {rc}" + (f", trainer status {code} at step {status.get('step')}" if mine else "")
+    where = f"attempt {env.attempt}: launcher exit {rc}" + (
+        f", trainer status {code} at step {status.get('step')}" if mine else ""
+    )
     if code == DONE:
         return Decision("done", f"{where}: done")
     if code == STOPPED:

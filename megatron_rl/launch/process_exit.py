@@ -33,8 +33,11 @@ def end_process(code: int) -> NoReturn:
     try:
         _finish_for_the_outside_world()
     except Exception as err:
-        print(f"megatron-rl: quick exit not possible ({type(err).__name__}: {err}); exiting normally",
-              file=sys.stderr, flush=True)
+        print(
+            f"megatron-rl: quick exit not possible ({type(err).__name__}: {err}); exiting normally",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(code)
     os._exit(code)
 

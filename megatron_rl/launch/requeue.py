@@ -21,7 +21,9 @@ class RequeueError(RuntimeError):
 def _scontrol(*args: str) -> str:
     proc = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
-        raise RequeueError(f"scontrol {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+        raise RequeueError(
+            f"scontrol {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}"
+        )
     return proc.stdout
 
 

@@ -30,8 +30,10 @@ class Roles:
 
     def __post_init__(self) -> None:
         if not 0 < self.rollout_ranks < self.world:
-            raise ValueError(f"{self.rollout_ranks} rollout ranks in a launch of {self.world}: "
-                             "at least one rank must train and one generate")
+            raise ValueError(
+                f"{self.rollout_ranks} rollout ranks in a launch of {self.world}: "
+                "at least one rank must train and one generate"
+            )
 
     @property
     def training_ranks(self) -> int:
@@ -71,8 +73,7 @@ class RoleWorld:
     def describe_rollout_ranks(self) -> str:
         """``rollout ranks 2-3 of the launch``: how errors name them."""
         first, last = self.roles.training_ranks, self.roles.world - 1
-        return f"rollout rank {first} of the launch" if first == last else \
-            f"rollout ranks {first}-{last} of the launch"
+        return f"rollout rank {first} of the launch" if first == last else f"rollout ranks {first}-{last} of the launch"
 
 
 BRIDGE_TIMEOUT_S = 7 * 24 * 3600.0
@@ -94,13 +95,17 @@ def init_roles(rollout_ranks: int, timeout_s: float = 3600.0) -> RoleWorld:
     roles = Roles(world, rollout_ranks)
     store, _, _ = next(dist.rendezvous("env://", rank, world))
     role = roles.role(rank)
-    platform.init_distributed_on_store(dist.PrefixStore(f"role/{role}/", store), roles.role_rank(rank),
-                                       roles.role_size(rank), timeout_s)
+    platform.init_distributed_on_store(
+        dist.PrefixStore(f"role/{role}/", store), roles.role_rank(rank), roles.role_size(rank), timeout_s
+    )
     bridge_rank = roles.bridge_rank(rank)
     bridge = None
     if bridge_rank is not None:
-        bridge = tuple(platform.process_group_on_store(dist.PrefixStore(f"bridge/{direction}/", store),
-                                                       bridge_rank, rollout_ranks + 1, BRIDGE_TIMEOUT_S)
-                       for direction in ("down", "up"))
+        bridge = tuple(
+            platform.process_group_on_store(
+                dist.PrefixStore(f"bridge/{direction}/", store), bridge_rank, rollout_ranks + 1, BRIDGE_TIMEOUT_S
+            )
+            for direction in ("down", "up")
+        )
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(roles.role_rank(rank)), str(roles.role_size(rank))
     return RoleWorld(roles, rank, bridge)

@@ -57,8 +57,11 @@ class StopSignals:
         import torch.distributed as dist
 
         if self.received is None and self.exclude is not None and self.exclude.listed():
-            print(f"this node ({self.exclude.node}) is listed in {self.exclude.path}: stopping after a "
-                  "checkpoint, to requeue without it", flush=True)
+            print(
+                f"this node ({self.exclude.node}) is listed in {self.exclude.path}: stopping after a "
+                "checkpoint, to requeue without it",
+                flush=True,
+            )
             self.received = signal.SIGUSR1
         local = _RANK[int(self.received)] if self.received is not None else 0
         if dist.is_available() and dist.is_initialized():

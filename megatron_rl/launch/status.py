@@ -20,16 +20,23 @@ from megatron_rl.launch.slurm_env import SlurmEnv
 STATUS_FILE = Path("launch") / "exit_status.json"
 
 
-def write_status(run_dir, code: int, step: int, signal_name: Optional[str] = None,
-                 env: Optional[SlurmEnv] = None) -> Path:
+def write_status(
+    run_dir, code: int, step: int, signal_name: Optional[str] = None, env: Optional[SlurmEnv] = None
+) -> Path:
     """Atomically (write + rename) record this attempt's exit. Call on rank 0 only."""
     env = env or SlurmEnv.from_environ()
     path = Path(run_dir) / STATUS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {
-        "code": code, "meaning": describe(code), "step": step, "signal": signal_name,
-        "attempt": env.attempt, "job_id": env.job_id, "restart_count": env.restart_count,
-        "node": env.node, "time": time.time(),
+        "code": code,
+        "meaning": describe(code),
+        "step": step,
+        "signal": signal_name,
+        "attempt": env.attempt,
+        "job_id": env.job_id,
+        "restart_count": env.restart_count,
+        "node": env.node,
+        "time": time.time(),
     }
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(record) + "\n")

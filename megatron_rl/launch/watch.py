@@ -23,8 +23,9 @@ BOOKKEEPING_STEPS = ("batch", "extern", "interactive")
 def launched_steps(job_id: str) -> list[str] | None:
     """The job's srun steps running in slurmctld (e.g. ['7.0']); None when slurmctld did not answer."""
     try:
-        proc = subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], capture_output=True,
-                              text=True, timeout=30)
+        proc = subprocess.run(
+            ["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], capture_output=True, text=True, timeout=30
+        )
     except subprocess.TimeoutExpired:
         return None
     if proc.returncode != 0:
@@ -52,9 +53,11 @@ def watch(pid: int, job_id: str, every_s: float) -> bool:
         seen = seen or bool(steps)
         missing = missing + 1 if seen and not steps else 0
         if missing >= 2 and _alive(pid):
-            print(f"megatron-rl slurm: srun (pid {pid}) still waits {missing * every_s:.0f} s after its step "
-                  f"of job {job_id} ended (a task's exit report lost with a node's network); stopping it",
-                  flush=True)
+            print(
+                f"megatron-rl slurm: srun (pid {pid}) still waits {missing * every_s:.0f} s after its step "
+                f"of job {job_id} ended (a task's exit report lost with a node's network); stopping it",
+                flush=True,
+            )
             os.kill(pid, signal.SIGKILL)
             return True
     return False

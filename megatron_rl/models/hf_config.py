@@ -118,9 +118,7 @@ def arch_from_hf(cfg: Any) -> ModelArch:
         cfg = AutoConfig.from_pretrained(cfg)
     family = getattr(cfg, "model_type", None)
     if family not in FAMILIES:
-        raise UnsupportedModelError(
-            f"model_type={family!r} is not supported; supported: {sorted(FAMILIES)}"
-        )
+        raise UnsupportedModelError(f"model_type={family!r} is not supported; supported: {sorted(FAMILIES)}")
     traits = FAMILIES[family]
     heads = cfg.num_attention_heads
     head_dim = _first(cfg, "head_dim", default=cfg.hidden_size // heads)
@@ -130,7 +128,9 @@ def arch_from_hf(cfg: Any) -> ModelArch:
         if family == "qwen2_moe" and (
             getattr(cfg, "mlp_only_layers", None) or getattr(cfg, "decoder_sparse_step", 1) != 1
         ):
-            raise UnsupportedModelError("qwen2_moe with dense layers (mlp_only_layers/decoder_sparse_step) is not supported")
+            raise UnsupportedModelError(
+                "qwen2_moe with dense layers (mlp_only_layers/decoder_sparse_step) is not supported"
+            )
         pre_softmax = traits.router_pre_softmax
         if pre_softmax is None:
             pre_softmax = not bool(getattr(cfg, "norm_topk_prob", False))

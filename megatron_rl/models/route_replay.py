@@ -87,7 +87,8 @@ class RouteReplay:
         for chunk in chunks:
             config = _unwrapped(chunk).config
             recompute = config.recompute_granularity == "full" or (
-                config.recompute_granularity == "selective" and "moe" in (config.recompute_modules or ()))
+                config.recompute_granularity == "selective" and "moe" in (config.recompute_modules or ())
+            )
             mine, tp_group = [], None
             for module in chunk.modules():
                 if isinstance(module, TopKRouter):
@@ -128,8 +129,9 @@ class _ChunkReplay:
     def set_targets(self, routes: Optional[torch.Tensor]) -> None:
         """``routes`` [b, s, num_layers, k] of one micro-batch (None: the routers' own)."""
         for layer in self.layers:
-            layer.target = None if routes is None else _router_order(routes[:, :, layer.layer_index],
-                                                                      self.sequence_split)
+            layer.target = (
+                None if routes is None else _router_order(routes[:, :, layer.layer_index], self.sequence_split)
+            )
 
 
 def _router_order(routes: torch.Tensor, sequence_split: Optional[tuple[int, int]]) -> torch.Tensor:

@@ -45,9 +45,17 @@ class SdpaAttention(MegatronModule):
     Heads and groups are this tensor-parallel rank's share.
     """
 
-    def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str,
-                 attention_dropout: Optional[float] = None, softmax_scale: Optional[float] = None,
-                 cp_comm_type: Optional[str] = None, pg_collection: Optional[ProcessGroupCollection] = None):
+    def __init__(
+        self,
+        config,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str,
+        attention_dropout: Optional[float] = None,
+        softmax_scale: Optional[float] = None,
+        cp_comm_type: Optional[str] = None,
+        pg_collection: Optional[ProcessGroupCollection] = None,
+    ):
         super().__init__(config=config)
         _refuse_unsupported_config(config, layer_number, attn_mask_type, attention_type)
         self.layer_number = max(1, layer_number)
@@ -66,13 +74,21 @@ class SdpaAttention(MegatronModule):
         # DotProductAttention divides this by layer_number under apply_query_key_layer_scaling and
         # multiplies the scores by layer_number again in its fp32 softmax: the net scale is this one.
         # SDPA applies the whole scale inside its kernel, so it needs no such split.
-        self.softmax_scale = (1.0 / math.sqrt(self.hidden_size_per_attention_head)
-                              if softmax_scale is None else softmax_scale)
+        self.softmax_scale = (
+            1.0 / math.sqrt(self.hidden_size_per_attention_head) if softmax_scale is None else softmax_scale
+        )
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
-                attn_mask_type: Optional[AttnMaskType] = None, attention_bias: Optional[Tensor] = None,
-                packed_seq_params=None) -> Tensor:
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Optional[Tensor],
+        attn_mask_type: Optional[AttnMaskType] = None,
+        attention_bias: Optional[Tensor] = None,
+        packed_seq_params=None,
+    ) -> Tensor:
         _refuse_unsupported_call(attention_mask, attn_mask_type, attention_bias)
         key, value = _repeat_groups(key, query.size(-2)), _repeat_groups(value, query.size(-2))
         dropout_p = self.dropout_p if self.training else 0.0
@@ -91,8 +107,10 @@ class SdpaAttention(MegatronModule):
     def _padded_rows(self, query: Tensor, key: Tensor, value: Tensor, dropout_p: float) -> Tensor:
         """[s, b, heads, dim] queries, keys and values -> [s, b, heads*dim]."""
         if query.size(0) != key.size(0):
-            raise ValueError(f"SdpaAttention is self-attention: query length {query.size(0)} != key length "
-                             f"{key.size(0)} (a KV cache needs another attention)")
+            raise ValueError(
+                f"SdpaAttention is self-attention: query length {query.size(0)} != key length "
+                f"{key.size(0)} (a KV cache needs another attention)"
+            )
         context = self._causal_sdpa(*(x.permute(1, 2, 0, 3) for x in (query, key, value)), dropout_p)
         return context.permute(2, 0, 1, 3).reshape(query.size(0), query.size(1), -1)
 
@@ -109,8 +127,9 @@ class SdpaAttention(MegatronModule):
 
     def _causal_sdpa(self, query: Tensor, key: Tensor, value: Tensor, dropout_p: float) -> Tensor:
         """[b, heads, s, dim] queries, keys and values -> [b, heads, s, dim]."""
-        return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True,
-                                              scale=self.softmax_scale)
+        return F.scaled_dot_product_attention(
+            query, key, value, dropout_p=dropout_p, is_causal=True, scale=self.softmax_scale
+        )
 
 
 def _repeat_groups(key_or_value: Tensor, num_heads: int) -> Tensor:
@@ -142,8 +161,10 @@ def _sequence_bounds(packed_seq_params, num_tokens: int) -> list[tuple[int, int]
 def _refuse_unsupported_config(config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str) -> None:
     """ValueError for a layer this module would not compute as DotProductAttention does."""
     if config.context_parallel_size != 1:
-        raise ValueError(f"SdpaAttention does not support context parallelism (context_parallel_size="
-                         f"{config.context_parallel_size}); it needs Transformer Engine's attention.")
+        raise ValueError(
+            f"SdpaAttention does not support context parallelism (context_parallel_size="
+            f"{config.context_parallel_size}); it needs Transformer Engine's attention."
+        )
     if attn_mask_type != AttnMaskType.causal:
         raise ValueError(f"SdpaAttention supports only the causal mask type, got {attn_mask_type}.")
     if attention_type != "self":
@@ -154,8 +175,9 @@ def _refuse_unsupported_config(config, layer_number: int, attn_mask_type: AttnMa
         raise ValueError(f"SdpaAttention does not support sliding-window attention (window_size={config.window_size}).")
 
 
-def _refuse_unsupported_call(attention_mask: Optional[Tensor], attn_mask_type: Optional[AttnMaskType],
-                             attention_bias: Optional[Tensor]) -> None:
+def _refuse_unsupported_call(
+    attention_mask: Optional[Tensor], attn_mask_type: Optional[AttnMaskType], attention_bias: Optional[Tensor]
+) -> None:
     """ValueError for call arguments DotProductAttention would honour and this module would not."""
     if attention_bias is not None:
         raise ValueError("SdpaAttention does not support attention_bias.")

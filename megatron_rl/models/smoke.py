@@ -65,8 +65,7 @@ def run(cfg: Config) -> dict:
 
 
 def _train(cfg: Config, stop: StopSignals) -> dict:
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     platform.init_distributed(cfg.trainer.dist_timeout_s)
@@ -81,8 +80,14 @@ def _train(cfg: Config, stop: StopSignals) -> dict:
         ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=False)
         chunks = [DistributedDataParallel(config, ddp, c) for c in chunks]
         optimizer = get_megatron_optimizer(
-            OptimizerConfig(optimizer="adam", lr=cfg.trainer.lr, bf16=cfg.model.dtype == "bf16",
-                            use_distributed_optimizer=True, clip_grad=1.0, weight_decay=0.0),
+            OptimizerConfig(
+                optimizer="adam",
+                lr=cfg.trainer.lr,
+                bf16=cfg.model.dtype == "bf16",
+                use_distributed_optimizer=True,
+                clip_grad=1.0,
+                weight_decay=0.0,
+            ),
             chunks,
         )
     config.finalize_model_grads_func = finalize_model_grads
@@ -111,19 +116,34 @@ def _train(cfg: Config, stop: StopSignals) -> dict:
         micro = [(tokens[i : i + mbs], labels[i : i + mbs]) for i in range(0, per_rank, mbs)]
         losses, grad_norm = _optimizer_step(chunks, optimizer, micro, cfg)
         loss = _mean_over_last_stage(losses, world)
-        record = {"step": step, "lm_loss": loss, "grad_norm": float(grad_norm), "timing/step_s": time.time() - start,
-                  "slurm/restart_count": slurm.restart_count}
+        record = {
+            "step": step,
+            "lm_loss": loss,
+            "grad_norm": float(grad_norm),
+            "timing/step_s": time.time() - start,
+            "slurm/restart_count": slurm.restart_count,
+        }
         history.append(record)
         if ctx.rank == 0:
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
-            print(f"step {step:3d}  lm_loss {loss:.4f}  grad_norm {float(grad_norm):.3f}  {record['timing/step_s']:.2f}s", flush=True)
+            print(
+                f"step {step:3d}  lm_loss {loss:.4f}  grad_norm {float(grad_norm):.3f}  {record['timing/step_s']:.2f}s",
+                flush=True,
+            )
         stop_signal = stop.agree()  # every rank, every step: all stop at the same step
         interval = cfg.checkpoint.save_interval
         if stop_signal is not None or step == cfg.trainer.max_steps or (interval and step % interval == 0):
             extra = {"step": step, "first_loss": extra.get("first_loss", history[0]["lm_loss"]), "last_loss": loss}
-            ckpt.save(ckpt_root, step, model=chunks, optimizer=optimizer, extra=extra,
-                      async_save=cfg.checkpoint.async_save, keep_last=cfg.checkpoint.keep_last)
+            ckpt.save(
+                ckpt_root,
+                step,
+                model=chunks,
+                optimizer=optimizer,
+                extra=extra,
+                async_save=cfg.checkpoint.async_save,
+                keep_last=cfg.checkpoint.keep_last,
+            )
     ckpt.close()  # committed on every rank before anyone reports
     done = step >= cfg.trainer.max_steps
     code = exit_codes.DONE if done else exit_codes.STOPPED

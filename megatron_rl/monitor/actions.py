@@ -94,6 +94,7 @@ def format_alerts(alerts: list[Alert]) -> str:
     if not alerts:
         return "no faulty machine declared"
     head = f"{'machine':<24} {'metric':<24} {'first_seen':>11} {'declared_at':>12} {'score':>8}"
-    rows = [f"{a.machine:<24} {a.metric:<24} {a.first_seen:>11.1f} {a.declared_at:>12.1f} {a.score:>8.2f}"
-            for a in alerts]
+    rows = [
+        f"{a.machine:<24} {a.metric:<24} {a.first_seen:>11.1f} {a.declared_at:>12.1f} {a.score:>8.2f}" for a in alerts
+    ]
     return "\n".join([head, "-" * len(head)] + rows)

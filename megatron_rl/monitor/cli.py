@@ -36,6 +36,7 @@ def load_detect_config(path: str | None, overrides: dict) -> DetectConfig:
         text = Path(path).read_text()
         if path.endswith((".yaml", ".yml")):
             import yaml
+
             values = yaml.safe_load(text) or {}
         else:
             values = json.loads(text)
@@ -53,6 +54,7 @@ def load_detect_config(path: str | None, overrides: dict) -> DetectConfig:
 def _load_model(arg: str | None):
     """--model DIR, 'none' for raw windows, or the packaged default."""
     from .denoise import Denoiser, default_model_dir
+
     if arg == "none":
         return None, "none (raw windows)"
     path = arg or default_model_dir()
@@ -63,8 +65,15 @@ def _load_model(arg: str | None):
 
 def cmd_detect(args) -> int:
     try:
-        cfg = load_detect_config(args.config, {"threshold": args.threshold, "continuity_s": args.continuity_s,
-                                               "window_s": args.window_s, "mode": args.mode})
+        cfg = load_detect_config(
+            args.config,
+            {
+                "threshold": args.threshold,
+                "continuity_s": args.continuity_s,
+                "window_s": args.window_s,
+                "mode": args.mode,
+            },
+        )
         trace = read_trace(args.trace)
         report = validate(trace)
         if args.strict:
@@ -88,13 +97,17 @@ def cmd_detect(args) -> int:
 
 def cmd_train(args) -> int:
     import numpy as np
+
     from .denoise import DenoiserConfig, train_denoiser
     from .evaluate import train_synthetic_denoiser
     from .windows import normal_windows, to_grid
+
     cfg = DenoiserConfig(window=args.window, steps=args.steps, seed=args.init_seed)
     if not args.trace:
-        print(f"training on {args.synthetic} synthetic fault-free traces of {args.machines} machines "
-              f"(seeds {args.seed}..{args.seed + args.synthetic - 1})")
+        print(
+            f"training on {args.synthetic} synthetic fault-free traces of {args.machines} machines "
+            f"(seeds {args.seed}..{args.seed + args.synthetic - 1})"
+        )
         den = train_synthetic_denoiser(args.seed, args.synthetic, args.machines, cfg, log=print)
         print(f"saved {den.save(args.out)}")
         return 0
@@ -114,8 +127,10 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     import torch
+
     from .denoise import DenoiserConfig
     from .evaluate import EvalPlan, format_report, run_evaluation, train_synthetic_denoiser
+
     try:
         cfg = load_detect_config(args.config, {"mode": args.mode, "continuity_s": args.continuity_s})
     except (ValueError, FileNotFoundError) as e:
@@ -124,15 +139,33 @@ def cmd_eval(args) -> int:
     extra = dict(kinds=tuple(args.kinds)) if args.kinds else {}
     if args.step_period:
         extra["step_period_s"] = tuple(float(x) for x in args.step_period)
-    shared = dict(distractors=args.distractors, step_metrics=args.step_metrics, generator=args.generator,
-                  duration_s=args.duration_s, **extra)
+    shared = dict(
+        distractors=args.distractors,
+        step_metrics=args.step_metrics,
+        generator=args.generator,
+        duration_s=args.duration_s,
+        **extra,
+    )
     try:  # before any model is loaded: a bad generator, kind or duration is one line
         plan = EvalPlan(
-            tune=EvalConfig(seed=args.tune_seed, machines=args.tune_machines, faulty_per_cell=args.tune_faulty,
-                            fault_free_per_size=args.tune_fault_free, **shared),
-            test=EvalConfig(seed=args.seed, machines=args.machines, faulty_per_cell=args.faulty,
-                            fault_free_per_size=args.fault_free, **shared),
-            timing_machines=args.timing, only=tuple(args.only or ()), threshold=args.threshold)
+            tune=EvalConfig(
+                seed=args.tune_seed,
+                machines=args.tune_machines,
+                faulty_per_cell=args.tune_faulty,
+                fault_free_per_size=args.tune_fault_free,
+                **shared,
+            ),
+            test=EvalConfig(
+                seed=args.seed,
+                machines=args.machines,
+                faulty_per_cell=args.faulty,
+                fault_free_per_size=args.fault_free,
+                **shared,
+            ),
+            timing_machines=args.timing,
+            only=tuple(args.only or ()),
+            threshold=args.threshold,
+        )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return BAD_INPUT
@@ -180,9 +213,12 @@ def add_monitor_subcommands(subparsers) -> None:
     p.add_argument("--window-s", type=float)
     p.add_argument("--mode", choices=("any", "top1"))
     p.add_argument("--exclude-file", help="append declared hostnames here (Slurm requeue)")
-    p.add_argument("--strict", action="store_true",
-                   help="refuse non-canonical metric names and time going back within a series "
-                        "(by default both are counted and tolerated)")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse non-canonical metric names and time going back within a series "
+        "(by default both are counted and tolerated)",
+    )
     p.set_defaults(func=cmd_detect)
 
     p = subparsers.add_parser("eval", help="precision/recall/F1 on synthetic traces vs baselines")
@@ -203,16 +239,25 @@ def add_monitor_subcommands(subparsers) -> None:
     p.add_argument("--mode", choices=("any", "top1"), help="overrides the config (default: any)")
     p.add_argument("--continuity-s", type=float, help=f"overrides the config (default: {DetectConfig.continuity_s})")
     p.add_argument("--only", nargs="*", help="evaluate methods whose name contains these")
-    p.add_argument("--generator", choices=tuple(GENERATORS), default="synth",
-                   help="trace generator (coupled: the independent step-schedule simulation)")
-    p.add_argument("--distractors", action="store_true",
-                   help="harder synth traces: job-wide load changes, pipeline phases, sensor spikes "
-                        "(coupled traces always carry their own)")
-    p.add_argument("--step-metrics", action="store_true",
-                   help="every trace carries step and section times (straggler traces always do)")
+    p.add_argument(
+        "--generator",
+        choices=tuple(GENERATORS),
+        default="synth",
+        help="trace generator (coupled: the independent step-schedule simulation)",
+    )
+    p.add_argument(
+        "--distractors",
+        action="store_true",
+        help="harder synth traces: job-wide load changes, pipeline phases, sensor spikes "
+        "(coupled traces always carry their own)",
+    )
+    p.add_argument(
+        "--step-metrics",
+        action="store_true",
+        help="every trace carries step and section times (straggler traces always do)",
+    )
     p.add_argument("--step-period", type=_ints, help="range of the step length in s, e.g. 40,90 (default 6,12)")
-    p.add_argument("--duration-s", type=int, default=900,
-                   help="length of every trace in s")
+    p.add_argument("--duration-s", type=int, default=900, help="length of every trace in s")
     p.add_argument("--kinds", nargs="*", help="fault kinds to evaluate (default: all of the generator's)")
     p.add_argument("--threshold", type=float, help="use this threshold for every method; skip tuning")
     p.add_argument("--threads", type=int, default=1, help="torch threads (timings are for 1)")
@@ -243,8 +288,9 @@ def add_monitor_subcommands(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m megatron_rl.monitor",
-                                     description="Minder-style faulty-machine detection")
+    parser = argparse.ArgumentParser(
+        prog="python -m megatron_rl.monitor", description="Minder-style faulty-machine detection"
+    )
     add_monitor_subcommands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)

@@ -51,6 +51,7 @@ class PsutilSource:
 
     def __init__(self):
         import psutil
+
         self._ps = psutil
         self._rates = _Rates()
         psutil.cpu_percent(interval=None)  # the first call only starts the measurement
@@ -58,8 +59,7 @@ class PsutilSource:
 
     def read(self) -> dict[str, float]:
         ps, now = self._ps, time.monotonic()
-        out = {"cpu_util": float(ps.cpu_percent(interval=None)),
-               "host_mem_used": float(ps.virtual_memory().percent)}
+        out = {"cpu_util": float(ps.cpu_percent(interval=None)), "host_mem_used": float(ps.virtual_memory().percent)}
         counters = {}
         net = ps.net_io_counters()
         if net is not None:
@@ -93,6 +93,7 @@ class NvmlSource:
         self._gpm_prev: dict[int, object] = {}
         try:
             import pynvml  # nvidia-ml-py; optional
+
             pynvml.nvmlInit()
             self._nv = pynvml
             self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
@@ -116,10 +117,17 @@ class NvmlSource:
             "gpu_power": self._try(i, "power", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
             "gpu_mem_used": self._try(i, "mem", lambda: _mem_percent(nv.nvmlDeviceGetMemoryInfo(h))),
             "gpu_temperature": self._try(i, "temp", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-            "pcie_tx_bytes": self._try(i, "pcie_tx", lambda: 1024.0 * nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES)),
-            "pcie_rx_bytes": self._try(i, "pcie_rx", lambda: 1024.0 * nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES)),
-            "gpu_ecc_errors": self._try(i, "ecc", lambda: nv.nvmlDeviceGetTotalEccErrors(
-                h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)),
+            "pcie_tx_bytes": self._try(
+                i, "pcie_tx", lambda: 1024.0 * nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES)
+            ),
+            "pcie_rx_bytes": self._try(
+                i, "pcie_rx", lambda: 1024.0 * nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES)
+            ),
+            "gpu_ecc_errors": self._try(
+                i,
+                "ecc",
+                lambda: nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC),
+            ),
             "nvlink_counter": self._try(i, "nvlink", lambda: _nvlink_kib(nv, h) * 1024.0),
         }
         vals.update(self._gpm(i, h))
@@ -142,8 +150,10 @@ class NvmlSource:
             get.metrics[1].metricId = nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL
             nv.nvmlGpmMetricsGet(get)
             nv.nvmlGpmSampleFree(prev)
-            return {"gpu_graphics_activity": float(get.metrics[0].value),
-                    "gpu_tensor_activity": float(get.metrics[1].value)}
+            return {
+                "gpu_graphics_activity": float(get.metrics[0].value),
+                "gpu_tensor_activity": float(get.metrics[1].value),
+            }
         except Exception:  # pre-Hopper GPUs and old drivers have no GPM
             self._broken.add((i, "gpm"))
             return {}
@@ -176,10 +186,16 @@ def _mean(xs):
 
 
 _GPU_AGGREGATE = {
-    "gpu_duty_cycle": _mean, "gpu_power": _mean, "gpu_mem_used": _mean,
-    "gpu_graphics_activity": _mean, "gpu_tensor_activity": _mean,
-    "gpu_temperature": max, "pcie_tx_bytes": sum, "pcie_rx_bytes": sum,
-    "gpu_ecc_errors": sum, "nvlink_counter": sum,
+    "gpu_duty_cycle": _mean,
+    "gpu_power": _mean,
+    "gpu_mem_used": _mean,
+    "gpu_graphics_activity": _mean,
+    "gpu_tensor_activity": _mean,
+    "gpu_temperature": max,
+    "pcie_tx_bytes": sum,
+    "pcie_rx_bytes": sum,
+    "gpu_ecc_errors": sum,
+    "nvlink_counter": sum,
 }
 
 
@@ -189,8 +205,9 @@ def _mem_percent(info) -> float:
 
 def _nvlink_kib(nv, h) -> float:
     """Cumulative NVLink data KiB (tx + rx) of a GPU from NVML field values."""
-    fields = nv.nvmlDeviceGetFieldValues(h, [nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
-                                             nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX])
+    fields = nv.nvmlDeviceGetFieldValues(
+        h, [nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX]
+    )
     if any(f.nvmlReturn != nv.NVML_SUCCESS for f in fields):
         raise RuntimeError("NVLink throughput fields not supported")
     return float(sum(f.value.ullVal for f in fields))
@@ -221,13 +238,15 @@ class PfcSource:
             return
         if interfaces == "auto":
             import psutil
+
             interfaces = [n for n in psutil.net_if_addrs() if n != "lo"]
         self.interfaces = [i for i in interfaces if self._count(i) is not None]
 
     def _count(self, iface: str) -> int | None:
         try:
-            out = subprocess.run([self._ethtool, "-S", iface], capture_output=True, text=True,
-                                 timeout=self._timeout, check=False).stdout
+            out = subprocess.run(
+                [self._ethtool, "-S", iface], capture_output=True, text=True, timeout=self._timeout, check=False
+            ).stdout
         except (OSError, subprocess.SubprocessError):
             return None
         return parse_pause_frames(out)
@@ -287,9 +306,15 @@ class Collector:
     `keep_rows`) that `drain()` empties, e.g. for gathering to the detector's rank.
     """
 
-    def __init__(self, hostname: str | None = None, interval_s: float = 1.0,
-                 sources: list[Source] | None = None, trace_path: str | None = None,
-                 keep_rows: int = 200_000, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        hostname: str | None = None,
+        interval_s: float = 1.0,
+        sources: list[Source] | None = None,
+        trace_path: str | None = None,
+        keep_rows: int = 200_000,
+        clock: Callable[[], float] = time.time,
+    ):
         if interval_s <= 0:
             raise ValueError(f"Collector interval_s = {interval_s}; must be > 0")
         self.hostname = hostname or default_hostname()

@@ -208,24 +208,36 @@ class DetectConfig:
             (self.window_s >= 2 * self.step_s, "window_s must cover at least 2 samples"),
             (self.step_s <= self.stride_s, "stride_s must be >= step_s"),
             (self.threshold > 0, "threshold must be > 0"),
-            (self.continuity_s >= 0 and self.max_gap_s >= 0 and self.max_fill_s >= 0,
-             "continuity_s, max_gap_s and max_fill_s must be >= 0"),
-            (self.continuity_per_doubling_s >= 0 and self.continuity_machines >= 1,
-             "continuity_per_doubling_s must be >= 0 and continuity_machines >= 1"),
+            (
+                self.continuity_s >= 0 and self.max_gap_s >= 0 and self.max_fill_s >= 0,
+                "continuity_s, max_gap_s and max_fill_s must be >= 0",
+            ),
+            (
+                self.continuity_per_doubling_s >= 0 and self.continuity_machines >= 1,
+                "continuity_per_doubling_s must be >= 0 and continuity_machines >= 1",
+            ),
             (0 < self.min_fraction <= 1, "min_fraction must be in (0, 1]"),
             (self.straggler_steps >= 1, "straggler_steps must be >= 1"),
-            (self.straggler_span_s > 0 and self.straggler_median_steps >= 1,
-             "straggler_span_s must be > 0 and straggler_median_steps >= 1"),
-            (self.straggler_min_slowdown >= 0 and self.straggler_threshold > 0,
-             "straggler_min_slowdown must be >= 0 and straggler_threshold > 0"),
-            (self.straggler_low_quantile is None or 0 <= self.straggler_low_quantile <= 1,
-             "straggler_low_quantile must be null or in [0, 1]"),
+            (
+                self.straggler_span_s > 0 and self.straggler_median_steps >= 1,
+                "straggler_span_s must be > 0 and straggler_median_steps >= 1",
+            ),
+            (
+                self.straggler_min_slowdown >= 0 and self.straggler_threshold > 0,
+                "straggler_min_slowdown must be >= 0 and straggler_threshold > 0",
+            ),
+            (
+                self.straggler_low_quantile is None or 0 <= self.straggler_low_quantile <= 1,
+                "straggler_low_quantile must be null or in [0, 1]",
+            ),
             (self.continuity_steps >= 0, "continuity_steps must be >= 0"),
             (self.recurrence_s >= 0 and self.echo_s >= 0, "recurrence_s and echo_s must be >= 0 (0: off)"),
             (self.step_lag_s >= 0 and self.stale_steps >= 0, "step_lag_s and stale_steps must be >= 0 (0: off)"),
             (0 <= self.skew_s < self.window_s / 2, "skew_s must be >= 0 (0: off) and under half of window_s"),
-            (self.peak_steps > 0 and self.peak_tolerance > 0 and self.peak_span_s > 0,
-             "peak_steps, peak_span_s and peak_tolerance must be > 0"),
+            (
+                self.peak_steps > 0 and self.peak_tolerance > 0 and self.peak_span_s > 0,
+                "peak_steps, peak_span_s and peak_tolerance must be > 0",
+            ),
             (self.peak_hold_windows >= 1, "peak_hold_windows must be >= 1"),
             (0 <= self.peak_since_shortfall <= 1, "peak_since_shortfall must be in [0, 1] (0: off)"),
             (0 < self.crowd_fraction <= 1, "crowd_fraction must be in (0, 1] (1: off)"),
@@ -278,5 +290,6 @@ class OnlineConfig:
 
     def __post_init__(self):
         if self.interval_s <= 0 or self.detect_every_steps < 1 or self.lookback_s <= 0:
-            raise ValueError(f"OnlineConfig: interval_s and lookback_s must be > 0 and "
-                             f"detect_every_steps >= 1; got {self}")
+            raise ValueError(
+                f"OnlineConfig: interval_s and lookback_s must be > 0 and detect_every_steps >= 1; got {self}"
+            )

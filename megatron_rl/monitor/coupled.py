@@ -55,19 +55,42 @@ from .synth import FaultLabel, SynthTrace
 from .trace import STEP_METRICS, metric_order
 from .windows import Grid
 
-COUPLED_FAULT_KINDS = ("link_half", "nic_degraded", "gpu_flapping", "hang", "pfc_storm",
-                       "cpu_saturation", "thermal_decay", "straggler_slow")
+COUPLED_FAULT_KINDS = (
+    "link_half",
+    "nic_degraded",
+    "gpu_flapping",
+    "hang",
+    "pfc_storm",
+    "cpu_saturation",
+    "thermal_decay",
+    "straggler_slow",
+)
 
-SENSOR_METRICS = ("pfc_tx_packets", "cpu_util", "gpu_duty_cycle", "gpu_power", "gpu_tensor_activity",
-                  "nvlink_bandwidth", "net_rx_bytes", "net_tx_bytes")
+SENSOR_METRICS = (
+    "pfc_tx_packets",
+    "cpu_util",
+    "gpu_duty_cycle",
+    "gpu_power",
+    "gpu_tensor_activity",
+    "nvlink_bandwidth",
+    "net_rx_bytes",
+    "net_tx_bytes",
+)
 
 # Metrics each fault moves on its own machine (the label's `metrics`).
 FAULT_METRICS = {
     "link_half": ("nvlink_bandwidth",),
     "nic_degraded": ("net_rx_bytes", "net_tx_bytes"),
     "gpu_flapping": ("gpu_duty_cycle", "gpu_power", "gpu_tensor_activity", "nvlink_bandwidth"),
-    "hang": ("cpu_util", "gpu_duty_cycle", "gpu_power", "gpu_tensor_activity", "nvlink_bandwidth",
-             "net_rx_bytes", "net_tx_bytes"),
+    "hang": (
+        "cpu_util",
+        "gpu_duty_cycle",
+        "gpu_power",
+        "gpu_tensor_activity",
+        "nvlink_bandwidth",
+        "net_rx_bytes",
+        "net_tx_bytes",
+    ),
     "pfc_storm": ("pfc_tx_packets", "net_rx_bytes"),
     "cpu_saturation": ("cpu_util",),
     "thermal_decay": ("gpu_power", "gpu_tensor_activity", "gpu_duty_cycle", "rollout_time"),
@@ -95,8 +118,21 @@ ROLLOUT_SHARE = 0.66
 """Share of the step's compute time spent decoding (RL steps are generation-heavy)."""
 
 # The step's sections, in order; each machine has one segment of each per step.
-SEGMENTS = ("decode", "reward", "host_wait", "pipe_lead", "nv_gather", "compute", "nv_scatter",
-            "grad_wait", "allreduce", "ar_wait", "weight_sync", "sync_wait", "checkpoint")
+SEGMENTS = (
+    "decode",
+    "reward",
+    "host_wait",
+    "pipe_lead",
+    "nv_gather",
+    "compute",
+    "nv_scatter",
+    "grad_wait",
+    "allreduce",
+    "ar_wait",
+    "weight_sync",
+    "sync_wait",
+    "checkpoint",
+)
 SEG = {name: i for i, name in enumerate(SEGMENTS)}
 N_SEG = len(SEGMENTS)
 
@@ -145,8 +181,10 @@ class CoupledConfig:
             raise ValueError(f"fault: {self.fault!r}; allowed: None or one of {', '.join(COUPLED_FAULT_KINDS)}")
         p = tuple(self.step_period_s)
         if len(p) != 2 or not 5.5 <= p[0] <= p[1] <= 600.0:
-            raise ValueError(f"step_period_s: {self.step_period_s!r}; allowed: (low, high) with 5.5 <= low "
-                             f"<= high <= 600 (a step needs compute beyond its fixed {FIXED_S:.1f} s of transfers)")
+            raise ValueError(
+                f"step_period_s: {self.step_period_s!r}; allowed: (low, high) with 5.5 <= low "
+                f"<= high <= 600 (a step needs compute beyond its fixed {FIXED_S:.1f} s of transfers)"
+            )
 
     @property
     def with_step_metrics(self) -> bool:
@@ -179,10 +217,16 @@ def draw_machines(n: int, rng: np.random.Generator) -> Machines:
     peak = np.where(in_a, 690.0, 610.0) + rng.normal(0, 8, n)
     stages = int(min(8, max(2, 2 ** round(np.log2(max(n, 4) / 4)))))
     return Machines(
-        idle_w=idle, peak_w=peak, power_gain=rng.normal(1.0, 0.025, n),
-        power_tau_s=rng.uniform(1.0, 2.0, n), nvlink_peak=np.where(in_a, 1.8e12, 1.5e12) * rng.normal(1, 0.01, n),
-        cpu_base=rng.uniform(2.0, 6.0, n), sample_offset_s=rng.uniform(0, 1, n) + rng.uniform(0, 2, n),
-        stage=np.arange(n) % stages, stages=stages)
+        idle_w=idle,
+        peak_w=peak,
+        power_gain=rng.normal(1.0, 0.025, n),
+        power_tau_s=rng.uniform(1.0, 2.0, n),
+        nvlink_peak=np.where(in_a, 1.8e12, 1.5e12) * rng.normal(1, 0.01, n),
+        cpu_base=rng.uniform(2.0, 6.0, n),
+        sample_offset_s=rng.uniform(0, 1, n) + rng.uniform(0, 2, n),
+        stage=np.arange(n) % stages,
+        stages=stages,
+    )
 
 
 @dataclass
@@ -209,9 +253,12 @@ def draw_fault(cfg: CoupledConfig, rng: np.random.Generator) -> Fault | None:
     d = cfg.duration_s
     machine = int(rng.integers(cfg.machines))
     start = float(rng.uniform(d * 2 / 15, d * 7 / 15))
-    strength = {"link_half": rng.uniform(0.4, 0.6), "nic_degraded": rng.uniform(0.4, 0.6),
-                "straggler_slow": rng.uniform(0.75, 0.85), "thermal_decay": rng.uniform(0.25, 0.38)}.get(
-        cfg.fault, 1.0)
+    strength = {
+        "link_half": rng.uniform(0.4, 0.6),
+        "nic_degraded": rng.uniform(0.4, 0.6),
+        "straggler_slow": rng.uniform(0.75, 0.85),
+        "thermal_decay": rng.uniform(0.25, 0.38),
+    }.get(cfg.fault, 1.0)
     fault = Fault(cfg.fault, machine, start, float(d), float(strength))
     if cfg.fault == "gpu_flapping":
         t = start
@@ -329,11 +376,15 @@ def draw_job(cfg: CoupledConfig, rng: np.random.Generator) -> Job:
     checkpoints = np.stack([ck_t, rng.uniform(10, 30, ck_t.size)], axis=1)
     changes = int(rng.integers(0, 3)) if cfg.distractors else 0
     load_t = np.sort(rng.uniform(60, cfg.duration_s - 60, changes))
-    return Job(period_s=float(rng.uniform(*cfg.step_period_s)), step_scale=scale,
-               train_scale=scale ** 0.7 * rng.lognormal(0, 0.05, steps),
-               rank_length=rng.lognormal(0, 0.08, (steps, cfg.machines)), load_times=load_t,
-               load_factors=np.cumprod(rng.uniform(0.7, 1.4, changes)),
-               checkpoints=checkpoints if cfg.distractors else np.zeros((0, 2)))
+    return Job(
+        period_s=float(rng.uniform(*cfg.step_period_s)),
+        step_scale=scale,
+        train_scale=scale**0.7 * rng.lognormal(0, 0.05, steps),
+        rank_length=rng.lognormal(0, 0.08, (steps, cfg.machines)),
+        load_times=load_t,
+        load_factors=np.cumprod(rng.uniform(0.7, 1.4, changes)),
+        checkpoints=checkpoints if cfg.distractors else np.zeros((0, 2)),
+    )
 
 
 @dataclass
@@ -379,8 +430,9 @@ class Schedule:
     step: np.ndarray
 
 
-def simulate_steps(cfg: CoupledConfig, tl: Timeline, mach: Machines, job: Job, prog: Progress,
-                   base: Factors, fault: Fault | None) -> Schedule:
+def simulate_steps(
+    cfg: CoupledConfig, tl: Timeline, mach: Machines, job: Job, prog: Progress, base: Factors, fault: Fault | None
+) -> Schedule:
     """Run the synchronous step loop until the timeline ends or the job stalls."""
     compute_s = job.period_s - FIXED_S
     lead = mach.stage * BUBBLE_S
@@ -395,8 +447,9 @@ def simulate_steps(cfg: CoupledConfig, tl: Timeline, mach: Machines, job: Job, p
         reward_end = dec_end + REWARD_S / f.reward
         g = reward_end.max() + GATHER_S
         gather_end = g + lead + NV_GATHER_S / f.link
-        comp_end = prog.finish(gather_end, np.full(cfg.machines, compute_s * (1 - ROLLOUT_SHARE)
-                                                    * job.train_scale[s] * load))
+        comp_end = prog.finish(
+            gather_end, np.full(cfg.machines, compute_s * (1 - ROLLOUT_SHARE) * job.train_scale[s] * load)
+        )
         scatter_end = comp_end + NV_SCATTER_S / f.link
         a = (scatter_end + tail).max()
         ar_end = a + ALLREDUCE_S / f.nic
@@ -407,8 +460,26 @@ def simulate_steps(cfg: CoupledConfig, tl: Timeline, mach: Machines, job: Job, p
         if ck < len(job.checkpoints) and step_end >= job.checkpoints[ck, 0]:
             pause, ck = float(job.checkpoints[ck, 1]), ck + 1
         one = np.ones(cfg.machines)
-        rows.append(np.stack([one * t, dec_end, reward_end, one * g, g + lead, gather_end, comp_end,
-                              scatter_end, one * a, ar_end, one * ar, ws_end, one * step_end], axis=1))
+        rows.append(
+            np.stack(
+                [
+                    one * t,
+                    dec_end,
+                    reward_end,
+                    one * g,
+                    g + lead,
+                    gather_end,
+                    comp_end,
+                    scatter_end,
+                    one * a,
+                    ar_end,
+                    one * ar,
+                    ws_end,
+                    one * step_end,
+                ],
+                axis=1,
+            )
+        )
         ends.append(step_end)
         with np.errstate(invalid="ignore"):  # a stalled step's inf - inf: NaN, never reported
             sections.append((reward_end - t, ar - reward_end, one * (step_end - ar), one * (step_end - t)))
@@ -447,8 +518,14 @@ def segment_at_ticks(bounds: np.ndarray, tl: Timeline) -> tuple[np.ndarray, np.n
     return idx % N_SEG, pos.astype(np.float32)
 
 
-def render_activity(kind: np.ndarray, pos: np.ndarray, nvlink_peak: np.ndarray, link: np.ndarray,
-                    nic: np.ndarray, rng: np.random.Generator) -> Activity:
+def render_activity(
+    kind: np.ndarray,
+    pos: np.ndarray,
+    nvlink_peak: np.ndarray,
+    link: np.ndarray,
+    nic: np.ndarray,
+    rng: np.random.Generator,
+) -> Activity:
     """Per-tick activity from the segment kinds. Decode is memory-bound with a draining
     batch: tensor load falls from ~0.55 to ~0.15 across it, with large tick-to-tick
     variance (sequences finish, KV-cache reads vary); training compute is steady."""
@@ -460,8 +537,14 @@ def render_activity(kind: np.ndarray, pos: np.ndarray, nvlink_peak: np.ndarray, 
     nvl = NVLINK[kind] * nvlink_peak[:, None].astype(np.float32)
     nvl = np.where(NVLINK_TRANSFER[kind], nvl * link, nvl)
     nic = np.where(NET_TRANSFER[kind], nic, np.float32(1))
-    return Activity(kernel=KERNEL[kind].copy(), math=np.clip(math, 0, 1), cpu=CPU[kind].copy(),
-                    nvlink=nvl, net_tx=NET_TX[kind] * nic, net_rx=NET_RX[kind] * nic)
+    return Activity(
+        kernel=KERNEL[kind].copy(),
+        math=np.clip(math, 0, 1),
+        cpu=CPU[kind].copy(),
+        nvlink=nvl,
+        net_tx=NET_TX[kind] * nic,
+        net_rx=NET_RX[kind] * nic,
+    )
 
 
 def apply_fault_activity(act: Activity, t: np.ndarray, row: int, mach: Machines, m: int, fault: Fault) -> None:
@@ -536,8 +619,16 @@ def window_mean(x: np.ndarray, at: np.ndarray) -> np.ndarray:
     return ((np.take_along_axis(cum, at, 1) - np.take_along_axis(cum, at - 10, 1)) / 10).astype(np.float32)
 
 
-def sample_chunk(cfg: CoupledConfig, tl: Timeline, mach: Machines, sched: Schedule, base: Factors,
-                 fault: Fault | None, sl: slice, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def sample_chunk(
+    cfg: CoupledConfig,
+    tl: Timeline,
+    mach: Machines,
+    sched: Schedule,
+    base: Factors,
+    fault: Fault | None,
+    sl: slice,
+    rng: np.random.Generator,
+) -> dict[str, np.ndarray]:
     """Per-second sensor readings [machines in sl, seconds] for one chunk of machines."""
     kind, pos = segment_at_ticks(sched.bounds[sl], tl)
     t = tl.times()
@@ -566,8 +657,9 @@ def sample_chunk(cfg: CoupledConfig, tl: Timeline, mach: Machines, sched: Schedu
     return {k: np.maximum(v, 0).astype(np.float32) for k, v in out.items()}
 
 
-def link_and_nic_per_tick(base: Factors, sl: slice, fault: Fault | None,
-                          t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def link_and_nic_per_tick(
+    base: Factors, sl: slice, fault: Fault | None, t: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """The chunk's link and NIC factors per tick: nominal until the fault starts (the
     schedule used nominal transfer times before it too)."""
     link = np.ones((sl.stop - sl.start, t.size), np.float32)
@@ -579,8 +671,9 @@ def link_and_nic_per_tick(base: Factors, sl: slice, fault: Fault | None,
     return link, nic
 
 
-def step_metric_values(cfg: CoupledConfig, sched: Schedule, mach: Machines,
-                       rng: np.random.Generator) -> dict[str, np.ndarray]:
+def step_metric_values(
+    cfg: CoupledConfig, sched: Schedule, mach: Machines, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
     """Per-second step metrics [machines, seconds]: at each sample, the section times of the
     last step that had ended by then on the machine's clock (NaN before the first), with
     ~3 ms of timer noise per rank. A stalled job keeps repeating its last finished step."""
@@ -589,8 +682,12 @@ def step_metric_values(cfg: CoupledConfig, sched: Schedule, mach: Machines,
     sample_t = np.arange(cfg.duration_s)[None] + mach.sample_offset_s[:, None]
     last = np.searchsorted(ends, sample_t, side="right") - 1  # [machines, seconds]
     out = {}
-    for name, table in (("rollout_time", sched.rollout), ("train_time", sched.train),
-                        ("sync_time", sched.sync), ("step_time", sched.step)):
+    for name, table in (
+        ("rollout_time", sched.rollout),
+        ("train_time", sched.train),
+        ("sync_time", sched.sync),
+        ("step_time", sched.step),
+    ):
         vals = table[finished] + rng.normal(0, 0.003, table[finished].shape)  # [steps, machines]
         if vals.size == 0:
             out[name] = np.full(last.shape, np.nan, np.float32)
@@ -600,8 +697,7 @@ def step_metric_values(cfg: CoupledConfig, sched: Schedule, mach: Machines,
     return out
 
 
-def add_collection_noise(values: np.ndarray, metrics: list[str], cfg: CoupledConfig,
-                         rng: np.random.Generator) -> None:
+def add_collection_noise(values: np.ndarray, metrics: list[str], cfg: CoupledConfig, rng: np.random.Generator) -> None:
     """Harmless collection defects, in place on [metric, machine, second]: short sensor
     spikes (about one per machine per 10 min, 1-3 s, 1.5-3x), dropped samples (0.3 % of
     machine-seconds) and single NaNs (0.1 %), collector restarts (30-90 s gaps; counters
@@ -611,7 +707,7 @@ def add_collection_noise(values: np.ndarray, metrics: list[str], cfg: CoupledCon
     for m in range(n):
         for _ in range(rng.poisson(d / 600)):
             j, a = sensors[rng.integers(len(sensors))], int(rng.integers(d))
-            values[j, m, a:a + int(rng.integers(1, 4))] *= rng.uniform(1.5, 3.0)
+            values[j, m, a : a + int(rng.integers(1, 4))] *= rng.uniform(1.5, 3.0)
     for j in ("gpu_duty_cycle", "gpu_tensor_activity", "cpu_util"):
         np.clip(values[metrics.index(j)], 0, 100, out=values[metrics.index(j)])
     values[:, rng.random((n, d)) < 0.003] = np.nan
@@ -623,9 +719,9 @@ def add_collection_noise(values: np.ndarray, metrics: list[str], cfg: CoupledCon
         values[:, m, a:b] = np.nan
         values[counters, m, b] = np.nan
     if rng.random() < 0.25:
-        values[:, int(rng.integers(n)), :int(rng.uniform(10, 60))] = np.nan
+        values[:, int(rng.integers(n)), : int(rng.uniform(10, 60))] = np.nan
     if rng.random() < 0.25:
-        values[:, int(rng.integers(n)), d - int(rng.uniform(10, 60)):] = np.nan
+        values[:, int(rng.integers(n)), d - int(rng.uniform(10, 60)) :] = np.nan
 
 
 def generate_coupled(cfg: CoupledConfig) -> SynthTrace:

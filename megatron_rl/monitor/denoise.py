@@ -88,8 +88,14 @@ def one_thread():
             torch.set_num_threads(n)
 
 
-def _lstm(x_in: torch.Tensor | None, const_in: torch.Tensor | None, w_ih: torch.Tensor,
-          w_hh: torch.Tensor, b: torch.Tensor, steps: int) -> torch.Tensor:
+def _lstm(
+    x_in: torch.Tensor | None,
+    const_in: torch.Tensor | None,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    b: torch.Tensor,
+    steps: int,
+) -> torch.Tensor:
     """LSTM over [steps, batch]; gate order (i, f, o, g). Returns hidden states [steps, H, B].
 
     x_in: [steps, batch] scalar inputs, or None when `const_in` [4H, B] (the decoder's
@@ -101,7 +107,7 @@ def _lstm(x_in: torch.Tensor | None, const_in: torch.Tensor | None, w_ih: torch.
     h = torch.zeros(hid, batch, dtype=w_hh.dtype)
     c = torch.zeros(hid, batch, dtype=w_hh.dtype)
     scale = torch.ones(h4, 1, dtype=w_hh.dtype)
-    scale[3 * hid:] = 2.0  # g gate: tanh(x) = 2*sigmoid(2x) - 1
+    scale[3 * hid :] = 2.0  # g gate: tanh(x) = 2*sigmoid(2x) - 1
     base = b[:, None] if const_in is None else const_in + b[:, None]
     outs = []
     for t in range(steps):
@@ -109,9 +115,9 @@ def _lstm(x_in: torch.Tensor | None, const_in: torch.Tensor | None, w_ih: torch.
         if x_in is not None:
             g = g + w_ih * x_in[t]  # w_ih is [4H, 1]: an outer product
         s = torch.sigmoid(g * scale)
-        gg = 2.0 * s[3 * hid:] - 1.0
-        c = s[hid:2 * hid] * c + s[:hid] * gg
-        h = s[2 * hid:3 * hid] * (2.0 * torch.sigmoid(2.0 * c) - 1.0)
+        gg = 2.0 * s[3 * hid :] - 1.0
+        c = s[hid : 2 * hid] * c + s[:hid] * gg
+        h = s[2 * hid : 3 * hid] * (2.0 * torch.sigmoid(2.0 * c) - 1.0)
         outs.append(h)
     return torch.stack(outs)
 
@@ -131,8 +137,8 @@ class LstmVae(nn.Module):
         self.dec_w_ih, self.dec_w_hh, self.dec_b = u(4 * h, z), u(4 * h, h), u(4 * h)
         self.out_w, self.out_b = u(1, h), u(1)
         with torch.no_grad():  # forget-gate bias 1: the usual LSTM initialisation
-            self.enc_b[h:2 * h] = 1.0
-            self.dec_b[h:2 * h] = 1.0
+            self.enc_b[h : 2 * h] = 1.0
+            self.dec_b[h : 2 * h] = 1.0
 
     def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [window, batch] -> mu, logvar: [latent, batch]."""
@@ -156,7 +162,7 @@ class LstmVae(nn.Module):
         z = mu + torch.randn(mu.shape, generator=gen) * torch.exp(0.5 * logvar)
         recon = self.decode(z, x.shape[0])
         rec = (recon - x).abs().sum(0)
-        kl = -0.5 * (1 + logvar - mu ** 2 - logvar.exp()).sum(0)
+        kl = -0.5 * (1 + logvar - mu**2 - logvar.exp()).sum(0)
         return (rec + self.cfg.beta * kl).mean() / x.shape[0]
 
     @torch.inference_mode()
@@ -177,10 +183,10 @@ class LstmVae(nn.Module):
         dec = _prescaled(self.dec_w_ih, self.dec_w_hh, self.dec_b)
         chunk = max(LANES, chunk // LANES * LANES)
         for i in range(0, width, chunk):
-            h = _lstm_inference(xt[:, i:i + chunk], None, *enc, steps)
+            h = _lstm_inference(xt[:, i : i + chunk], None, *enc, steps)
             mu = torch.addmm(self.mu_b[:, None], self.mu_w, h)
-            o = out[:, i:i + chunk]
-            emit = lambda t, h_t: torch.addmm(self.out_b[:, None], self.out_w, h_t, out=o[t:t + 1])  # noqa: E731
+            o = out[:, i : i + chunk]
+            emit = lambda t, h_t: torch.addmm(self.out_b[:, None], self.out_w, h_t, out=o[t : t + 1])  # noqa: E731
             _lstm_inference(None, dec[0] @ mu, *dec, steps, emit)
         return out.numpy()[:, :n].T
 
@@ -196,7 +202,7 @@ window's score would depend on how many other windows were complete."""
 def _prescaled(w_ih: torch.Tensor, w_hh: torch.Tensor, b: torch.Tensor):
     """Weights with the g-gate rows doubled, so one sigmoid serves all four gates."""
     s = torch.ones(w_hh.shape[0], 1)
-    s[3 * (w_hh.shape[0] // 4):] = 2.0
+    s[3 * (w_hh.shape[0] // 4) :] = 2.0
     return w_ih * s, w_hh * s, b[:, None] * s
 
 
@@ -218,12 +224,12 @@ def _lstm_inference(x_in, const_in, w_ih, w_hh, b, steps: int, emit=None) -> tor
     for t in range(steps):
         torch.addmm(base, w_hh, h, out=g)
         if x_in is not None:
-            g.addcmul_(w_ih, x_in[t:t + 1])
+            g.addcmul_(w_ih, x_in[t : t + 1])
         g.sigmoid_()
-        gg2 = torch.add(minus2, g[3 * hid:], alpha=4.0, out=g[3 * hid:])
-        c2.mul_(g[hid:2 * hid]).addcmul_(g[:hid], gg2)
+        gg2 = torch.add(minus2, g[3 * hid :], alpha=4.0, out=g[3 * hid :])
+        c2.mul_(g[hid : 2 * hid]).addcmul_(g[:hid], gg2)
         torch.add(minus1, torch.sigmoid(c2, out=tmp), alpha=2.0, out=tmp)
-        torch.mul(g[2 * hid:3 * hid], tmp, out=h)
+        torch.mul(g[2 * hid : 3 * hid], tmp, out=h)
         if emit is not None:
             emit(t, h)
     return h
@@ -245,17 +251,23 @@ class Denoiser:
         if model is None or windows.shape[0] == 0:
             return np.asarray(windows, np.float32)
         if windows.shape[1] != self.cfg.window:
-            raise ValueError(f"denoiser was trained on {self.cfg.window}-sample windows, "
-                             f"got {windows.shape[1]}; set the detector's window_s to match")
+            raise ValueError(
+                f"denoiser was trained on {self.cfg.window}-sample windows, "
+                f"got {windows.shape[1]}; set the detector's window_s to match"
+            )
         return model.reconstruct(windows)
 
     def save(self, directory: str | Path) -> Path:
         from safetensors.torch import save_file
+
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         names = list(self.models)
-        tensors = {f"m{i}.{p}": t.detach().contiguous()
-                   for i, name in enumerate(names) for p, t in self.models[name].named_parameters()}
+        tensors = {
+            f"m{i}.{p}": t.detach().contiguous()
+            for i, name in enumerate(names)
+            for p, t in self.models[name].named_parameters()
+        }
         meta = {"config": json.dumps(asdict(self.cfg)), "metrics": json.dumps(names), "format": "1"}
         path = d / WEIGHTS_FILE
         tmp = d / (WEIGHTS_FILE + ".tmp")
@@ -267,11 +279,13 @@ class Denoiser:
     @classmethod
     def load(cls, directory: str | Path) -> "Denoiser":
         from safetensors import safe_open
+
         path = Path(directory)
         path = path / WEIGHTS_FILE if path.is_dir() else path
         if not path.exists():
-            raise FileNotFoundError(f"{path}: no denoiser weights; create them with "
-                                    f"`monitor train-denoiser --out {path.parent}`")
+            raise FileNotFoundError(
+                f"{path}: no denoiser weights; create them with `monitor train-denoiser --out {path.parent}`"
+            )
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
@@ -301,8 +315,15 @@ class _Adam:
     which takes 2-8 s: longer than training these ~400 parameters does.
     """
 
-    def __init__(self, params: list[torch.Tensor], lr: float, steps: int, clip: float = 5.0,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        lr: float,
+        steps: int,
+        clip: float = 5.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ):
         self.params, self.lr, self.steps, self.clip, self.betas, self.eps = params, lr, steps, clip, betas, eps
         self.m = [torch.zeros_like(p) for p in params]
         self.v = [torch.zeros_like(p) for p in params]
@@ -320,8 +341,8 @@ class _Adam:
             g = g * scale
             m.mul_(b1).add_(g, alpha=1 - b1)
             v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (v / (1 - b2 ** self.t)).sqrt_().add_(self.eps)
-            p.addcdiv_(m, denom, value=-lr / (1 - b1 ** self.t))
+            denom = (v / (1 - b2**self.t)).sqrt_().add_(self.eps)
+            p.addcdiv_(m, denom, value=-lr / (1 - b1**self.t))
             p.grad = None
 
 
@@ -345,8 +366,9 @@ def train_vae(windows: np.ndarray, cfg: DenoiserConfig, seed: int = 0) -> tuple[
     return model.eval(), float(np.mean(recent))
 
 
-def train_denoiser(windows: dict[str, np.ndarray], cfg: DenoiserConfig = DenoiserConfig(),
-                   pooled: bool = True, log=None) -> Denoiser:
+def train_denoiser(
+    windows: dict[str, np.ndarray], cfg: DenoiserConfig = DenoiserConfig(), pooled: bool = True, log=None
+) -> Denoiser:
     """One VAE per metric, plus (if `pooled`) a default VAE on all metrics' windows."""
     models = {}
     items = [(m, w) for m, w in windows.items() if len(w)]

@@ -44,15 +44,42 @@ import numpy as np
 
 from .config import DetectConfig
 from .denoise import Denoiser, WindowMedian
-from .peers import (held_low, intermittency_scores, level_scores, level_z, peak_shortfalls, robust_z,
-                    shortfall_scores, trailing_max, whole_step_span)
-from .period import (TimeScales, cycle_period, estimate_period, reported_period, step_average, time_scales,
-                     without_stale_steps)
+from .peers import (
+    held_low,
+    intermittency_scores,
+    level_scores,
+    level_z,
+    peak_shortfalls,
+    robust_z,
+    shortfall_scores,
+    trailing_max,
+    whole_step_span,
+)
+from .period import (
+    TimeScales,
+    cycle_period,
+    estimate_period,
+    reported_period,
+    step_average,
+    time_scales,
+    without_stale_steps,
+)
 from .skew import skew_scores
 from .stragglers import straggler_scores
 from .trace import STEP_METRICS, Trace
-from .windows import (Grid, complete_trailing_mean_at, cut_windows, nanmedian, normalise_centred, normalise_lagged,
-                      to_grid, window_layout, window_means, window_times)
+from .windows import (
+    Grid,
+    complete_trailing_mean_at,
+    cut_windows,
+    nanmedian,
+    normalise_centred,
+    normalise_lagged,
+    to_grid,
+    window_layout,
+    window_means,
+    window_times,
+)
+
 
 @dataclass
 class Alert:
@@ -65,8 +92,7 @@ class Alert:
     score: float
 
     def to_json(self) -> str:
-        return json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
-                           for k, v in asdict(self).items()})
+        return json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()})
 
 
 @dataclass
@@ -115,8 +141,9 @@ def median_distance(rec: np.ndarray) -> np.ndarray:
     return np.abs(d, out=d).mean(-2)  # NaN columns stay NaN
 
 
-def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
-               denoiser: Denoiser | WindowMedian | None = None) -> Scores:
+def score_grid(
+    grid: Grid, cfg: DetectConfig = DetectConfig(), denoiser: Denoiser | WindowMedian | None = None
+) -> Scores:
     """Normalised dissimilarity of every machine, metric and window of a grid.
 
     `denoiser`: anything with `reconstruct(metric, windows)`; None compares raw windows.
@@ -163,13 +190,11 @@ def score_grid(grid: Grid, cfg: DetectConfig = DetectConfig(),
     straggler = None
     if cfg.straggler_score and is_step.any():
         zs = straggler_scores(values[is_step], resid[is_step], cfg, scales.period_s or cycle_s)
-        straggler = Scores(zs, [m for m in grid.metrics if m in STEP_METRICS], list(grid.machines), start, end,
-                           scales)
+        straggler = Scores(zs, [m for m in grid.metrics if m in STEP_METRICS], list(grid.machines), start, end, scales)
     return Scores(z, metrics, list(grid.machines), start, end, scales, straggler, instant, deep, backing)
 
 
-def skew_shifted(resid: np.ndarray, centre: np.ndarray, is_step: np.ndarray, cfg: DetectConfig
-                 ) -> np.ndarray | None:
+def skew_shifted(resid: np.ndarray, centre: np.ndarray, is_step: np.ndarray, cfg: DetectConfig) -> np.ndarray | None:
     """The per-second metrics' window scores with the samples shifted by up to `skew_s`
     (monitor/skew.py), or None when off; the window score is lowered to it."""
     lag = int(round(cfg.skew_s / cfg.step_s))
@@ -178,8 +203,15 @@ def skew_shifted(resid: np.ndarray, centre: np.ndarray, is_step: np.ndarray, cfg
     return skew_scores(resid[~is_step], centre[~is_step], lag, cfg.window, cfg.stride, cfg.min_machines)
 
 
-def peer_channel(grid: Grid, win: np.ndarray, resid: np.ndarray, is_step: np.ndarray, cfg: DetectConfig,
-                 scales: TimeScales, cycle_s: float | None) -> tuple[np.ndarray, np.ndarray | None, float]:
+def peer_channel(
+    grid: Grid,
+    win: np.ndarray,
+    resid: np.ndarray,
+    is_step: np.ndarray,
+    cfg: DetectConfig,
+    scales: TimeScales,
+    cycle_s: float | None,
+) -> tuple[np.ndarray, np.ndarray | None, float]:
     """(peer scores [metrics, machines, windows], deep peaks or None, peak backing s)."""
     levels = whole_step_levels(resid, cfg, scales, cycle_s)
     peer = peer_scores(win, cfg, scales.intermittency_span_s, levels)
@@ -216,8 +248,9 @@ def gpu_joint_scores(z: np.ndarray, metrics: list[str], min_machines: int) -> np
     return robust_z(nanmedian(rows, axis=0)[None], 0.0, min_machines)[0]
 
 
-def residuals(values: np.ndarray, is_step: np.ndarray, cfg: DetectConfig, max_fill: int
-              ) -> tuple[np.ndarray, np.ndarray]:
+def residuals(
+    values: np.ndarray, is_step: np.ndarray, cfg: DetectConfig, max_fill: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(normalised residuals [metrics, machines, seconds], the median they are measured
     from [metrics, 1, seconds] in the same units, NaN for lagged step metrics).
 
@@ -260,8 +293,7 @@ call holds one, every metric looked steady, and a pause-frame counter's lucky bu
 passed for a capacity."""
 
 
-def deep_peaks(score: np.ndarray, short: np.ndarray, steady: np.ndarray, span: int,
-               cfg: DetectConfig) -> np.ndarray:
+def deep_peaks(score: np.ndarray, short: np.ndarray, steady: np.ndarray, span: int, cfg: DetectConfig) -> np.ndarray:
     """[metrics, machines, windows]: above the threshold, a peak at least
     peak_since_shortfall below the peers' for peak_hold_windows windows, on a metric whose
     peak is a capacity (its machines' own peaks steady within peak_tolerance).
@@ -317,8 +349,9 @@ def periods(grid: Grid, cfg: DetectConfig) -> tuple[float | None, float | None]:
     return step, cycle
 
 
-def whole_step_levels(resid: np.ndarray, cfg: DetectConfig, scales: TimeScales,
-                      cycle_s: float | None) -> np.ndarray | None:
+def whole_step_levels(
+    resid: np.ndarray, cfg: DetectConfig, scales: TimeScales, cycle_s: float | None
+) -> np.ndarray | None:
     """Residual levels [metrics, machines, windows] averaged over whole steps, or None to
     keep the level over `level_span_s` of window means.
 
@@ -333,8 +366,7 @@ def whole_step_levels(resid: np.ndarray, cfg: DetectConfig, scales: TimeScales,
     return complete_trailing_mean_at(resid, whole_step_span(cfg.level_span_s, cycle_s, cfg.step_s), ends)
 
 
-def denoised_windows(win: np.ndarray, metrics: list[str],
-                     denoiser: Denoiser | WindowMedian | None) -> np.ndarray:
+def denoised_windows(win: np.ndarray, metrics: list[str], denoiser: Denoiser | WindowMedian | None) -> np.ndarray:
     """[metrics, machines, windows, window] residual windows -> reconstructions
     [metrics, windows, window, machines] (machines last, for the median), NaN for
     windows with a gap.
@@ -363,8 +395,9 @@ def step_period(grid: Grid) -> float | None:
     return estimate_period(grid)
 
 
-def peer_scores(win: np.ndarray, cfg: DetectConfig, intermittency_span_s: float | None = None,
-                levels: np.ndarray | None = None) -> np.ndarray:
+def peer_scores(
+    win: np.ndarray, cfg: DetectConfig, intermittency_span_s: float | None = None, levels: np.ndarray | None = None
+) -> np.ndarray:
     """max(level, intermittency) score [metrics, machines, windows] from residual windows;
     `levels`: residual levels to score instead of the mean of the last level_span_s of
     windows (`whole_step_levels`)."""
@@ -374,8 +407,9 @@ def peer_scores(win: np.ndarray, cfg: DetectConfig, intermittency_span_s: float 
         level = level_scores(means, span(cfg.level_span_s), cfg.min_machines)
     else:
         level = level_z(levels, cfg.min_machines)
-    inter = intermittency_scores(means, span(intermittency_span_s or cfg.intermittency_span_s),
-                                 cfg.abnormal_z, cfg.min_machines)
+    inter = intermittency_scores(
+        means, span(intermittency_span_s or cfg.intermittency_span_s), cfg.abnormal_z, cfg.min_machines
+    )
     return np.fmax(level, inter)
 
 
@@ -504,10 +538,15 @@ class _Recurrence:
     def alert(self, i: int, w: int, scores: Scores) -> Alert:
         """The alert for machine i: its most frequent candidate metric over the span, first
         seen at its first candidate window in the span, scored by their mean z."""
-        hit = np.flatnonzero(self.metric[i, w + 1 - self.span:w + 1] >= 0) + w + 1 - self.span
+        hit = np.flatnonzero(self.metric[i, w + 1 - self.span : w + 1] >= 0) + w + 1 - self.span
         metric = Counter(self.metric[i, hit].tolist()).most_common(1)[0][0]
-        return Alert(scores.machines[i], scores.metrics[metric], float(scores.win_start[hit[0]]),
-                     float(scores.win_end[w]), float(self.z[i, hit].mean()))
+        return Alert(
+            scores.machines[i],
+            scores.metrics[metric],
+            float(scores.win_start[hit[0]]),
+            float(scores.win_end[w]),
+            float(self.z[i, hit].mean()),
+        )
 
 
 def _recurrence_span(scores: Scores, cfg: DetectConfig) -> int:
@@ -520,8 +559,7 @@ def _recurrence_span(scores: Scores, cfg: DetectConfig) -> int:
     return int(round(cfg.recurrence_s / cfg.stride_s))
 
 
-def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
-            already: set[str] | None = None) -> Detection:
+def declare(scores: Scores, cfg: DetectConfig = DetectConfig(), already: set[str] | None = None) -> Detection:
     """Turn per-window candidates into alerts with the continuity rule.
 
     Machines in `already` (declared by an earlier call) are never candidates again, so a
@@ -548,7 +586,7 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
             candidates.append((float(now), machines[i], scores.metrics[k], zi))
             recurrence.record(i, k, w, zi)
             run = runs.setdefault(i, _Run(start=w, last_hit=w, burst_start=w))
-            if run.last_hit < w - 1 and recovered(z[:, i, run.last_hit + 1:w], cfg.gap_depth * cfg.threshold):
+            if run.last_hit < w - 1 and recovered(z[:, i, run.last_hit + 1 : w], cfg.gap_depth * cfg.threshold):
                 run.bursts, run.burst_start = run.bursts + 1, w  # back after a real gap: a new burst
             run.hits, run.last_hit, run.z_sum = run.hits + 1, w, run.z_sum + zi
             run.metrics[scores.metrics[k]] += 1
@@ -558,11 +596,20 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(),
             if deep is not None and deep[k, i, w]:  # the whole span ran slow
                 run.since = min(run.since, float(scores.win_start[w]) - scores.peak_backing_s)
             upto = run.counted_until(w, scores, cfg.echo_s)  # w itself unless the window score fired before
-            if run.span_s(upto, scores, cfg.stride_s) >= run.need_s and \
-                    run.hits >= cfg.min_fraction * run.counted_windows(w) and \
-                    run.joins_its_gaps(w, scores, cfg.join_bursts):
-                alerts.append(Alert(machines[i], run.metrics.most_common(1)[0][0],
-                                    float(scores.win_start[run.start]), float(now), run.z_sum / run.hits))
+            if (
+                run.span_s(upto, scores, cfg.stride_s) >= run.need_s
+                and run.hits >= cfg.min_fraction * run.counted_windows(w)
+                and run.joins_its_gaps(w, scores, cfg.join_bursts)
+            ):
+                alerts.append(
+                    Alert(
+                        machines[i],
+                        run.metrics.most_common(1)[0][0],
+                        float(scores.win_start[run.start]),
+                        float(now),
+                        run.z_sum / run.hits,
+                    )
+                )
                 excluded[i] = True
                 del runs[i]
         for i, run in runs.items():
@@ -601,8 +648,12 @@ def continuity(scores: Scores, cfg: DetectConfig) -> np.ndarray:
     return need
 
 
-def detect(trace: Trace | Grid, cfg: DetectConfig = DetectConfig(),
-           denoiser: Denoiser | WindowMedian | None = None, already: set[str] | None = None) -> Detection:
+def detect(
+    trace: Trace | Grid,
+    cfg: DetectConfig = DetectConfig(),
+    denoiser: Denoiser | WindowMedian | None = None,
+    already: set[str] | None = None,
+) -> Detection:
     """Score a trace (or an already resampled grid) and declare faulty machines."""
     grid = trace if isinstance(trace, Grid) else to_grid(trace, cfg.step_s)
     return declare(score_grid(grid, cfg, denoiser), cfg, already)

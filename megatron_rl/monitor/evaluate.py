@@ -73,15 +73,28 @@ class EvalConfig:
 
 
 def _synth_config(ec: EvalConfig, machines: int, seed: int, fault: str | None) -> SynthConfig:
-    return SynthConfig(machines=machines, seed=seed, fault=fault, duration_s=ec.duration_s,
-                       distractors=ec.distractors, step_metrics=ec.step_metrics, step_period_s=ec.step_period_s)
+    return SynthConfig(
+        machines=machines,
+        seed=seed,
+        fault=fault,
+        duration_s=ec.duration_s,
+        distractors=ec.distractors,
+        step_metrics=ec.step_metrics,
+        step_period_s=ec.step_period_s,
+    )
 
 
 def _coupled_config(ec: EvalConfig, machines: int, seed: int, fault: str | None) -> CoupledConfig:
     """Coupled traces always carry their own distractors (they are part of its model), so
     `ec.distractors` does not apply."""
-    return CoupledConfig(machines=machines, seed=seed, fault=fault, duration_s=ec.duration_s,
-                         step_metrics=ec.step_metrics, step_period_s=tuple(ec.step_period_s))
+    return CoupledConfig(
+        machines=machines,
+        seed=seed,
+        fault=fault,
+        duration_s=ec.duration_s,
+        step_metrics=ec.step_metrics,
+        step_period_s=tuple(ec.step_period_s),
+    )
 
 
 @dataclass(frozen=True)
@@ -136,8 +149,9 @@ class Outcome:
     alerts: dict[tuple[str, float], list[Alert]]
 
 
-def run_all(ms: list[Method], ec: EvalConfig, thresholds: dict[str, tuple[float, ...]] | None = None,
-            log=None) -> list[Outcome]:
+def run_all(
+    ms: list[Method], ec: EvalConfig, thresholds: dict[str, tuple[float, ...]] | None = None, log=None
+) -> list[Outcome]:
     """Generate every trace once, score it with every method, declare at each threshold
     (a method's own grid unless `thresholds` fixes it)."""
     out = []
@@ -215,8 +229,9 @@ def tune(outcomes: list[Outcome], m: Method) -> tuple[float, float]:
     return best[2], best[0]
 
 
-def call_time(score: Callable[[Grid], Scores], cfg: DetectConfig, machines: int,
-              repeats: int = 3, duration_s: int = 900) -> float:
+def call_time(
+    score: Callable[[Grid], Scores], cfg: DetectConfig, machines: int, repeats: int = 3, duration_s: int = 900
+) -> float:
     """Median seconds of one detection call (score + declare) on a 15-minute grid."""
     grid = generate(SynthConfig(machines=machines, seed=1, fault="gpu_drop", duration_s=duration_s)).grid
     times = []
@@ -227,8 +242,9 @@ def call_time(score: Callable[[Grid], Scores], cfg: DetectConfig, machines: int,
     return float(np.median(times))
 
 
-def train_synthetic_denoiser(seed: int = 100, traces: int = 4, machines: int = 64,
-                             cfg: DenoiserConfig = DenoiserConfig(), log=None) -> Denoiser:
+def train_synthetic_denoiser(
+    seed: int = 100, traces: int = 4, machines: int = 64, cfg: DenoiserConfig = DenoiserConfig(), log=None
+) -> Denoiser:
     """Denoiser trained on fault-free synthetic traces (seeds disjoint from evaluation)."""
     wins: dict[str, list[np.ndarray]] = {}
     for j in range(traces):
@@ -246,33 +262,55 @@ def report_rows(t: dict) -> list[dict]:
         if kind == "overall" or v.tp + v.fn:
             p, r, f = v.prf()
             d = np.array(v.delays) if v.delays else np.array([np.nan])
-            rows.append({"kind": kind, "precision": p, "recall": r, "f1": f, "tp": v.tp, "fp": v.fp,
-                         "fn": v.fn, "delay_median_s": float(np.median(d)),
-                         "delay_p90_s": float(np.percentile(d, 90)),
-                         "metric_right": v.metric_right / v.tp if v.tp else float("nan")})
+            rows.append(
+                {
+                    "kind": kind,
+                    "precision": p,
+                    "recall": r,
+                    "f1": f,
+                    "tp": v.tp,
+                    "fp": v.fp,
+                    "fn": v.fn,
+                    "delay_median_s": float(np.median(d)),
+                    "delay_p90_s": float(np.percentile(d, 90)),
+                    "metric_right": v.metric_right / v.tp if v.tp else float("nan"),
+                }
+            )
     fa = t["fault-free"].fp
     hours = t["machine_hours"]
-    rows.append({"kind": "fault-free", "false_alarms": fa, "machine_hours": hours,
-                 "fa_per_machine_hour": fa / hours if hours else float("nan"),
-                 "fa_per_machine_day": 24 * fa / hours if hours else float("nan")})
+    rows.append(
+        {
+            "kind": "fault-free",
+            "false_alarms": fa,
+            "machine_hours": hours,
+            "fa_per_machine_hour": fa / hours if hours else float("nan"),
+            "fa_per_machine_day": 24 * fa / hours if hours else float("nan"),
+        }
+    )
     return rows
 
 
 def format_table(results: dict[str, list[dict]]) -> str:
     """Markdown: methods side by side, per kind F1 and the headline numbers."""
-    lines = ["| method | kind | precision | recall | F1 | found / faults | delay median / p90 (s) | right metric |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| method | kind | precision | recall | F1 | found / faults | delay median / p90 (s) | right metric |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, rows in results.items():
         for r in rows:
             if "f1" in r:
-                lines.append(f"| {name} | {r['kind']} | {r['precision']:.3f} | {r['recall']:.3f} | "
-                             f"{r['f1']:.3f} | {r['tp']} / {r['tp'] + r['fn']} | "
-                             f"{r['delay_median_s']:.0f} / {r['delay_p90_s']:.0f} | "
-                             f"{r['metric_right']:.2f} |")
+                lines.append(
+                    f"| {name} | {r['kind']} | {r['precision']:.3f} | {r['recall']:.3f} | "
+                    f"{r['f1']:.3f} | {r['tp']} / {r['tp'] + r['fn']} | "
+                    f"{r['delay_median_s']:.0f} / {r['delay_p90_s']:.0f} | "
+                    f"{r['metric_right']:.2f} |"
+                )
             else:
-                lines.append(f"| {name} | fault-free | {r['false_alarms']} false alarms in "
-                             f"{r['machine_hours']:.0f} machine-hours = {r['fa_per_machine_day']:.4f} "
-                             f"per machine-day | | | | | |")
+                lines.append(
+                    f"| {name} | fault-free | {r['false_alarms']} false alarms in "
+                    f"{r['machine_hours']:.0f} machine-hours = {r['fa_per_machine_day']:.4f} "
+                    f"per machine-day | | | | | |"
+                )
     return "\n".join(lines)
 
 
@@ -281,8 +319,7 @@ class EvalPlan:
     """Tune on one seed range, report on another, time calls at several sizes."""
 
     tune: EvalConfig = EvalConfig(seed=1_000, machines=(8, 32, 128), faulty_per_cell=3, fault_free_per_size=4)
-    test: EvalConfig = EvalConfig(seed=10_000, machines=(8, 32, 128, 512), faulty_per_cell=5,
-                                  fault_free_per_size=8)
+    test: EvalConfig = EvalConfig(seed=10_000, machines=(8, 32, 128, 512), faulty_per_cell=5, fault_free_per_size=8)
     timing_machines: tuple[int, ...] = (64, 256, 1024)
     only: tuple[str, ...] = ()
     """Evaluate only methods whose name contains one of these strings (empty: all)."""
@@ -290,8 +327,7 @@ class EvalPlan:
     """Fixed threshold for every method: no tuning run (for a quick held-out check)."""
 
 
-def run_evaluation(plan: EvalPlan, denoiser: Denoiser | None, cfg: DetectConfig = DetectConfig(),
-                   log=print) -> dict:
+def run_evaluation(plan: EvalPlan, denoiser: Denoiser | None, cfg: DetectConfig = DetectConfig(), log=print) -> dict:
     """Tune each method's threshold, then report it on held-out seeds; JSON-ready dict."""
     ms = [m for m in methods(denoiser, cfg) if not plan.only or any(o in m.name for o in plan.only)]
     if plan.threshold is not None:
@@ -304,8 +340,11 @@ def run_evaluation(plan: EvalPlan, denoiser: Denoiser | None, cfg: DetectConfig 
         log(f"  {name}: threshold {th} (tuning F1 {f1:.3f})")
     log(f"held-out evaluation on {len(plan.test.scenarios())} traces (seeds from {plan.test.seed})")
     test = run_all(ms, plan.test, thresholds={n: (th,) for n, (th, _) in chosen.items()}, log=log)
-    result = {"plan": {"tune": asdict(plan.tune), "test": asdict(plan.test)}, "detect_config": asdict(cfg),
-              "methods": {}}
+    result = {
+        "plan": {"tune": asdict(plan.tune), "test": asdict(plan.test)},
+        "detect_config": asdict(cfg),
+        "methods": {},
+    }
     for m in ms:
         th, f1 = chosen[m.name]
         times = {n: call_time(m.score, replace(m.cfg, threshold=th), n) for n in plan.timing_machines}
@@ -315,9 +354,13 @@ def run_evaluation(plan: EvalPlan, denoiser: Denoiser | None, cfg: DetectConfig 
             t = tally([o for o in test if o.config.machines == n], m.name, th)
             p, r, f = overall(t).prf()
             by_size[str(n)] = {"precision": p, "recall": r, "f1": f, "false_alarms": t["fault-free"].fp}
-        result["methods"][m.name] = {"threshold": th, "tuning_f1": f1,
-                                     "rows": report_rows(tally(test, m.name, th)), "by_machines": by_size,
-                                     "call_time_s": {str(n): t for n, t in times.items()}}
+        result["methods"][m.name] = {
+            "threshold": th,
+            "tuning_f1": f1,
+            "rows": report_rows(tally(test, m.name, th)),
+            "by_machines": by_size,
+            "call_time_s": {str(n): t for n, t in times.items()},
+        }
     return result
 
 
@@ -329,11 +372,17 @@ def format_report(result: dict) -> str:
     lines.append("| method | " + " | ".join(f"F1 (false alarms) at {n} machines" for n in first["by_machines"]) + " |")
     lines.append("| --- |" + " --- |" * len(first["by_machines"]))
     for name, r in methods.items():
-        lines.append(f"| {name} | " + " | ".join(f"{v['f1']:.3f} ({v['false_alarms']})"
-                                                 for v in r["by_machines"].values()) + " |")
+        lines.append(
+            f"| {name} | "
+            + " | ".join(f"{v['f1']:.3f} ({v['false_alarms']})" for v in r["by_machines"].values())
+            + " |"
+        )
     if first["call_time_s"]:
-        lines += ["", "| method | " + " | ".join(f"call at {n} machines (s)" for n in first["call_time_s"]) + " |",
-                  "| --- |" + " --- |" * len(first["call_time_s"])]
+        lines += [
+            "",
+            "| method | " + " | ".join(f"call at {n} machines (s)" for n in first["call_time_s"]) + " |",
+            "| --- |" + " --- |" * len(first["call_time_s"]),
+        ]
         for name, r in methods.items():
             lines.append(f"| {name} | " + " | ".join(f"{t:.3f}" for t in r["call_time_s"].values()) + " |")
     return "\n".join(lines)

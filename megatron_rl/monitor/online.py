@@ -25,8 +25,8 @@ from typing import Callable, Mapping
 
 from .actions import append_exclude, write_alerts
 from .collect import Collector, default_hostname
-from .denoise import Denoiser
 from .config import OnlineConfig
+from .denoise import Denoiser
 from .detect import Alert, detect, peak_seconds
 from .period import time_scales
 from .trace import Trace
@@ -55,9 +55,17 @@ class OnlineMonitor:
     `denoiser` overrides `cfg.model_dir` on the detector rank when given.
     """
 
-    def __init__(self, cfg: OnlineConfig, run_dir: str | os.PathLike, *, is_detector: bool = True,
-                 sample_here: bool = True, gather: Gather | None = None,
-                 collector: Collector | None = None, denoiser: Denoiser | None = None):
+    def __init__(
+        self,
+        cfg: OnlineConfig,
+        run_dir: str | os.PathLike,
+        *,
+        is_detector: bool = True,
+        sample_here: bool = True,
+        gather: Gather | None = None,
+        collector: Collector | None = None,
+        denoiser: Denoiser | None = None,
+    ):
         self.cfg = cfg
         self.dir = Path(run_dir) / "monitor"
         self.is_detector = is_detector
@@ -86,8 +94,9 @@ class OnlineMonitor:
         if self.collector is not None:
             self.collector.stop()
 
-    def on_step(self, step_time_s: float | None = None,
-                sections: Mapping[str, float | None] | None = None) -> list[Alert]:
+    def on_step(
+        self, step_time_s: float | None = None, sections: Mapping[str, float | None] | None = None
+    ) -> list[Alert]:
         """Call on every rank after each training step; returns new alerts (detector rank).
 
         `sections`: this rank's section times of the step ({"rollout_time", "train_time",
@@ -143,8 +152,13 @@ class OnlineMonitor:
         write_alerts(self.alerts_file, alerts, append=True)
         added = append_exclude(self.exclude_file, [a.machine for a in alerts])
         for a in alerts:
-            log.warning("monitor: %s declared faulty (metric %s, score %.1f, first seen %.0f)",
-                        a.machine, a.metric, a.score, a.first_seen)
+            log.warning(
+                "monitor: %s declared faulty (metric %s, score %.1f, first seen %.0f)",
+                a.machine,
+                a.metric,
+                a.score,
+                a.first_seen,
+            )
         if added:
             log.warning("monitor: excluded on requeue: %s (%s)", ", ".join(added), self.exclude_file)
         self.declared.update(a.machine for a in alerts)
@@ -154,6 +168,7 @@ class OnlineMonitor:
 
 def _load_denoiser(model_dir: str | None) -> Denoiser | None:
     from .denoise import default_model_dir
+
     if model_dir == "none":
         return None
     path = model_dir or default_model_dir()

@@ -133,8 +133,9 @@ def whole_step_span(target_s: float, period_s: float, step_s: float = 1.0) -> in
     return max(1, int(np.floor(steps * period_s / step_s + 0.5)))
 
 
-def intermittency_scores(means: np.ndarray, span: int, abnormal_z: float, min_machines: int,
-                         parts: int = 3) -> np.ndarray:
+def intermittency_scores(
+    means: np.ndarray, span: int, abnormal_z: float, min_machines: int, parts: int = 3
+) -> np.ndarray:
     """How often the machine's own window level was abnormal (|z| > abnormal_z) in EVERY
     one of `parts` consecutive slices of the last `span` windows: the smallest slice
     fraction, as a robust z across machines (floor 0.05, so a handful of stray windows
@@ -167,8 +168,9 @@ def trailing_max(x: np.ndarray, span: int) -> np.ndarray:
     return out
 
 
-def peak_scores(win: np.ndarray, span: int, tolerance: float, min_machines: int,
-                min_present: float = 0.75, hold: int = 1) -> np.ndarray:
+def peak_scores(
+    win: np.ndarray, span: int, tolerance: float, min_machines: int, min_present: float = 0.75, hold: int = 1
+) -> np.ndarray:
     """How far each machine's peak sits BELOW its peers': [metrics, machines, windows];
     win: raw per-second values cut into windows [metrics, machines, windows, window].
 
@@ -200,8 +202,9 @@ def shortfall_scores(short: np.ndarray, steady: np.ndarray, tolerance: float, ho
     return held_low(short / unit, hold).astype(np.float32, copy=False)
 
 
-def peak_shortfalls(win: np.ndarray, span: int, min_machines: int,
-                    min_present: float = 0.75) -> tuple[np.ndarray, np.ndarray]:
+def peak_shortfalls(
+    win: np.ndarray, span: int, min_machines: int, min_present: float = 0.75
+) -> tuple[np.ndarray, np.ndarray]:
     """(1 - each machine's peak / its peers' median peak [metrics, machines, windows], each
     metric's steadiness [metrics, 1, 1]): the two parts of `peak_scores`, with its NaNs."""
     wmax = window_maxima(win)  # NaN only for a window without a value
@@ -225,5 +228,5 @@ def held_low(score: np.ndarray, hold: int) -> np.ndarray:
     out = score.copy()
     for j in range(1, hold):
         out[..., j:] = np.minimum(out[..., j:], score[..., :-j])  # NaN propagates
-    out[..., :hold - 1] = np.nan
+    out[..., : hold - 1] = np.nan
     return out

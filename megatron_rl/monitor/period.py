@@ -99,8 +99,9 @@ def without_stale_steps(grid: Grid, stale_steps: float) -> Grid:
     return Grid(values, grid.metrics, grid.machines, grid.start, grid.step_s)
 
 
-def autocorrelation_period(values: np.ndarray, max_machines: int = 64, min_lag: int = 2,
-                           max_frac: float = 1 / 3, min_prominence: float = 0.05) -> float | None:
+def autocorrelation_period(
+    values: np.ndarray, max_machines: int = 64, min_lag: int = 2, max_frac: float = 1 / 3, min_prominence: float = 0.05
+) -> float | None:
     """Dominant period (in samples) of per-machine series; values: [metrics, machines, T].
 
     Each series (a metric of one machine) is centred and its autocorrelation normalised
@@ -121,7 +122,7 @@ def autocorrelation_period(values: np.ndarray, max_machines: int = 64, min_lag: 
     mean = np.where(ok, x, 0).sum(-1, keepdims=True) / np.maximum(ok.sum(-1, keepdims=True), 1)
     x = np.where(ok, x - mean, 0.0)  # a missing sample counts as the series' mean
     spec = np.fft.rfft(x, 2 * n_t)
-    acf = np.fft.irfft(spec.real ** 2 + spec.imag ** 2, 2 * n_t)[:, :n_t]
+    acf = np.fft.irfft(spec.real**2 + spec.imag**2, 2 * n_t)[:, :n_t]
     live = acf[:, 0] > 0
     if not live.any():
         return None
@@ -135,7 +136,7 @@ def autocorrelation_period(values: np.ndarray, max_machines: int = 64, min_lag: 
     if troughs.size == 0:
         return None
     first = int(troughs[0])
-    best = first + int(np.argmax(acf[first: hi + 1]))
+    best = first + int(np.argmax(acf[first : hi + 1]))
     rise = acf[best] - acf[first]
     if best >= hi or rise < min_prominence:  # still rising at the edge, or flat
         return None
@@ -186,8 +187,9 @@ class TimeScales:
     """Span of the intermittency score (three slices)."""
 
 
-def time_scales(cfg: DetectConfig, period_s: float | None, cycle_s: float | None = None,
-                machines: int | None = None) -> TimeScales:
+def time_scales(
+    cfg: DetectConfig, period_s: float | None, cycle_s: float | None = None, machines: int | None = None
+) -> TimeScales:
     """Time constants for a job of `machines` (None: not counted) whose step takes
     `period_s` (None: the defaults) and whose per-second metrics repeat every `cycle_s`
     (None: not known)."""
@@ -227,8 +229,9 @@ def average_span(period_s: float, cycle_s: float | None) -> float:
     return period_s
 
 
-def step_average(values: np.ndarray, span: int, max_gap: int, metrics: list[str],
-                 min_present: float = 0.9) -> np.ndarray:
+def step_average(
+    values: np.ndarray, span: int, max_gap: int, metrics: list[str], min_present: float = 0.9
+) -> np.ndarray:
     """Trailing mean over `span` samples of every per-second metric (step metrics are
     copied as they are); values: [metrics, machines, T].
 

@@ -39,9 +39,11 @@ class GridFeed:
 
     def drain(self) -> list[tuple[float, str, str, float]]:
         g, stop = self.grid, min(self.t + self.per_drain, self.grid.values.shape[-1])
-        k, i, t = np.nonzero(~np.isnan(g.values[..., self.t:stop]))
-        rows = [(g.start + (self.t + tt) * g.step_s, g.machines[ii], g.metrics[kk], float(g.values[kk, ii, self.t + tt]))
-                for kk, ii, tt in zip(k.tolist(), i.tolist(), t.tolist())]
+        k, i, t = np.nonzero(~np.isnan(g.values[..., self.t : stop]))
+        rows = [
+            (g.start + (self.t + tt) * g.step_s, g.machines[ii], g.metrics[kk], float(g.values[kk, ii, self.t + tt]))
+            for kk, ii, tt in zip(k.tolist(), i.tolist(), t.tolist())
+        ]
         self.t = stop
         return rows
 
@@ -62,8 +64,9 @@ class Declared:
     alert: Alert
 
 
-def replay_online(grid: Grid, step_time_s: float, cfg: OnlineConfig, run_dir: str | os.PathLike,
-                  denoiser: Denoiser | None = None) -> list[Declared]:
+def replay_online(
+    grid: Grid, step_time_s: float, cfg: OnlineConfig, run_dir: str | os.PathLike, denoiser: Denoiser | None = None
+) -> list[Declared]:
     """Feed `grid` to an OnlineMonitor as a job with steps of `step_time_s` would (the
     samples of detect_every_steps steps at each detection) and return what it declared;
     alerts and the exclude file go under run_dir."""

@@ -41,10 +41,12 @@ def skew_distances(resid: np.ndarray, centre: np.ndarray, lag: int, window: int,
         return best
     moved = np.empty_like(resid)
     for d in range(1, min(lag, n_t - 1) + 1):
-        for late, early, outside in ((slice(d, None), slice(None, -d), (n_t - d, n_t)),
-                                     (slice(None, -d), slice(d, None), (0, d))):
+        for late, early, outside in (
+            (slice(d, None), slice(None, -d), (n_t - d, n_t)),
+            (slice(None, -d), slice(d, None), (0, d)),
+        ):
             np.add(resid[..., late], centre[..., late] - centre[..., early], out=moved[..., early])
-            moved[..., outside[0]:outside[1]] = 0.0  # past the trace: no sample, counted out below
+            moved[..., outside[0] : outside[1]] = 0.0  # past the trace: no sample, counted out below
             dist = window_means(cut_windows(np.abs(moved, out=moved), window, stride))
             for w in {0, n_win - 1}:  # only the first and last window can reach past the trace
                 first = offset + w * stride
@@ -55,8 +57,9 @@ def skew_distances(resid: np.ndarray, centre: np.ndarray, lag: int, window: int,
     return best
 
 
-def skew_scores(resid: np.ndarray, centre: np.ndarray, lag: int, window: int, stride: int,
-                min_machines: int) -> np.ndarray:
+def skew_scores(
+    resid: np.ndarray, centre: np.ndarray, lag: int, window: int, stride: int, min_machines: int
+) -> np.ndarray:
     """Robust z across machines [metrics, machines, windows] of `skew_distances`, on the
     window score's terms (no floor)."""
     return robust_z(skew_distances(resid, centre, lag, window, stride), 0.0, min_machines)

@@ -35,9 +35,15 @@ def straggler_fault(rng) -> tuple[float, tuple[str, ...]]:
     return factor, (SECTIONS[int(rng.integers(len(SECTIONS)))],)
 
 
-def step_metrics(rng, period: float, speed: np.ndarray, t: np.ndarray, away: np.ndarray,
-                 fault: tuple[int, np.ndarray, float, tuple[str, ...]] | None = None,
-                 drop_frac: float = 0.0) -> dict[str, np.ndarray]:
+def step_metrics(
+    rng,
+    period: float,
+    speed: np.ndarray,
+    t: np.ndarray,
+    away: np.ndarray,
+    fault: tuple[int, np.ndarray, float, tuple[str, ...]] | None = None,
+    drop_frac: float = 0.0,
+) -> dict[str, np.ndarray]:
     """{metric: [machines, T]} step and section times, forward-filled per second.
 
     speed: [machines, T] relative speed (1 normal); away: [machines, T] True where the
@@ -48,15 +54,21 @@ def step_metrics(rng, period: float, speed: np.ndarray, t: np.ndarray, away: np.
     ends = rng.uniform(0, period) + np.cumsum(lengths)
     step_of = np.searchsorted(ends, t, side="right")  # step in progress at each second
     n_steps = int(np.searchsorted(ends, t[-1], side="right"))
-    slow = np.stack([np.bincount(step_of, weights=1 / speed[i], minlength=ends.size)
-                     / np.maximum(np.bincount(step_of, minlength=ends.size), 1) for i in range(n)])
+    slow = np.stack(
+        [
+            np.bincount(step_of, weights=1 / speed[i], minlength=ends.size)
+            / np.maximum(np.bincount(step_of, minlength=ends.size), 1)
+            for i in range(n)
+        ]
+    )
     times = {}
     for name in SECTIONS:
         x = SHARE[name] * lengths[None] * slow * np.exp(rng.normal(0, NOISE[name], (n, ends.size)))
         if fault is not None and name in fault[3]:
             i, strength, factor = fault[0], fault[1], fault[2]
             on = np.bincount(step_of, weights=strength, minlength=ends.size) / np.maximum(
-                np.bincount(step_of, minlength=ends.size), 1)
+                np.bincount(step_of, minlength=ends.size), 1
+            )
             x[i] *= 1 + (factor - 1) * on
         times[name] = x
     times = {"step_time": sum(times.values()), **times}

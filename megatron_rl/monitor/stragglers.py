@@ -57,8 +57,7 @@ def straggler_span(cfg: DetectConfig, period_s: float | None) -> int:
     return max(1, int(round(span_s / cfg.stride_s)))
 
 
-def straggler_scores(values: np.ndarray, resid: np.ndarray, cfg: DetectConfig,
-                     period_s: float | None) -> np.ndarray:
+def straggler_scores(values: np.ndarray, resid: np.ndarray, cfg: DetectConfig, period_s: float | None) -> np.ndarray:
     """z [step metrics, machines, windows] of each rank's median residual over the span,
     across ranks; where the rank's median time is less than straggler_min_slowdown above
     its peers' (or it is faster), at most 0.

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .distractors import job_wide_load, pipeline_phases, sensor_spikes
-from .stepsynth import straggler_fault, step_metrics
+from .stepsynth import step_metrics, straggler_fault
 from .trace import PRIORITY_METRICS, STEP_METRICS, Trace
 from .windows import Grid
 
@@ -113,14 +113,22 @@ class SynthTrace:
         order = np.argsort(t, kind="stable")  # rows in time order, as collectors write them
         k, i, t = k[order], i[order], t[order]
         ts = g.start + t * g.step_s + rng.uniform(-jitter_s, jitter_s, t.size)
-        return Trace(ts, i.astype(np.int32), k.astype(np.int32), g.values[k, i, t].astype(np.float64),
-                     list(g.machines), list(g.metrics))
+        return Trace(
+            ts,
+            i.astype(np.int32),
+            k.astype(np.int32),
+            g.values[k, i, t].astype(np.float64),
+            list(g.machines),
+            list(g.metrics),
+        )
 
 
 def _activity(u: np.ndarray, period: float, frac: float) -> np.ndarray:
     """Mean of a compute/communicate square wave over (u-1, u]: the 1 s NVML average."""
+
     def integral(x):
         return np.floor(x / period) * frac * period + np.minimum(np.mod(x, period), frac * period)
+
     return integral(u) - integral(u - 1.0)
 
 
@@ -142,8 +150,9 @@ def _pauses(rng, n, t, duration):
     return mult
 
 
-def _base_activity(rng, cfg: SynthConfig, t: np.ndarray,
-                   stage_phase: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+def _base_activity(
+    rng, cfg: SynthConfig, t: np.ndarray, stage_phase: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, float]:
     """[machines, T] compute and communication activity in [0, 1] (before faults), and
     the step period in seconds."""
     n = cfg.machines
@@ -248,7 +257,7 @@ def _defects(rng, cfg: SynthConfig, values: np.ndarray, avoid: set[int]) -> None
     if cfg.churn and rng.random() < 0.3 and others:
         values[:, rng.choice(others), : int(rng.uniform(60, 300))] = np.nan  # joins late
     if cfg.churn and rng.random() < 0.3 and others:
-        values[:, rng.choice(others), int(rng.uniform(500, 850) * n_t / 900):] = np.nan  # leaves
+        values[:, rng.choice(others), int(rng.uniform(500, 850) * n_t / 900) :] = np.nan  # leaves
     if rng.random() < 0.2 and others:
         values[rng.integers(n_k), rng.choice(others)] = np.nan  # no such sensor
 
@@ -285,8 +294,7 @@ def generate(cfg: SynthConfig) -> SynthTrace:
     metrics = list(METRICS)
     if cfg.step_metrics or cfg.fault == "straggler":
         fault = (f, strength, factor, sections) if cfg.fault == "straggler" else None
-        steps = step_metrics(srng, period, speed, t, np.isnan(values).all(0), fault,
-                             cfg.drop_frac + cfg.nan_frac)
+        steps = step_metrics(srng, period, speed, t, np.isnan(values).all(0), fault, cfg.drop_frac + cfg.nan_frac)
         values = np.concatenate([values, np.stack([steps[k] for k in STEP_METRICS])])
         metrics += list(STEP_METRICS)
     machines = [f"node{i:04d}" for i in range(cfg.machines)]

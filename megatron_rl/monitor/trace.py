@@ -117,8 +117,12 @@ class Trace:
             ki.append(metrics.setdefault(str(metric), len(metrics)))
             vs.append(float("nan") if value is None else float(value))
         return cls(
-            np.asarray(ts, np.float64), np.asarray(mi, np.int32), np.asarray(ki, np.int32),
-            np.asarray(vs, np.float64), list(machines), list(metrics),
+            np.asarray(ts, np.float64),
+            np.asarray(mi, np.int32),
+            np.asarray(ki, np.int32),
+            np.asarray(vs, np.float64),
+            list(machines),
+            list(metrics),
         )
 
     def rows(self) -> Iterable[tuple[float, str, str, float]]:
@@ -127,8 +131,14 @@ class Trace:
 
     def select(self, mask: np.ndarray) -> "Trace":
         """Rows where `mask` is true; machine and metric names are kept as they are."""
-        return Trace(self.timestamps[mask], self.machine_idx[mask], self.metric_idx[mask],
-                     self.values[mask], list(self.machines), list(self.metrics))
+        return Trace(
+            self.timestamps[mask],
+            self.machine_idx[mask],
+            self.metric_idx[mask],
+            self.values[mask],
+            list(self.machines),
+            list(self.metrics),
+        )
 
     @staticmethod
     def concat(parts: Sequence["Trace"]) -> "Trace":
@@ -142,8 +152,7 @@ class Trace:
             cols.append((p.timestamps, mmap[p.machine_idx], kmap[p.metric_idx], p.values))
         if not cols:
             return Trace.from_rows([])
-        return Trace(*(np.concatenate([c[i] for c in cols]) for i in range(4)),
-                     list(machines), list(metrics))
+        return Trace(*(np.concatenate([c[i] for c in cols]) for i in range(4)), list(machines), list(metrics))
 
 
 @dataclass
@@ -164,14 +173,18 @@ class TraceReport:
     left: dict[str, float] = field(default_factory=dict)  # machine -> last sample time
 
     def lines(self) -> list[str]:
-        out = [f"{self.rows} rows, {self.machines} machines, "
-               f"t = {self.start:.1f} .. {self.end:.1f} s"]
-        counts = [("NaN/missing values", self.nan_values), ("out-of-order rows", self.out_of_order),
-                  ("duplicate rows (averaged)", self.duplicates)]
+        out = [f"{self.rows} rows, {self.machines} machines, t = {self.start:.1f} .. {self.end:.1f} s"]
+        counts = [
+            ("NaN/missing values", self.nan_values),
+            ("out-of-order rows", self.out_of_order),
+            ("duplicate rows (averaged)", self.duplicates),
+        ]
         out += [f"{name}: {n}" for name, n in counts if n]
         if self.unknown_metrics:
-            out.append("non-canonical metrics (lowest priority): "
-                       + ", ".join(name + _did_you_mean(name) for name in self.unknown_metrics))
+            out.append(
+                "non-canonical metrics (lowest priority): "
+                + ", ".join(name + _did_you_mean(name) for name in self.unknown_metrics)
+            )
         if self.missing_metrics:
             out.append("priority metrics absent: " + ", ".join(self.missing_metrics))
         for metric, n in self.partial_metrics.items():
@@ -193,8 +206,7 @@ def validate(trace: Trace, presence_tolerance_s: float = 5.0) -> TraceReport:
     if len(trace) == 0:
         raise TraceError("the trace has no rows; expected rows of timestamp, machine, metric, value")
     ts, mi = trace.timestamps, trace.machine_idx
-    rep = TraceReport(rows=len(trace), machines=len(trace.machines),
-                      start=float(ts.min()), end=float(ts.max()))
+    rep = TraceReport(rows=len(trace), machines=len(trace.machines), start=float(ts.min()), end=float(ts.max()))
     rep.nan_values = int((~np.isfinite(trace.values)).sum())
     # Out of order: within one (machine, metric) series, in file order, a timestamp below
     # its predecessor. (A file grouped by metric is fine; time going back within a series is not.)
@@ -244,21 +256,26 @@ def check_strict(trace: Trace, where: str = "trace") -> None:
     unknown = sorted(set(trace.metrics) - set(CANONICAL_METRICS))
     if unknown:
         name = unknown[0]
-        raise TraceError(f"{where}: unknown metric {name!r}{_did_you_mean(name)}; allowed: "
-                         f"{', '.join(CANONICAL_METRICS)} (without --strict, other names are scored last)")
+        raise TraceError(
+            f"{where}: unknown metric {name!r}{_did_you_mean(name)}; allowed: "
+            f"{', '.join(CANONICAL_METRICS)} (without --strict, other names are scored last)"
+        )
     series = trace.metric_idx.astype(np.int64) * len(trace.machines) + trace.machine_idx
     order = np.argsort(series, kind="stable")  # file order within each series
     ts = trace.timestamps[order]
     back = np.flatnonzero((np.diff(ts) < 0) & (series[order][1:] == series[order][:-1]))
     if back.size:
         j = order[back[0] + 1]
-        raise TraceError(f"{where}: time goes back in machine {trace.machines[trace.machine_idx[j]]!r}, metric "
-                         f"{trace.metrics[trace.metric_idx[j]]!r}: {ts[back[0] + 1]:g} s after "
-                         f"{ts[back[0]]:g} s; with --strict each machine's series of a metric must be "
-                         f"in time order (without it, rows are sorted and counted)")
+        raise TraceError(
+            f"{where}: time goes back in machine {trace.machines[trace.machine_idx[j]]!r}, metric "
+            f"{trace.metrics[trace.metric_idx[j]]!r}: {ts[back[0] + 1]:g} s after "
+            f"{ts[back[0]]:g} s; with --strict each machine's series of a metric must be "
+            f"in time order (without it, rows are sorted and counted)"
+        )
 
 
 # ----------------------------------------------------------------------------- reading
+
 
 def read_trace(path: str | os.PathLike) -> Trace:
     """Read a CSV/Parquet file or a directory of them; raise TraceError on bad input."""
@@ -285,9 +302,11 @@ def _column_positions(p: Path, header: Sequence[str]) -> list[int]:
     names = [h.strip() for h in header]
     missing = [c for c in COLUMNS if c not in names]
     if missing:
-        raise TraceError(f"{p}: missing column(s) {', '.join(map(repr, missing))}; a trace needs "
-                         f"columns {', '.join(COLUMNS)} (extra columns are ignored); found "
-                         f"{', '.join(map(repr, names)) or 'no header'}")
+        raise TraceError(
+            f"{p}: missing column(s) {', '.join(map(repr, missing))}; a trace needs "
+            f"columns {', '.join(COLUMNS)} (extra columns are ignored); found "
+            f"{', '.join(map(repr, names)) or 'no header'}"
+        )
     return [names.index(c) for c in COLUMNS]
 
 
@@ -297,8 +316,7 @@ def _parse_float(p: Path, row: int, column: str, text: str, allow_missing: bool)
     except ValueError:
         if allow_missing and text.strip() == "":
             return math.nan
-        what = "a value (a number; empty or nan for missing)" if allow_missing else \
-            "seconds as a finite number"
+        what = "a value (a number; empty or nan for missing)" if allow_missing else "seconds as a finite number"
         raise TraceError(f"{p}: row {row}: column {column!r} is {text!r}; expected {what}") from None
     if not allow_missing and not math.isfinite(x):
         raise TraceError(f"{p}: row {row}: column {column!r} is {text!r}; expected seconds as a finite number")
@@ -325,22 +343,31 @@ def _read_csv(p: Path) -> Trace:
             if not machine:
                 raise TraceError(f"{p}: row {row_no}: column 'machine' is empty; expected a hostname")
             if not metric:
-                raise TraceError(f"{p}: row {row_no}: column 'metric' is empty; expected a metric "
-                                 f"name such as {', '.join(PRIORITY_METRICS[:3])}")
+                raise TraceError(
+                    f"{p}: row {row_no}: column 'metric' is empty; expected a metric "
+                    f"name such as {', '.join(PRIORITY_METRICS[:3])}"
+                )
             ts.append(_parse_float(p, row_no, "timestamp", row[it], allow_missing=False))
             vs.append(_parse_float(p, row_no, "value", row[iv], allow_missing=True))
             mi.append(machines.setdefault(machine, len(machines)))
             ki.append(metrics.setdefault(metric, len(metrics)))
-    return Trace(np.asarray(ts, np.float64), np.asarray(mi, np.int32), np.asarray(ki, np.int32),
-                 np.asarray(vs, np.float64), list(machines), list(metrics))
+    return Trace(
+        np.asarray(ts, np.float64),
+        np.asarray(mi, np.int32),
+        np.asarray(ki, np.int32),
+        np.asarray(vs, np.float64),
+        list(machines),
+        list(metrics),
+    )
 
 
 def _import_pyarrow(p: Path):
     try:
         import pyarrow.parquet as pq  # optional dependency
     except ImportError:
-        raise TraceError(f"{p}: reading or writing Parquet needs pyarrow (pip install pyarrow); "
-                         f"CSV traces need nothing extra") from None
+        raise TraceError(
+            f"{p}: reading or writing Parquet needs pyarrow (pip install pyarrow); CSV traces need nothing extra"
+        ) from None
     return pq
 
 
@@ -369,6 +396,7 @@ def _read_parquet(p: Path) -> Trace:
 
 # ----------------------------------------------------------------------------- writing
 
+
 def write_trace(trace: Trace, path: str | os.PathLike) -> None:
     """Write a whole trace atomically (temp file + rename), as CSV or Parquet by suffix."""
     p = Path(path)
@@ -376,12 +404,15 @@ def write_trace(trace: Trace, path: str | os.PathLike) -> None:
     if p.suffix == ".parquet":
         pq = _import_pyarrow(p)
         import pyarrow as pa
-        table = pa.table({
-            "timestamp": trace.timestamps,
-            "machine": [trace.machines[i] for i in trace.machine_idx],
-            "metric": [trace.metrics[i] for i in trace.metric_idx],
-            "value": trace.values,
-        })
+
+        table = pa.table(
+            {
+                "timestamp": trace.timestamps,
+                "machine": [trace.machines[i] for i in trace.machine_idx],
+                "metric": [trace.metrics[i] for i in trace.metric_idx],
+                "value": trace.values,
+            }
+        )
         with _atomic_path(p) as tmp:
             pq.write_table(table, tmp)
         return

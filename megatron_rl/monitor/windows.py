@@ -37,8 +37,7 @@ class Grid:
         return self.start + np.arange(self.values.shape[-1]) * self.step_s
 
 
-def to_grid(trace: Trace, step_s: float = 1.0, start: float | None = None,
-            end: float | None = None) -> Grid:
+def to_grid(trace: Trace, step_s: float = 1.0, start: float | None = None, end: float | None = None) -> Grid:
     """Resample onto a 1/step_s Hz grid: nearest bin, duplicates averaged, NaNs dropped."""
     metrics = metric_order(trace.metrics)
     remap = np.array([metrics.index(k) for k in trace.metrics] or [0], np.int64)
@@ -146,8 +145,7 @@ def nanquantile(x: np.ndarray, q: float, axis: int) -> np.ndarray:
     return np.where(n > 0, value, np.nan)[..., 0].astype(np.result_type(x.dtype, np.float16))
 
 
-def normalise(values: np.ndarray, max_gap: int = 3, floor_frac: float = 1e-3
-              ) -> tuple[np.ndarray, np.ndarray]:
+def normalise(values: np.ndarray, max_gap: int = 3, floor_frac: float = 1e-3) -> tuple[np.ndarray, np.ndarray]:
     """Deviation from the cross-machine median, in units of the metric's robust spread.
 
     values: [metrics, machines, T]. Returns (residuals of the same shape, scale [metrics]).
@@ -160,8 +158,9 @@ def normalise(values: np.ndarray, max_gap: int = 3, floor_frac: float = 1e-3
     return resid, scale
 
 
-def normalise_centred(values: np.ndarray, max_gap: int = 3, floor_frac: float = 1e-3
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def normalise_centred(
+    values: np.ndarray, max_gap: int = 3, floor_frac: float = 1e-3
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`normalise`, and the cross-machine median [metrics, 1, T] in the same units (what a
     residual is measured from, for comparing a machine with the median at another second)."""
     centre = nanmedian(values, axis=1, keepdims=True)  # of the machines sampled at that second
@@ -172,8 +171,9 @@ def normalise_centred(values: np.ndarray, max_gap: int = 3, floor_frac: float = 
     return resid.astype(np.float32, copy=False), scale, centre.astype(np.float32, copy=False)
 
 
-def normalise_lagged(values: np.ndarray, max_gap: int = 3, lag: int = 3, floor_frac: float = 1e-3
-                     ) -> tuple[np.ndarray, np.ndarray]:
+def normalise_lagged(
+    values: np.ndarray, max_gap: int = 3, lag: int = 3, floor_frac: float = 1e-3
+) -> tuple[np.ndarray, np.ndarray]:
     """`normalise` for step metrics: each machine's deviation from the closest of the
     cross-machine medians within `lag` samples either side.
 
@@ -216,7 +216,7 @@ def _robust_scale(resid: np.ndarray, centre: np.ndarray, floor_frac: float) -> n
     """Per metric: 1.4826 * MAD of the residuals, at least floor_frac of the typical level."""
     scale = np.empty(resid.shape[0], np.float32)
     for k in range(resid.shape[0]):
-        r = np.abs(resid[k].ravel()[::_subsample(resid[k].size)])  # a spread needs no 10^6 samples
+        r = np.abs(resid[k].ravel()[:: _subsample(resid[k].size)])  # a spread needs no 10^6 samples
         r = r[np.isfinite(r)]
         level = np.abs(centre[k]).ravel()
         level = level[np.isfinite(level)]
@@ -245,8 +245,8 @@ def complete_trailing_mean(x: np.ndarray, span: int, min_present: float = 0.9) -
     # window's sum is the difference of two of them, written straight into x's dtype.
     run = np.zeros(x.shape[:-1] + (n_t + 1,), np.float64)
     np.cumsum(np.where(gap, 0.0, x), -1, out=run[..., 1:])
-    np.subtract(run[..., span:], run[..., :-span], out=mean[..., span - 1:], casting="same_kind")
-    mean[..., span - 1:] /= span
+    np.subtract(run[..., span:], run[..., :-span], out=mean[..., span - 1 :], casting="same_kind")
+    mean[..., span - 1 :] /= span
     rows_t = mean.reshape(-1, n_t)  # a view: `mean` is contiguous
     holed = np.flatnonzero(gap.reshape(-1, n_t).any(-1))  # rows with missing samples: few
     if holed.size:
@@ -256,7 +256,7 @@ def complete_trailing_mean(x: np.ndarray, span: int, min_present: float = 0.9) -
         sums = run.reshape(-1, n_t + 1)[holed]
         with np.errstate(invalid="ignore", divide="ignore"):
             m = (sums[:, span:] - sums[:, :-span]) / count
-        rows_t[holed, span - 1:] = np.where(count >= min_present * span, m, np.nan)
+        rows_t[holed, span - 1 :] = np.where(count >= min_present * span, m, np.nan)
     return mean
 
 

@@ -6,8 +6,15 @@ that config validation stays fast.
 
 from megatron_rl.parallel.config import LayoutError, ModelShape, ParallelConfig
 
-_STATE = ("ParallelContext", "RankCoordinates", "destroy", "format_rank_map", "initialize", "initialize_alongside",
-          "rank_map")
+_STATE = (
+    "ParallelContext",
+    "RankCoordinates",
+    "destroy",
+    "format_rank_map",
+    "initialize",
+    "initialize_alongside",
+    "rank_map",
+)
 
 __all__ = ["LayoutError", "ModelShape", "ParallelConfig", *_STATE]
 

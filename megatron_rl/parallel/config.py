@@ -187,8 +187,7 @@ class ParallelConfig:
         )
         need(
             not (self.tp > 1 and self.ep > 1 and not self.sequence_parallel),
-            "MoE with tensor_model_parallel_size>1 and expert_model_parallel_size>1 needs "
-            "sequence_parallel=true",
+            "MoE with tensor_model_parallel_size>1 and expert_model_parallel_size>1 needs sequence_parallel=true",
         )
 
     def describe(self, world_size: int) -> str:

@@ -47,7 +47,7 @@ def canonical_name(key: str, stacked_index: Sequence[int]) -> str:
     if not key.startswith(_LAYERS):
         raise ValueError(f"sharded key {key!r} has stacked axes but is not under {_LAYERS!r}")
     layer, *rest = stacked_index
-    name = f"{_LAYERS}{layer}.{key[len(_LAYERS):]}"
+    name = f"{_LAYERS}{layer}.{key[len(_LAYERS) :]}"
     if rest:
         if len(rest) != 1 or _EXPERTS not in name:
             raise ValueError(f"sharded key {key!r}: cannot name stacked axes {tuple(stacked_index)}")

@@ -44,12 +44,8 @@ def rank_map(config: ParallelConfig, world_size: int) -> list[RankCoordinates]:
     from megatron.core.parallel_state import RankGenerator
 
     config.validate(world_size)
-    dense = RankGenerator(
-        tp=config.tp, ep=1, dp=config.dp(world_size), pp=config.pp, cp=config.cp, order=RANK_ORDER
-    )
-    expert = RankGenerator(
-        tp=config.etp, ep=config.ep, dp=config.edp(world_size), pp=config.pp, cp=1, order=RANK_ORDER
-    )
+    dense = RankGenerator(tp=config.tp, ep=1, dp=config.dp(world_size), pp=config.pp, cp=config.cp, order=RANK_ORDER)
+    expert = RankGenerator(tp=config.etp, ep=config.ep, dp=config.edp(world_size), pp=config.pp, cp=1, order=RANK_ORDER)
     coords: dict[int, dict[str, int]] = {r: {} for r in range(world_size)}
     for generator, tokens in ((dense, ("tp", "cp", "dp", "pp")), (expert, ("tp", "ep", "dp"))):
         for token in tokens:
@@ -80,8 +76,9 @@ def _megatron_state_modules():
 def _state_names(module) -> list[str]:
     """The module-level state of a Megatron module: its private non-callable globals."""
     skip = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type)
-    return [n for n, v in vars(module).items()
-            if n.startswith("_") and not n.startswith("__") and not isinstance(v, skip)]
+    return [
+        n for n, v in vars(module).items() if n.startswith("_") and not n.startswith("__") and not isinstance(v, skip)
+    ]
 
 
 _TRACKER_NAMES = ("_CUDA_RNG_STATE_TRACKER", "_CUDA_RNG_STATE_TRACKER_INITIALIZED")
@@ -102,8 +99,10 @@ def _install_globals(captured: dict) -> None:
 
 def _uninitialised(captured: dict) -> dict:
     """The same names as before any initialisation (None, empty containers, no tracker)."""
-    return {key: (type(value)() if isinstance(value, (dict, list)) else False if isinstance(value, bool) else None)
-            for key, value in captured.items()}
+    return {
+        key: (type(value)() if isinstance(value, (dict, list)) else False if isinstance(value, bool) else None)
+        for key, value in captured.items()
+    }
 
 
 _ACTIVE: Optional["ParallelContext"] = None
@@ -155,8 +154,9 @@ def initialize(config: ParallelConfig, seed: int = 1234, model=None, timeout_s: 
     return _ACTIVE
 
 
-def initialize_alongside(config: ParallelConfig, seed: int = 1234, model=None,
-                         timeout_s: float = 600.0) -> ParallelContext:
+def initialize_alongside(
+    config: ParallelConfig, seed: int = 1234, model=None, timeout_s: float = 600.0
+) -> ParallelContext:
     """Build a second layout's process groups without touching the current one.
 
     The current layout stays active; use the returned context's :meth:`~ParallelContext.active`

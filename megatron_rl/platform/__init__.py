@@ -98,9 +98,14 @@ def init_distributed_on_store(store, rank: int, world_size: int, timeout_s: floa
     import torch.distributed as dist
 
     plat = current()
-    dist.init_process_group(backend=plat.backend, store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s),
-                            device_id=plat.device if plat.is_cuda else None)
+    dist.init_process_group(
+        backend=plat.backend,
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=plat.device if plat.is_cuda else None,
+    )
 
 
 def process_group_on_store(store, rank: int, world_size: int, timeout_s: float):

@@ -24,14 +24,14 @@ class MathVerifier:
 
     def __init__(self, *, timeout_s: float = 5.0, num_workers: int = 1):
         self._pool = TimedWorkerPool(
-            "megatron_rl.rewards.math_answer:score_math", num_workers=num_workers, timeout_s=timeout_s,
+            "megatron_rl.rewards.math_answer:score_math",
+            num_workers=num_workers,
+            timeout_s=timeout_s,
             warmup_args=("\\boxed{\\frac{1}{2}}", "0.5"),  # sympy/antlr set-up is slow the first time
         )
         self.totals = dict.fromkeys(STAT_KEYS, 0)
 
-    def score_batch(
-        self, responses: Sequence[str], answers: Sequence[str]
-    ) -> tuple[list[float], dict[str, int]]:
+    def score_batch(self, responses: Sequence[str], answers: Sequence[str]) -> tuple[list[float], dict[str, int]]:
         """Scores (one float per response) and counts of each outcome in this batch."""
         if len(responses) != len(answers):
             raise ValueError(f"got {len(responses)} responses but {len(answers)} answers")

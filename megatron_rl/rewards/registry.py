@@ -12,9 +12,7 @@ from megatron_rl.tasks.verifier import DigitAnswerVerifier
 class Verifier(Protocol):
     totals: dict[str, int]
 
-    def score_batch(
-        self, responses: Sequence[str], answers: Sequence[str]
-    ) -> tuple[list[float], dict[str, int]]: ...
+    def score_batch(self, responses: Sequence[str], answers: Sequence[str]) -> tuple[list[float], dict[str, int]]: ...
 
     def close(self) -> None: ...
 

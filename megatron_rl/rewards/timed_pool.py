@@ -69,7 +69,11 @@ class _Worker:
         env.setdefault("OMP_NUM_THREADS", "1")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "megatron_rl.rewards.pool_worker", target, json.dumps(warmup_args)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+            bufsize=1,
         )
         self.ready = False
         self.busy_with: Optional[tuple[int, float]] = None  # (item index, deadline)
@@ -103,8 +107,9 @@ class TimedWorkerPool:
     Workers start lazily and persist across calls.
     """
 
-    def __init__(self, target: str, *, num_workers: int = 1, timeout_s: float = 5.0,
-                 warmup_args: Optional[Sequence[Any]] = None):
+    def __init__(
+        self, target: str, *, num_workers: int = 1, timeout_s: float = 5.0, warmup_args: Optional[Sequence[Any]] = None
+    ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if not timeout_s > 0:
@@ -178,4 +183,3 @@ class TimedWorkerPool:
         for worker in getattr(self, "_workers", []):
             if worker.process.poll() is None:
                 worker.process.kill()
-

@@ -45,8 +45,13 @@ _GREEDY_EPS = 1e-5  # vLLM's sampler treats temperature below this as greedy
 def extra_args(tau: float, stats: EntropyStats) -> dict:
     """`SamplingParams.extra_args` that switch the processor on for a request."""
     floats = stats.as_floats()
-    setting = {"tau": float(tau), "pivot": floats.pivot, "scale": floats.scale,
-               "pos_max": floats.pos_max, "neg_max": floats.neg_max}
+    setting = {
+        "tau": float(tau),
+        "pivot": floats.pivot,
+        "scale": floats.scale,
+        "pos_max": floats.pos_max,
+        "neg_max": floats.neg_max,
+    }
     _check(setting)
     return {EXTRA_ARGS_KEY: setting}
 
@@ -82,8 +87,10 @@ class AdaptiveTemperatureProcessor(LogitsProcessor):
             return
         _check(setting)
         if sampling_params.temperature < _GREEDY_EPS:
-            raise ValueError(f"adaptive temperature needs random sampling (temperature >= {_GREEDY_EPS}), "
-                             f"got temperature={sampling_params.temperature}")
+            raise ValueError(
+                f"adaptive temperature needs random sampling (temperature >= {_GREEDY_EPS}), "
+                f"got temperature={sampling_params.temperature}"
+            )
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
         self.device = device

@@ -69,13 +69,17 @@ class EngineConfig:
                 f"rollout tensor_parallel_size={self.tensor_parallel_size} must divide the world size {world_size}"
             )
         if not (float(self.cpu_kv_cache_gib).is_integer() and self.cpu_kv_cache_gib >= 1):
-            raise ValueError(f"rollout cpu_kv_cache_gib={self.cpu_kv_cache_gib}: vLLM's CPU backend takes whole GiB (>= 1)")
+            raise ValueError(
+                f"rollout cpu_kv_cache_gib={self.cpu_kv_cache_gib}: vLLM's CPU backend takes whole GiB (>= 1)"
+            )
         if self.dtype not in dtypes.LONG_NAMES:
             raise ValueError(f"rollout dtype={self.dtype!r}; allowed: {', '.join(dtypes.LONG_NAMES)}")
         if self.record_routes and not self.enforce_eager:
             raise ValueError("rollout record_routes needs enforce_eager=True (a CUDA graph skips the route capture)")
         if self.cpu_linear not in vllm_compat.CPU_LINEAR_FORMATS:
-            raise ValueError(f"rollout cpu_linear={self.cpu_linear!r}; allowed: {', '.join(vllm_compat.CPU_LINEAR_FORMATS)}")
+            raise ValueError(
+                f"rollout cpu_linear={self.cpu_linear!r}; allowed: {', '.join(vllm_compat.CPU_LINEAR_FORMATS)}"
+            )
 
 
 @dataclasses.dataclass
@@ -180,19 +184,23 @@ class RolloutEngine:
 
     # -- generation -------------------------------------------------------------------
 
-    def generate(self, prompts: Sequence[Prompt], sampling: Sampling = Sampling(),
-                 seeds: Optional[Sequence[int]] = None) -> list[list[Sample]]:
+    def generate(
+        self, prompts: Sequence[Prompt], sampling: Sampling = Sampling(), seeds: Optional[Sequence[int]] = None
+    ) -> list[list[Sample]]:
         """``sampling.n`` samples per prompt, in prompt order. ``seeds``: one per prompt
         (vLLM seeds its samples seed, seed + 1, ...); None: the engine's own generator."""
         prompt_ids = [self._ids(p) for p in prompts]
         if seeds is not None and len(seeds) != len(prompt_ids):
             raise ValueError(f"{len(seeds)} seeds for {len(prompt_ids)} prompts")
-        outputs, routes = self._run(prompt_ids, sampling, sampling.n, [sampling.max_tokens] * len(prompt_ids),
-                                    seeds)
+        outputs, routes = self._run(prompt_ids, sampling, sampling.n, [sampling.max_tokens] * len(prompt_ids), seeds)
         return [
-            [self._with_routes(self._sample(ids, [], [], completion, sampling, sampling.max_tokens),
-                               routes.get((out.request_id, completion.index)))
-             for completion in out.outputs]
+            [
+                self._with_routes(
+                    self._sample(ids, [], [], completion, sampling, sampling.max_tokens),
+                    routes.get((out.request_id, completion.index)),
+                )
+                for completion in out.outputs
+            ]
             for ids, out in zip(prompt_ids, outputs)
         ]
 
@@ -203,9 +211,7 @@ class RolloutEngine:
         if not todo:
             return result
         budgets = [sampling.max_tokens - len(samples[i].token_ids) for i in todo]
-        outputs, routes = self._run(
-            [samples[i].prompt_ids + samples[i].token_ids for i in todo], sampling, 1, budgets
-        )
+        outputs, routes = self._run([samples[i].prompt_ids + samples[i].token_ids for i in todo], sampling, 1, budgets)
         for i, budget, out in zip(todo, budgets, outputs):
             s = samples[i]
             extended = self._sample(s.prompt_ids, s.token_ids, s.logprobs, out.outputs[0], sampling, budget)
@@ -280,11 +286,15 @@ class RolloutEngine:
         if not sampling.adaptive:
             return None
         if not self.config.adaptive_temperature:
-            raise ValueError("Sampling.entropy_stats with temperature_tau > 0 needs an engine built "
-                             "with EngineConfig(adaptive_temperature=True)")
+            raise ValueError(
+                "Sampling.entropy_stats with temperature_tau > 0 needs an engine built "
+                "with EngineConfig(adaptive_temperature=True)"
+            )
         if sampling.temperature <= 0:
-            raise ValueError(f"the adaptive temperature needs random sampling (temperature > 0), "
-                             f"got temperature={sampling.temperature}")
+            raise ValueError(
+                f"the adaptive temperature needs random sampling (temperature > 0), "
+                f"got temperature={sampling.temperature}"
+            )
         from megatron_rl.rollout.adaptive_temperature import extra_args
 
         return extra_args(sampling.temperature_tau, sampling.entropy_stats)
@@ -295,8 +305,14 @@ class RolloutEngine:
 
         return TokensPrompt(prompt_token_ids=ids)
 
-    def _run(self, prompt_ids: list[list[int]], sampling: Sampling, n: int, budgets: list[int],
-             seeds: Optional[Sequence[int]] = None):
+    def _run(
+        self,
+        prompt_ids: list[list[int]],
+        sampling: Sampling,
+        n: int,
+        budgets: list[int],
+        seeds: Optional[Sequence[int]] = None,
+    ):
         from vllm import SamplingParams
 
         if sampling.stop and not self.config.load_tokenizer:
@@ -331,7 +347,9 @@ class RolloutEngine:
         return outputs, recorded
 
     @staticmethod
-    def _with_routes(sample: Sample, recorded: Optional[torch.Tensor], earlier: Optional[torch.Tensor] = None) -> Sample:
+    def _with_routes(
+        sample: Sample, recorded: Optional[torch.Tensor], earlier: Optional[torch.Tensor] = None
+    ) -> Sample:
         """``sample`` with the routes of its input positions: this call's recording, and
         where it has none (a continuation's prefix-cache hits) the earlier window's."""
         if recorded is None and earlier is None:
@@ -361,4 +379,3 @@ class RolloutEngine:
             logprobs=list(prev_logprobs) + logprobs,
             finish_reason=reason,
         )
-

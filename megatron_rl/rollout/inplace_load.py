@@ -129,7 +129,12 @@ class InplaceLoader:
             return f"{name}: MoE experts are not vLLM's CPU grouped-GEMM experts"
         for p in ("w13_weight", "w2_weight"):
             live = module._parameters.get(p)
-            if p not in meta or live is None or tuple(meta[p].shape) != tuple(live.shape) or meta[p].dtype != live.dtype:
+            if (
+                p not in meta
+                or live is None
+                or tuple(meta[p].shape) != tuple(live.shape)
+                or meta[p].dtype != live.dtype
+            ):
                 return f"{name}: packed {p} differs in shape from the checkpoint's (padded MoE)"
         return _Staged(name, module, "moe", {p: meta[p] for p in ("w13_weight", "w2_weight")}, isa=experts.isa)
 
@@ -209,9 +214,23 @@ def _cpu_experts_of(module: torch.nn.Module):
         if id(obj) in seen:
             continue
         seen.add(id(obj))
-        if type(obj).__module__ == cpu_moe.__name__ and hasattr(obj, "isa") and hasattr(obj, "process_weights_after_loading"):
+        if (
+            type(obj).__module__ == cpu_moe.__name__
+            and hasattr(obj, "isa")
+            and hasattr(obj, "process_weights_after_loading")
+        ):
             return obj
-        for attr in ("quant_method", "fused_experts", "experts", "moe_kernel", "kernel", "_experts", "impl", "moe_mk", "runner"):
+        for attr in (
+            "quant_method",
+            "fused_experts",
+            "experts",
+            "moe_kernel",
+            "kernel",
+            "_experts",
+            "impl",
+            "moe_mk",
+            "runner",
+        ):
             child = getattr(obj, attr, None)
             if child is not None and not isinstance(child, (torch.Tensor, int, float, str)):
                 stack.append(child)
@@ -223,8 +242,9 @@ def _drop_gemm_handle(module: torch.nn.Module) -> None:
     module.__dict__.pop("cpu_linear", None)
 
 
-def dressed_like(data: torch.Tensor, template: torch.Tensor, module: torch.nn.Module,
-                 restore_refs: bool) -> torch.nn.Parameter:
+def dressed_like(
+    data: torch.Tensor, template: torch.Tensor, module: torch.nn.Module, restore_refs: bool
+) -> torch.nn.Parameter:
     """``data`` as a parameter the model's own ``load_weights`` fills like ``template``: its
     class and attributes (weight loader, sharding), the loader unwrapped from vLLM's reload
     wrapper, and (``restore_refs``, for reload's meta templates) the refs to ``module``."""

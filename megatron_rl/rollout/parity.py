@@ -78,8 +78,9 @@ def parity_report(diffs: torch.Tensor) -> ParityReport:
     """The statistics of this rank's per-token differences, reduced to the worst rank's
     (collective over the world group when it is initialized: each rank's engine is its own)."""
     diffs = diffs.to(torch.float64).flatten()
-    stats = torch.tensor([float(diffs.sum()), float(diffs.numel()), float(diffs.max()),
-                          float(diffs.median())], dtype=torch.float64)
+    stats = torch.tensor(
+        [float(diffs.sum()), float(diffs.numel()), float(diffs.max()), float(diffs.median())], dtype=torch.float64
+    )
     if dist.is_initialized():
         totals, worst = stats[:2].clone(), stats[2:].clone()
         dist.all_reduce(totals)

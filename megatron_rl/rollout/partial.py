@@ -57,8 +57,14 @@ def fresh_start(sample: Sample, version: int) -> int:
     return sum(v < version for v in sample.versions or [])
 
 
-def generate_in_chunks(engine: RolloutEngine, prompts: PromptBatch, sampling: Sampling, chunk_tokens: int,
-                       version: int, between_chunks: Callable[[], int]) -> list[list[Sample]]:
+def generate_in_chunks(
+    engine: RolloutEngine,
+    prompts: PromptBatch,
+    sampling: Sampling,
+    chunk_tokens: int,
+    version: int,
+    between_chunks: Callable[[], int],
+) -> list[list[Sample]]:
     """``sampling.n`` samples per prompt (as :func:`generate_groups`), ``chunk_tokens`` at a
     time; ``between_chunks`` runs what must run before the next chunk (new weights) and
     returns the policy version the next chunk samples. Collective over the engine's world."""
@@ -74,6 +80,6 @@ def generate_in_chunks(engine: RolloutEngine, prompts: PromptBatch, sampling: Sa
         flat = [s if s.finished else with_versions(s, c, version) for s, c in zip(flat, continued, strict=True)]
     out, start = [], 0
     for size in sizes:
-        out.append(flat[start: start + size])
+        out.append(flat[start : start + size])
         start += size
     return out

@@ -103,15 +103,17 @@ def pack_bucket(named: Sequence[tuple[str, torch.Tensor]]) -> tuple[list[TensorS
     slots, total = _layout(specs)
     flat = torch.zeros(total, dtype=torch.uint8)
     for (_, tensor), (offset, size) in zip(named, slots):
-        flat[offset: offset + size] = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        flat[offset : offset + size] = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     return specs, flat
 
 
 def unpack_bucket(specs: Sequence[TensorSpec], flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
     """Views into ``flat`` with the names, shapes and dtypes of :func:`pack_bucket`."""
     slots, _ = _layout(specs)
-    return [(spec.name, flat[offset: offset + size].view(spec.dtype).reshape(spec.shape))
-            for spec, (offset, size) in zip(specs, slots)]
+    return [
+        (spec.name, flat[offset : offset + size].view(spec.dtype).reshape(spec.shape))
+        for spec, (offset, size) in zip(specs, slots)
+    ]
 
 
 def bucket_bytes(specs: Sequence[TensorSpec]) -> int:
@@ -126,9 +128,15 @@ class RolloutClient:
     ``answer_timeout_s``: the longest wait for one answer before the rollout ranks count as hung;
     ``start_timeout_s``: the same for the first one, the engines' start."""
 
-    def __init__(self, bridge: Optional[tuple], config: EngineConfig, model_dir: Path,
-                 who: str = "the rollout ranks", answer_timeout_s: float = 3600.0,
-                 start_timeout_s: float = 3600.0):
+    def __init__(
+        self,
+        bridge: Optional[tuple],
+        config: EngineConfig,
+        model_dir: Path,
+        who: str = "the rollout ranks",
+        answer_timeout_s: float = 3600.0,
+        start_timeout_s: float = 3600.0,
+    ):
         self.config, self.who, self.answer_timeout_s = config, who, answer_timeout_s
         self.down = self.inbox = None
         self.broken: Optional[str] = None
@@ -136,8 +144,9 @@ class RolloutClient:
         send; every training rank learns it from the next :meth:`result`)."""
         if bridge is not None:
             self.down, up = Channel(bridge[0], send_timeout_s=answer_timeout_s), Channel(bridge[1])
-            self.inbox = Inbox(lambda: up.recv_object(ROLLOUT_LEADER), is_last=lambda m: m[1] == "stopped",
-                               name="rollout-answers")
+            self.inbox = Inbox(
+                lambda: up.recv_object(ROLLOUT_LEADER), is_last=lambda m: m[1] == "stopped", name="rollout-answers"
+            )
         self.sent = 0
         """Commands sent (the next command's number), counted alike on every training rank."""
         self.version = 0
@@ -147,8 +156,11 @@ class RolloutClient:
         self._answers: dict[int, tuple[str, Any]] = {}
         """Answers read while waiting for a later one."""
         started = time.perf_counter()
-        self.result(self.submit(Command("start", (str(model_dir), config))), timeout_s=start_timeout_s,
-                    timeout_key="rollout.start_timeout_s")
+        self.result(
+            self.submit(Command("start", (str(model_dir), config))),
+            timeout_s=start_timeout_s,
+            timeout_key="rollout.start_timeout_s",
+        )
         self.build_s = time.perf_counter() - started
         """Seconds until every rollout rank had its engine (the rollout side builds them)."""
 
@@ -207,8 +219,10 @@ class RolloutClient:
                 if bucket is not None:
                     self.down.broadcast_tensor(flat)
             except RuntimeError as err:  # frozen past rollout.timeout_s, or gone
-                self.broken = (f"{self.who} did not take command {number} ({command.kind}): gone, or hung "
-                               f"past rollout.timeout_s={self.answer_timeout_s:g} s ({err})")
+                self.broken = (
+                    f"{self.who} did not take command {number} ({command.kind}): gone, or hung "
+                    f"past rollout.timeout_s={self.answer_timeout_s:g} s ({err})"
+                )
         return number
 
     def result(self, number: int, timeout_s: Optional[float] = None, timeout_key: str = "rollout.timeout_s") -> Any:
@@ -226,8 +240,11 @@ class RolloutClient:
             try:
                 answer[0] = self._await(number, timeout_s)
             except queue.Empty:
-                answer[0] = ("error", f"{self.who} did not answer command {number} within {timeout_key}="
-                                      f"{timeout_s:g} s: hung, or slower than that")
+                answer[0] = (
+                    "error",
+                    f"{self.who} did not answer command {number} within {timeout_key}="
+                    f"{timeout_s:g} s: hung, or slower than that",
+                )
             except (RuntimeError, OSError) as err:  # the bridge broke: a rollout rank died
                 answer[0] = ("error", f"{self.who} stopped answering (the bridge failed: {err})")
         if dist.is_initialized() and dist.get_world_size() > 1:
@@ -376,8 +393,9 @@ class RolloutServer:
         if request.chunk_tokens is None:
             groups = generate_groups(self.engine, request.prompts, request.sampling)
         else:
-            groups = generate_in_chunks(self.engine, request.prompts, request.sampling, request.chunk_tokens,
-                                        self.version, self._between_chunks)
+            groups = generate_in_chunks(
+                self.engine, request.prompts, request.sampling, request.chunk_tokens, self.version, self._between_chunks
+            )
         return Generation(groups, time.perf_counter() - started - self.between_s, idle)
 
     def _between_chunks(self) -> int:

@@ -30,8 +30,12 @@ def generate_groups(engine: RolloutEngine, prompts: PromptBatch, sampling: Sampl
     mine = list(range(engine.replica * per_replica, min(len(prompts), (engine.replica + 1) * per_replica)))
     seeds = None
     if sampling.prompt_seed is not None:  # the same samples whichever replica draws them
-        seeds = prompt_seeds(sampling.prompt_seed, [prompts.epochs[i] for i in mine],
-                             [prompts.dataset_indices[i] for i in mine], sampling.n)
+        seeds = prompt_seeds(
+            sampling.prompt_seed,
+            [prompts.epochs[i] for i in mine],
+            [prompts.dataset_indices[i] for i in mine],
+            sampling.n,
+        )
     local = engine.generate([prompts.prompt_ids[i] for i in mine], sampling, seeds) if mine else []
     leader = dist.get_rank() % engine.tp == 0  # one rank per replica reports its groups
     everyone: list = [None] * world
@@ -50,7 +54,7 @@ def continue_samples(engine: RolloutEngine, samples: list[Sample], sampling: Sam
     world = dist.get_world_size()
     per_replica = -(-len(samples) // engine.num_replicas)
     start = engine.replica * per_replica
-    mine = samples[start: start + per_replica]
+    mine = samples[start : start + per_replica]
     local = engine.continue_(mine, sampling) if mine else []
     leader = dist.get_rank() % engine.tp == 0
     everyone: list = [None] * world
@@ -58,5 +62,5 @@ def continue_samples(engine: RolloutEngine, samples: list[Sample], sampling: Sam
     result: list = [None] * len(samples)
     for item in everyone:
         if item is not None:
-            result[item[0]: item[0] + len(item[1])] = item[1]
+            result[item[0] : item[0] + len(item[1])] = item[1]
     return result

@@ -90,8 +90,11 @@ class RouteRecorder:
     def _table(self, req: str, length: int) -> torch.Tensor:
         table = self.routes.get(req)
         if table is None or table.shape[0] < length:
-            grown = torch.full((max(length, 2 * (0 if table is None else table.shape[0])), self.num_layers,
-                                self.topk), -1, dtype=torch.int16)
+            grown = torch.full(
+                (max(length, 2 * (0 if table is None else table.shape[0])), self.num_layers, self.topk),
+                -1,
+                dtype=torch.int16,
+            )
             if table is not None:
                 grown[: table.shape[0]] = table
             self.routes[req] = table = grown

@@ -61,7 +61,9 @@ def layer_key(hf_name: str) -> str:
     return match.group(1) if match else hf_name
 
 
-def buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Group a (name, tensor) stream into buckets of at most ``bucket_bytes`` (one layer, if
     larger), never splitting a layer. Same rule as :func:`megatron_rl.bridge.iter_hf_buckets`."""
     bucket: list[tuple[str, torch.Tensor]] = []
@@ -95,8 +97,14 @@ class WeightSync:
     wants the memory back).
     """
 
-    def __init__(self, chunks: Sequence[torch.nn.Module], arch: ModelArch, engine: RolloutEngine,
-                 bucket_bytes: int = 512 << 20, keep_buffers: Optional[bool] = None):
+    def __init__(
+        self,
+        chunks: Sequence[torch.nn.Module],
+        arch: ModelArch,
+        engine: RolloutEngine,
+        bucket_bytes: int = 512 << 20,
+        keep_buffers: Optional[bool] = None,
+    ):
         from megatron_rl.bridge import ExportPlans
 
         self.chunks, self.arch, self.engine, self.bucket_bytes = chunks, arch, engine, bucket_bytes
@@ -116,8 +124,9 @@ class WeightSync:
         start = time.perf_counter()
         moved = count = n_buckets = largest = 0
         checked, check_seconds = WeightCheckResult(), 0.0
-        for bucket in iter_hf_buckets(self.chunks, self.arch, self.bucket_bytes, dtype=dtype,
-                                      keep_buffers=self.keep_buffers, plans=self.plans):
+        for bucket in iter_hf_buckets(
+            self.chunks, self.arch, self.bucket_bytes, dtype=dtype, keep_buffers=self.keep_buffers, plans=self.plans
+        ):
             sent = [(n, t) for n, t in bucket if n not in skip]
             size = sum(t.numel() * t.element_size() for _, t in sent)
             self.engine.load_weights(sent)  # the views are reused for the next bucket: load them now
@@ -134,8 +143,9 @@ class WeightSync:
         seconds = time.perf_counter() - start - check_seconds
         if check_weights:
             require_weights_match(checked)
-        return SyncStats(seconds, moved, count, n_buckets, largest, checked if check_weights else None,
-                         self.plans.transport)
+        return SyncStats(
+            seconds, moved, count, n_buckets, largest, checked if check_weights else None, self.plans.transport
+        )
 
 
 def require_weights_match(result: "WeightCheckResult") -> None:
@@ -150,8 +160,10 @@ def require_weights_match(result: "WeightCheckResult") -> None:
     if not bad.item():
         return
     if result.mismatches:
-        raise ParityError(f"vLLM serves weights that differ from the synced ones: {result.describe()}: "
-                          "a weight is missing or wrongly mapped")
+        raise ParityError(
+            f"vLLM serves weights that differ from the synced ones: {result.describe()}: "
+            "a weight is missing or wrongly mapped"
+        )
     raise ParityError("vLLM serves weights that differ from the synced ones on another rank (see its log)")
 
 
@@ -182,8 +194,9 @@ def check_parity(
     logp, _ = compute_logprobs(list(chunks), local_batch(list(chunks), batch), micro_batch_size, vocab_size)
     megatron = gather_data_parallel(list(chunks), logp)[: len(rows)].cpu().to(torch.float64)
     vllm = engine.prompt_logprobs(rows)
-    diffs = [(megatron[n, : len(row) - 1] - torch.tensor(vllm[n], dtype=torch.float64)).abs()
-             for n, row in enumerate(rows)]
+    diffs = [
+        (megatron[n, : len(row) - 1] - torch.tensor(vllm[n], dtype=torch.float64)).abs() for n, row in enumerate(rows)
+    ]
     report = parity_report(torch.cat(diffs))
     dtype = engine.config.dtype
     return parity.judge(report, limits or parity_limits(dtype), dtype) if judge else report

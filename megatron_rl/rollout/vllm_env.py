@@ -29,8 +29,9 @@ SHM_MARKER = "cpushm"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def prepare_environment(cache_dir: Optional[Path], kv_cache_gib: float, threads: Optional[int],
-                        log_level: str = "warning") -> None:
+def prepare_environment(
+    cache_dir: Optional[Path], kv_cache_gib: float, threads: Optional[int], log_level: str = "warning"
+) -> None:
     """Set vLLM's environment and the thread count; call before importing the engine."""
     set_log_level(log_level)
     env = os.environ
@@ -99,8 +100,11 @@ def unlink_own_shm(shm_dir: Path = SHM_DIR) -> list[str]:
     engine starts, so a rank of the same engine that is still running loses nothing. Two
     ranks of one engine map the same segments: the second finds them gone. A mapping shown
     "(deleted)" is already unlinked: its name may now be another file's."""
-    names = {line.rsplit("/dev/shm/", 1)[1].strip() for line in Path("/proc/self/maps").read_text().splitlines()
-             if "/dev/shm/" in line and not line.endswith("(deleted)")}
+    names = {
+        line.rsplit("/dev/shm/", 1)[1].strip()
+        for line in Path("/proc/self/maps").read_text().splitlines()
+        if "/dev/shm/" in line and not line.endswith("(deleted)")
+    }
     removed = []
     for name in sorted(names):
         if SHM_MARKER in name:

@@ -32,8 +32,8 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
-from megatron_rl.rollout.inplace_load import InplaceLoader, dressed_like, layer_groups, layer_prefix, worker_loader
 from megatron_rl.platform.vllm_compat import tied_params_memo
+from megatron_rl.rollout.inplace_load import InplaceLoader, dressed_like, layer_groups, layer_prefix, worker_loader
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +52,11 @@ class WeightCheckResult:
     unsupported: tuple[str, ...] = ()
 
     def merged(self, other: "WeightCheckResult") -> "WeightCheckResult":
-        return WeightCheckResult(self.compared_elements + other.compared_elements,
-                                 self.mismatches + other.mismatches, self.unsupported + other.unsupported)
+        return WeightCheckResult(
+            self.compared_elements + other.compared_elements,
+            self.mismatches + other.mismatches,
+            self.unsupported + other.unsupported,
+        )
 
     @classmethod
     def merge_all(cls, results: Iterable["WeightCheckResult"]) -> "WeightCheckResult":
@@ -88,8 +91,10 @@ class WeightChecker:
 
     def _check_group(self, prefix: Optional[str], group: list) -> WeightCheckResult:
         owners = self._owners(prefix)
-        scratch = {id(live): _scratch_like(live, self._meta(name, pname), module)
-                   for name, (module, pname, live) in owners.items()}
+        scratch = {
+            id(live): _scratch_like(live, self._meta(name, pname), module)
+            for name, (module, pname, live) in owners.items()
+        }
         self._swap(owners, lambda live: scratch[id(live)])
         try:
             self.model.load_weights(group)
@@ -149,7 +154,9 @@ class WeightChecker:
 def _plain(name: str, served: torch.Tensor, expected: torch.Tensor) -> WeightCheckResult:
     """Element-wise comparison where the bucket brought a value (not NaN in ``expected``)."""
     if served.shape != expected.shape:
-        return WeightCheckResult(unsupported=(f"{name}: served shape {tuple(served.shape)} != {tuple(expected.shape)}",))
+        return WeightCheckResult(
+            unsupported=(f"{name}: served shape {tuple(served.shape)} != {tuple(expected.shape)}",)
+        )
     loaded = ~torch.isnan(expected)
     compared = int(loaded.sum())
     differing = int((served.to(expected.dtype)[loaded] != expected[loaded]).sum())
@@ -168,7 +175,9 @@ def _unloaded(expected: torch.Tensor) -> bool:
     return bool(torch.isnan(expected).any())
 
 
-def _scratch_like(live: torch.nn.Parameter, meta: Optional[torch.Tensor], module: torch.nn.Module) -> torch.nn.Parameter:
+def _scratch_like(
+    live: torch.nn.Parameter, meta: Optional[torch.Tensor], module: torch.nn.Module
+) -> torch.nn.Parameter:
     """A NaN-filled parameter of ``meta``'s (the checkpoint format's) or ``live``'s shape,
     filled by the model's loader like the live one."""
     template = meta if meta is not None else live

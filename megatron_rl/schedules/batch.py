@@ -27,8 +27,16 @@ Tensor = torch.Tensor
 
 __all__ = ["TrainBatch", "pack_sequences", "scatter_response", "gather_response"]
 
-_TOKEN_FIELDS = ("old_logprobs", "ref_logprobs", "advantages", "returns", "old_values",
-                 "temperature", "h_hat", "is_weights")
+_TOKEN_FIELDS = (
+    "old_logprobs",
+    "ref_logprobs",
+    "advantages",
+    "returns",
+    "old_values",
+    "temperature",
+    "h_hat",
+    "is_weights",
+)
 
 
 @dataclass(frozen=True)
@@ -66,25 +74,30 @@ class TrainBatch:
 
     def __post_init__(self) -> None:
         if self.tokens.dim() != 2 or self.tokens.dtype != torch.long:
-            raise ValueError(f"tokens must be a [N, S] int64 tensor, got "
-                             f"{tuple(self.tokens.shape)} {self.tokens.dtype}")
+            raise ValueError(
+                f"tokens must be a [N, S] int64 tensor, got {tuple(self.tokens.shape)} {self.tokens.dtype}"
+            )
         shape = tuple(self.tokens.shape)
         for name in ("loss_mask", *_TOKEN_FIELDS):
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != shape:
-                raise ValueError(f"{name} must have the shape of tokens {shape}, "
-                                 f"got {tuple(value.shape)}")
+                raise ValueError(f"{name} must have the shape of tokens {shape}, got {tuple(value.shape)}")
         if self.routes is not None and (self.routes.dim() != 4 or tuple(self.routes.shape[:2]) != shape):
-            raise ValueError(f"routes must be [N, S, layers, k] with [N, S] = {list(shape)}, "
-                             f"got {tuple(self.routes.shape)}")
+            raise ValueError(
+                f"routes must be [N, S, layers, k] with [N, S] = {list(shape)}, got {tuple(self.routes.shape)}"
+            )
         for name in ("is_positive", "lengths"):
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != shape[:1]:
                 raise ValueError(f"{name} must be [N] = [{shape[0]}], got {tuple(value.shape)}")
-        if self.lengths is not None and shape[0] and not (
-                0 < int(self.lengths.min()) and int(self.lengths.max()) <= shape[1]):
-            raise ValueError(f"lengths must lie in [1, S={shape[1]}], got "
-                             f"[{int(self.lengths.min())}, {int(self.lengths.max())}]")
+        if (
+            self.lengths is not None
+            and shape[0]
+            and not (0 < int(self.lengths.min()) and int(self.lengths.max()) <= shape[1])
+        ):
+            raise ValueError(
+                f"lengths must lie in [1, S={shape[1]}], got [{int(self.lengths.min())}, {int(self.lengths.max())}]"
+            )
         if shape[1] and bool(self.loss_mask[:, -1].bool().any()):
             raise ValueError("loss_mask[:, -1] must be 0: the last position has no next token")
 
@@ -144,8 +157,9 @@ class TrainBatch:
             raise ValueError(f"this loss needs batch fields {missing}; they are None")
 
     def _map(self, fn) -> "TrainBatch":
-        changes = {f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self)
-                   if getattr(self, f.name) is not None}
+        changes = {
+            f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self) if getattr(self, f.name) is not None
+        }
         return dataclasses.replace(self, **changes)
 
 
@@ -167,15 +181,19 @@ def pack_sequences(
     for n, (prompt, response) in enumerate(zip(prompts, responses)):
         length = len(prompt) + len(response)
         if not prompt or length > seq_length:
-            raise ValueError(f"row {n}: prompt {len(prompt)} + response {len(response)} tokens "
-                             f"must be non-empty and fit seq_length={seq_length}")
+            raise ValueError(
+                f"row {n}: prompt {len(prompt)} + response {len(response)} tokens "
+                f"must be non-empty and fit seq_length={seq_length}"
+            )
         tokens[n, :length] = torch.tensor([*prompt, *response], dtype=torch.long)
         loss_mask[n, len(prompt) - 1 : length - 1] = True
     return tokens, loss_mask
 
 
 def scatter_response(
-    per_response: Sequence[Tensor], prompt_lengths: Sequence[int], seq_length: int,
+    per_response: Sequence[Tensor],
+    prompt_lengths: Sequence[int],
+    seq_length: int,
     fill: float = 0.0,
 ) -> Tensor:
     """Place per-response-token values (e.g. vLLM logprobs, temperatures) into the
@@ -188,8 +206,6 @@ def scatter_response(
     return out
 
 
-def gather_response(
-    x: Tensor, prompt_lengths: Sequence[int], response_lengths: Sequence[int]
-) -> list[Tensor]:
+def gather_response(x: Tensor, prompt_lengths: Sequence[int], response_lengths: Sequence[int]) -> list[Tensor]:
     """The inverse of `scatter_response`: row n's response-token values as a 1-D tensor."""
     return [x[n, p - 1 : p - 1 + r] for n, (p, r) in enumerate(zip(prompt_lengths, response_lengths))]

@@ -84,8 +84,7 @@ class ActorLoss:
 
     def metric_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(names summed over microbatches and DP, names reduced with max)."""
-        sums = ["loss", "pg_loss", "clipfrac", "dual_clipfrac", "approx_kl", "ratio_mean",
-                "entropy"]
+        sums = ["loss", "pg_loss", "clipfrac", "dual_clipfrac", "approx_kl", "ratio_mean", "entropy"]
         sums += ["kl_loss"] if self.recipe.kl is not None else []
         sums += ["nll_loss"] if self.recipe.positive_nll_coef > 0 else []
         return tuple(sums), ("ratio_max",)
@@ -100,13 +99,10 @@ class ActorLoss:
             norms["positive_tokens"] = (mask & batch.is_positive.bool().unsqueeze(-1)).sum()
         return norms
 
-    def __call__(self, logits: Tensor, mb, norms: Norms,
-                 tp_group: Optional[dist.ProcessGroup] = None) -> LossOutput:
+    def __call__(self, logits: Tensor, mb, norms: Norms, tp_group: Optional[dist.ProcessGroup] = None) -> LossOutput:
         """logits: [b, s, V/tp] this TP rank's vocabulary shard; `mb` a TrainBatch or a
         packed micro-batch (schedules.packing), whose logprobs are read back as its rows."""
-        logp, entropy = vocab_parallel_logprobs(
-            logits, mb.labels, self.vocab_size, tp_group, mb.temperature
-        )
+        logp, entropy = vocab_parallel_logprobs(logits, mb.labels, self.vocab_size, tp_group, mb.temperature)
         return self.objective(mb.as_rows(logp), mb.as_rows(entropy), mb.row_batch, norms)
 
     def objective(self, logp: Tensor, entropy: Tensor, mb: TrainBatch, norms: Norms) -> LossOutput:
@@ -119,21 +115,29 @@ class ActorLoss:
         advantages = mb.advantages.to(logp.dtype)
         clip_low, clip_high = r.clip_low, r.clip_high
         if r.entropy_clip_alpha > 0:
-            clip_low, clip_high = asymmetric_clip_bounds(mb.h_hat, r.clip_low, r.clip_high,
-                                                         r.entropy_clip_alpha)
+            clip_low, clip_high = asymmetric_clip_bounds(mb.h_hat, r.clip_low, r.clip_high, r.entropy_clip_alpha)
         if r.redistribution_beta > 0:
             log_ratio = (logp.detach() - mb.old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-            advantages = redistribute_advantages(advantages, log_ratio.exp(), mb.h_hat,
-                                                 clip_low, clip_high, r.redistribution_beta)
-        pg_loss, stats = policy_loss(logp, mb.old_logprobs, advantages, mask, clip_low,
-                                     clip_high, r.clip_c, r.loss_agg, policy_norm,
-                                     token_weights=mb.is_weights if r.rollout_correction else None)
+            advantages = redistribute_advantages(
+                advantages, log_ratio.exp(), mb.h_hat, clip_low, clip_high, r.redistribution_beta
+            )
+        pg_loss, stats = policy_loss(
+            logp,
+            mb.old_logprobs,
+            advantages,
+            mask,
+            clip_low,
+            clip_high,
+            r.clip_c,
+            r.loss_agg,
+            policy_norm,
+            token_weights=mb.is_weights if r.rollout_correction else None,
+        )
         total = pg_loss
         tokens, local_tokens = norms["tokens"], mask.sum()
         sums = {"pg_loss": pg_loss.detach()}
         if r.kl is not None:
-            kl = aggregate(kl_penalty(logp, mb.ref_logprobs, r.kl.kind), mask, r.loss_agg,
-                           policy_norm)
+            kl = aggregate(kl_penalty(logp, mb.ref_logprobs, r.kl.kind), mask, r.loss_agg, policy_norm)
             total = total + r.kl.coef * kl
             sums["kl_loss"] = kl.detach()
         if r.positive_nll_coef > 0:
@@ -174,8 +178,7 @@ class CriticLoss:
             norms["value"] = self._agg.local_norm(mask)
         return norms
 
-    def __call__(self, output: Tensor, mb, norms: Norms,
-                 tp_group: Optional[dist.ProcessGroup] = None) -> LossOutput:
+    def __call__(self, output: Tensor, mb, norms: Norms, tp_group: Optional[dist.ProcessGroup] = None) -> LossOutput:
         """output: [b, s, 1] values (replicated over TP); `mb` as for ActorLoss."""
         return self.objective(mb.as_rows(output.squeeze(-1).float()), mb.row_batch, norms)
 
@@ -183,8 +186,7 @@ class CriticLoss:
         norms = norms if norms is not None else _clamped(self.local_norms(mb))
         mask = mb.loss_mask.bool()
         old_values = mb.old_values if mb.old_values is not None else values.detach()
-        loss = value_loss(values, old_values, mb.returns, mask, self.value_clip, self.agg,
-                          norms.get("value"))
+        loss = value_loss(values, old_values, mb.returns, mask, self.value_clip, self.agg, norms.get("value"))
         with torch.no_grad():
             clipped = torch.zeros_like(mask)
             if self.value_clip is not None:

@@ -164,8 +164,7 @@ def first_fit_decreasing(lengths: Sequence[int], indices: Sequence[int], capacit
     used: list[int] = []
     for i in sorted(indices, key=lambda i: (-lengths[i], i)):
         if lengths[i] > capacity:
-            raise ValueError(f"a sequence of {lengths[i]} tokens does not fit "
-                             f"max_tokens_per_micro_batch={capacity}")
+            raise ValueError(f"a sequence of {lengths[i]} tokens does not fit max_tokens_per_micro_batch={capacity}")
         slot = next((b for b, u in enumerate(used) if u + lengths[i] <= capacity), None)
         if slot is None:
             bins.append([])
@@ -212,8 +211,10 @@ class Microbatching:
         if self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size={self.micro_batch_size} must be >= 1")
         if self.max_tokens is not None and (self.max_tokens < 1 or self.max_tokens % self.multiple):
-            raise ValueError(f"max_tokens_per_micro_batch={self.max_tokens} must be a positive "
-                             f"multiple of {self.multiple} (the layout's sequence multiple)")
+            raise ValueError(
+                f"max_tokens_per_micro_batch={self.max_tokens} must be a positive "
+                f"multiple of {self.multiple} (the layout's sequence multiple)"
+            )
 
     @property
     def packed(self) -> bool:
@@ -223,16 +224,17 @@ class Microbatching:
         """This placement as a layout runs it: packed rows a multiple of `multiple` (TP under
         sequence parallelism), one row length per call under the interleaved pipeline
         schedule. The runner and the trainer's packing metrics both ask here."""
-        return dataclasses.replace(self, multiple=math.lcm(self.multiple, multiple),
-                                   uniform_length=interleaved)
+        return dataclasses.replace(self, multiple=math.lcm(self.multiple, multiple), uniform_length=interleaved)
 
     def dp_split(self, batch: TrainBatch, dp_size: int) -> list[Tensor]:
         """Every DP rank's rows of `batch` ([N / dp_size] int64 each, ascending). Packed: the
         token load balanced over ranks; else contiguous slices. Computed once per call site:
         the balanced split is O(N x dp_size)."""
         if batch.num_rows % dp_size:
-            raise ValueError(f"mini-batch of {batch.num_rows} rows does not split over "
-                             f"data_parallel_size={dp_size}; use a multiple of it")
+            raise ValueError(
+                f"mini-batch of {batch.num_rows} rows does not split over "
+                f"data_parallel_size={dp_size}; use a multiple of it"
+            )
         if not self.packed:
             return list(torch.arange(batch.num_rows).reshape(dp_size, -1))
         parts = balanced_partition(batch.sequence_lengths().tolist(), dp_size)
@@ -250,10 +252,10 @@ class Microbatching:
         """This rank's micro-batches as lists of local row indices (before DP agreement)."""
         if not self.packed:
             if local.num_rows % self.micro_batch_size:
-                raise ValueError(f"micro_batch_size={self.micro_batch_size} must divide this "
-                                 f"rank's {local.num_rows} rows")
-            return [list(range(i, i + self.micro_batch_size))
-                    for i in range(0, local.num_rows, self.micro_batch_size)]
+                raise ValueError(
+                    f"micro_batch_size={self.micro_batch_size} must divide this rank's {local.num_rows} rows"
+                )
+            return [list(range(i, i + self.micro_batch_size)) for i in range(0, local.num_rows, self.micro_batch_size)]
         lengths = local.sequence_lengths().tolist()
         return balanced_bins(lengths, range(local.num_rows), self.max_tokens)
 
@@ -264,8 +266,9 @@ class Microbatching:
         rows = [_round_up(max(sum(lengths[i] for i in b), 1), self.multiple) for b in bins]
         return [max(rows)] * len(rows) if self.uniform_length and rows else rows
 
-    def micro_batches(self, local: TrainBatch, bins: list[list[int]], count: int,
-                      length: Optional[int] = None) -> list[Union[TrainBatch, PackedMicroBatch]]:
+    def micro_batches(
+        self, local: TrainBatch, bins: list[list[int]], count: int, length: Optional[int] = None
+    ) -> list[Union[TrainBatch, PackedMicroBatch]]:
         """The bins as micro-batches, padded with empty ones to `count` (packed only);
         `length` (uniform_length): the row length all DP ranks agreed on."""
         if not self.packed:
@@ -282,13 +285,21 @@ class Microbatching:
         count = max(len(b) for b in bins)
         if not self.packed:
             sizes = [self.micro_batch_size * batch.seq_length] * count
-            return {"real_tokens": int(batch.sequence_lengths().sum()), "computed_tokens": dp_size * sum(sizes),
-                    "micro_batches": count, "tokens_per_micro_batch_max": max(sizes)}
+            return {
+                "real_tokens": int(batch.sequence_lengths().sum()),
+                "computed_tokens": dp_size * sum(sizes),
+                "micro_batches": count,
+                "tokens_per_micro_batch_max": max(sizes),
+            }
         rows = [self.row_lengths(local, b + [[]] * (count - len(b))) for local, b in zip(locals_, bins)]
         longest = max(max(r) for r in rows)
         sizes = [longest if self.uniform_length else n for r in rows for n in r]
-        return {"real_tokens": int(batch.sequence_lengths().sum()), "computed_tokens": sum(sizes),
-                "micro_batches": count, "tokens_per_micro_batch_max": max(sizes)}
+        return {
+            "real_tokens": int(batch.sequence_lengths().sum()),
+            "computed_tokens": sum(sizes),
+            "micro_batches": count,
+            "tokens_per_micro_batch_max": max(sizes),
+        }
 
     def _packed(self, local: TrainBatch, rows: list[int], length: Optional[int]) -> PackedMicroBatch:
         chosen = local.select(torch.tensor(rows, dtype=torch.long))

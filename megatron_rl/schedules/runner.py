@@ -69,8 +69,7 @@ def model_groups(model_chunks: list[torch.nn.Module]):
 Micro = Union[int, Microbatching]
 
 
-def local_batch(model_chunks: list[torch.nn.Module], batch: TrainBatch,
-                micro: Optional[Micro] = None) -> TrainBatch:
+def local_batch(model_chunks: list[torch.nn.Module], batch: TrainBatch, micro: Optional[Micro] = None) -> TrainBatch:
     """This rank's data-parallel share of a mini-batch every rank holds in full: the
     contiguous slice, or with packing the rows that balance the ranks' token load."""
     groups = model_groups(model_chunks)
@@ -78,8 +77,7 @@ def local_batch(model_chunks: list[torch.nn.Module], batch: TrainBatch,
     return batch.select(rows)
 
 
-def gather_data_parallel(model_chunks: list[torch.nn.Module], local: Tensor,
-                         order: Optional[Tensor] = None) -> Tensor:
+def gather_data_parallel(model_chunks: list[torch.nn.Module], local: Tensor, order: Optional[Tensor] = None) -> Tensor:
     """Every DP rank's [n_local, ...] result -> [N, ...]: in rank order, or with `order`
     (Microbatching.gather_order) back in the mini-batch's row order."""
     group = model_groups(model_chunks).dp
@@ -95,8 +93,9 @@ def gather_data_parallel(model_chunks: list[torch.nn.Module], local: Tensor,
     return out
 
 
-def gathered_logprobs(model_chunks: list[torch.nn.Module], batch: TrainBatch, micro: Micro,
-                      vocab_size: int) -> tuple[Tensor, Tensor]:
+def gathered_logprobs(
+    model_chunks: list[torch.nn.Module], batch: TrainBatch, micro: Micro, vocab_size: int
+) -> tuple[Tensor, Tensor]:
     """compute_logprobs on this rank's share of the whole `batch`, gathered: [N, S] twice."""
     micro = _microbatching(micro)
     local, order = _share_and_order(model_chunks, batch, micro)
@@ -131,8 +130,7 @@ def compute_logprobs(
     groups = model_groups(model_chunks)
 
     def collect(mb, logits: Tensor):
-        logp, entropy = vocab_parallel_logprobs(logits, mb.labels, vocab_size, groups.tp,
-                                                mb.temperature)
+        logp, entropy = vocab_parallel_logprobs(logits, mb.labels, vocab_size, groups.tp, mb.temperature)
         return logits.new_zeros(()), {"out": mb.as_rows(torch.stack([logp, entropy], dim=-1))}
 
     out = _forward_only(model_chunks, batch, micro, collect, channels=2)
@@ -172,12 +170,14 @@ def forward_backward(
     sum_names, max_names = loss.metric_names()
 
     def loss_func(mb, output: Tensor):
-        result = loss(output, mb, norms, groups.tp) if mb.row_batch.num_rows else _empty_loss(
-            output, sum_names, max_names)
+        result = (
+            loss(output, mb, norms, groups.tp) if mb.row_batch.num_rows else _empty_loss(output, sum_names, max_names)
+        )
         metrics = {
             "sums": torch.stack([result.sums[n].double() for n in sum_names]),
             "maxes": torch.stack([result.maxes[n].double() for n in max_names])
-            if max_names else torch.zeros(0, dtype=torch.float64),
+            if max_names
+            else torch.zeros(0, dtype=torch.float64),
         }
         return result.loss * scale, metrics  # the schedule divides by len(microbatches)
 
@@ -216,23 +216,28 @@ def train_step(
 
 def _check_layout(groups, config, training: bool) -> None:
     if groups.cp.size() > 1:
-        raise ValueError("context_parallel_size > 1 is not supported by megatron_rl.schedules: "
-                         "the batch is not split over CP ranks (and Megatron's local layer spec "
-                         "has no CP attention); use context_parallel_size=1")
+        raise ValueError(
+            "context_parallel_size > 1 is not supported by megatron_rl.schedules: "
+            "the batch is not split over CP ranks (and Megatron's local layer spec "
+            "has no CP attention); use context_parallel_size=1"
+        )
     if training and config.calculate_per_token_loss:
-        raise ValueError("TransformerConfig.calculate_per_token_loss must be False: the "
-                         "schedules pass exact mini-batch denominators themselves")
+        raise ValueError(
+            "TransformerConfig.calculate_per_token_loss must be False: the "
+            "schedules pass exact mini-batch denominators themselves"
+        )
     if training and config.finalize_model_grads_func is None:
-        raise ValueError("config.finalize_model_grads_func is None: set it to Megatron's "
-                         "finalize_model_grads after wrapping the chunks in DDP, or DP/PP "
-                         "gradients are never reduced")
+        raise ValueError(
+            "config.finalize_model_grads_func is None: set it to Megatron's "
+            "finalize_model_grads after wrapping the chunks in DDP, or DP/PP "
+            "gradients are never reduced"
+        )
 
 
 def _check_tokens(batch: TrainBatch, vocab_size: int) -> None:
     low, high = int(batch.tokens.min()), int(batch.tokens.max())
     if low < 0 or high >= vocab_size:
-        raise ValueError(f"token ids must lie in [0, vocab_size={vocab_size}); "
-                         f"got [{low}, {high}]")
+        raise ValueError(f"token ids must lie in [0, vocab_size={vocab_size}); got [{low}, {high}]")
 
 
 def _global_norms(local: dict[str, Tensor], groups) -> dict[str, Tensor]:
@@ -263,8 +268,9 @@ def _microbatches(local: TrainBatch, micro: Optional[Micro], groups, config) -> 
     interleaved = config is not None and (config.virtual_pipeline_model_parallel_size or 1) > 1
     micro = micro.for_layout(tp, interleaved)
     bins = micro.bins(local)
-    agreed = torch.tensor([len(bins), max(micro.row_lengths(local, bins) + [micro.multiple])],
-                          device=platform.current().device)
+    agreed = torch.tensor(
+        [len(bins), max(micro.row_lengths(local, bins) + [micro.multiple])], device=platform.current().device
+    )
     if groups.dp.size() > 1:
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=groups.dp)
     count, length = int(agreed[0]), (int(agreed[1]) if interleaved else None)
@@ -274,8 +280,11 @@ def _microbatches(local: TrainBatch, micro: Optional[Micro], groups, config) -> 
 def _empty_loss(output: Tensor, sum_names, max_names) -> LossOutput:
     """An empty packed micro-batch (DP agreement padding): loss 0, still part of the graph."""
     zero = output.sum() * 0.0
-    return LossOutput(zero, {n: zero.detach() for n in sum_names},
-                      {n: torch.full_like(zero.detach(), float("-inf")) for n in max_names})
+    return LossOutput(
+        zero,
+        {n: zero.detach() for n in sum_names},
+        {n: torch.full_like(zero.detach(), float("-inf")) for n in max_names},
+    )
 
 
 def _packed_seq_params(mb, model):
@@ -285,16 +294,25 @@ def _packed_seq_params(mb, model):
     from megatron.core.packed_seq_params import PackedSeqParams
 
     cu_seqlens, longest = mb.cu_seqlens, mb.max_seqlen
-    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
-                           max_seqlen_q=longest, max_seqlen_kv=longest,
-                           cp_group=model_groups([model]).cp)
+    return PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_kv=cu_seqlens,
+        max_seqlen_q=longest,
+        max_seqlen_kv=longest,
+        cp_group=model_groups([model]).cp,
+    )
 
 
 def _forward_step(loss_func, data_iterator, model):
     mb = next(data_iterator).to(platform.current().device)
     route_replay.set_targets(model, mb.routes)  # MoE router replay: this micro-batch's routes
-    output = model(mb.tokens, mb.position_ids, None,  # last stage: [b, s, V/tp] or [b, s, 1]
-                   packed_seq_params=_packed_seq_params(mb, model))
+    output = model(
+        mb.tokens,
+        mb.position_ids,
+        None,  # last stage: [b, s, V/tp] or [b, s, 1]
+        packed_seq_params=_packed_seq_params(mb, model),
+    )
     return output, partial(loss_func, mb)
 
 
@@ -334,8 +352,7 @@ def _shapes_per_micro_batch(chunks, microbatches: list):
         config.variable_seq_lengths = before
 
 
-def _forward_only(model_chunks, batch: TrainBatch, micro: Micro, collect: Callable,
-                  channels: int) -> Tensor:
+def _forward_only(model_chunks, batch: TrainBatch, micro: Micro, collect: Callable, channels: int) -> Tensor:
     """Run `collect` on every microbatch's last-stage output; [n, S, channels] everywhere."""
     from megatron.core.utils import get_model_config
 

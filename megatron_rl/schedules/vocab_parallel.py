@@ -101,19 +101,19 @@ def vocab_parallel_logprobs(
     entropy), both differentiable w.r.t. logits.
     """
     if labels.shape != logits.shape[:-1]:
-        raise ValueError(f"labels {tuple(labels.shape)} must match logits without the "
-                         f"vocabulary dim {tuple(logits.shape[:-1])}")
+        raise ValueError(
+            f"labels {tuple(labels.shape)} must match logits without the vocabulary dim {tuple(logits.shape[:-1])}"
+        )
     tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
     tp_size = dist.get_world_size(tp_group) if tp_group is not None else 1
     local_vocab = logits.shape[-1]
     if vocab_size > local_vocab * tp_size:
-        raise ValueError(f"vocab_size={vocab_size} exceeds the model's vocabulary "
-                         f"{local_vocab}×{tp_size} (per-rank rows × TP)")
+        raise ValueError(
+            f"vocab_size={vocab_size} exceeds the model's vocabulary {local_vocab}×{tp_size} (per-rank rows × TP)"
+        )
     if temperature is not None:
         temperature = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device)
         temperature = temperature.expand(labels.shape).contiguous()
         if not bool((temperature > 0).all()):
             raise ValueError("temperature must be > 0 at every token")
-    return _VocabParallelLogprobs.apply(
-        logits, labels, temperature, tp_rank * local_vocab, vocab_size, tp_group
-    )
+    return _VocabParallelLogprobs.apply(logits, labels, temperature, tp_rank * local_vocab, vocab_size, tp_group)

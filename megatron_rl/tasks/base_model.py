@@ -87,15 +87,28 @@ class BaseModelSettings:
         """The HF config fields (``model_type`` included) of this base: the one table behind
         both the saved config.json and :meth:`model_shape`, so the two cannot disagree."""
         fields = dict(
-            model_type=self.family, vocab_size=vocab_size, hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size, num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
-            head_dim=self.head_dim, max_position_embeddings=self.max_position_embeddings, rms_norm_eps=1e-6,
-            tie_word_embeddings=False, eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None,
+            model_type=self.family,
+            vocab_size=vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            max_position_embeddings=self.max_position_embeddings,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            eos_token_id=eos_id,
+            pad_token_id=pad_id,
+            bos_token_id=None,
         )
         if self.family != "qwen3":
-            fields.update(num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
-                          moe_intermediate_size=self.moe_intermediate_size, norm_topk_prob=True)
+            fields.update(
+                num_experts=self.num_experts,
+                num_experts_per_tok=self.num_experts_per_tok,
+                moe_intermediate_size=self.moe_intermediate_size,
+                norm_topk_prob=True,
+            )
         if self.family == "qwen2_moe":
             fields.update(shared_expert_intermediate_size=self.intermediate_size)
         return fields
@@ -125,11 +138,12 @@ def _split_prompts(settings: BaseModelSettings):
     task = get_task(settings.task)
     train = task.generate(settings.num_train_prompts, seed=settings.seed)
     seen = {e.prompt for e in train}
-    held_out = [e for e in task.generate(settings.num_eval_prompts * 4, seed=settings.seed + 1)
-                if e.prompt not in seen]
+    held_out = [e for e in task.generate(settings.num_eval_prompts * 4, seed=settings.seed + 1) if e.prompt not in seen]
     if len(held_out) < settings.num_eval_prompts:
-        raise ValueError(f"task {settings.task!r} has too few distinct prompts for "
-                         f"{settings.num_eval_prompts} held-out ones beside the train set")
+        raise ValueError(
+            f"task {settings.task!r} has too few distinct prompts for "
+            f"{settings.num_eval_prompts} held-out ones beside the train set"
+        )
     return task, train, held_out[: settings.num_eval_prompts]
 
 
@@ -154,13 +168,16 @@ def _build(settings: BaseModelSettings, out: Path) -> dict[str, Any]:
 
     torch.manual_seed(settings.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    max_new_tokens = max(
-        len(tokenizer(training_text(e)[1], add_special_tokens=False).input_ids) for e in train
-    ) + 2
+    max_new_tokens = max(len(tokenizer(training_text(e)[1], add_special_tokens=False).input_ids) for e in train) + 2
     encoded = encode_warmup(tokenizer, task, train, settings.seed, settings.warmup_correct_fraction)
     losses = supervised_warmup(
-        model, encoded, steps=settings.warmup_steps, batch_size=settings.warmup_batch_size,
-        lr=settings.warmup_lr, seed=settings.seed, pad_id=tokenizer.pad_token_id,
+        model,
+        encoded,
+        steps=settings.warmup_steps,
+        batch_size=settings.warmup_batch_size,
+        lr=settings.warmup_lr,
+        seed=settings.seed,
+        pad_id=tokenizer.pad_token_id,
     )
     warmup_seconds = time.perf_counter() - started
     greedy = accuracy(model, tokenizer, held_out, max_new_tokens)
@@ -201,8 +218,9 @@ def read_report(directory: Path | str) -> Optional[dict[str, Any]]:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def make_tiny_base(directory: Path | str, settings: BaseModelSettings = BaseModelSettings(),
-                   *, verbose: bool = True) -> dict[str, Any]:
+def make_tiny_base(
+    directory: Path | str, settings: BaseModelSettings = BaseModelSettings(), *, verbose: bool = True
+) -> dict[str, Any]:
     """Build (or reuse) the base model in ``directory``; returns the report dict.
 
     The report has ``chance_accuracy``, ``accuracy_after_warmup`` (greedy, held-out),
@@ -219,10 +237,12 @@ def make_tiny_base(directory: Path | str, settings: BaseModelSettings = BaseMode
         staging.chmod(0o755)  # mkdtemp makes it private; the run directory is not
         try:
             report = _build(settings, staging)
-            (staging / REPORT_FILE).write_text(json.dumps(
-                {"settings_hash": digest, "settings": dataclasses.asdict(settings), "report": report},
-                indent=2,
-            ))
+            (staging / REPORT_FILE).write_text(
+                json.dumps(
+                    {"settings_hash": digest, "settings": dataclasses.asdict(settings), "report": report},
+                    indent=2,
+                )
+            )
             if directory.exists():
                 shutil.rmtree(directory)
             os.replace(staging, directory)  # readers never see a half-written directory
@@ -257,10 +277,16 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="make_tiny_base", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="directory for the model, tokenizer and prompts")
     for field in dataclasses.fields(BaseModelSettings):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(getattr(defaults, field.name)),
-                            default=getattr(defaults, field.name))
-    parser.add_argument("--check-vllm", action="store_true",
-                        help="also load the result in vLLM and compare greedy answers with transformers")
+        parser.add_argument(
+            f"--{field.name.replace('_', '-')}",
+            type=type(getattr(defaults, field.name)),
+            default=getattr(defaults, field.name),
+        )
+    parser.add_argument(
+        "--check-vllm",
+        action="store_true",
+        help="also load the result in vLLM and compare greedy answers with transformers",
+    )
     args = vars(parser.parse_args(argv))
     out, check = args.pop("out"), args.pop("check_vllm")
     try:
@@ -269,15 +295,18 @@ def main(argv: list[str]) -> int:
         parser.error(str(exc))
     make_tiny_base(out, settings)
     if check:
-        result = subprocess.run([sys.executable, "-m", "megatron_rl.tasks.engine_check", str(out)],
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "megatron_rl.tasks.engine_check", str(out)], capture_output=True, text=True
+        )
         line = next((l for l in result.stdout.splitlines() if l.startswith("ENGINE_CHECK ")), None)
         if line is None:
             print(result.stderr[-4000:], file=sys.stderr)
             return 1
         check_result = json.loads(line.split(" ", 1)[1])
         agree = check_result["vllm"] == check_result["transformers"]
-        print(f"vLLM greedy == transformers greedy: {agree}; max |logprob diff| "
-              f"{check_result['max_logprob_abs_diff']}; vLLM engine build {check_result['vllm_build_s']:.1f} s")
+        print(
+            f"vLLM greedy == transformers greedy: {agree}; max |logprob diff| "
+            f"{check_result['max_logprob_abs_diff']}; vLLM engine build {check_result['vllm_build_s']:.1f} s"
+        )
         return 0 if agree else 1
     return 0

@@ -88,16 +88,16 @@ class DigitTask:
     def answer(self, digits: Sequence[int]) -> str:
         return str(self.running_values(digits)[-1])
 
-    def solution(self, digits: Sequence[int], answer: Optional[str] = None,
-                 steps: Optional[Sequence[int]] = None) -> str:
+    def solution(
+        self, digits: Sequence[int], answer: Optional[str] = None, steps: Optional[Sequence[int]] = None
+    ) -> str:
         """The response text; ``answer``/``steps`` override the true ones (warm-up labels)."""
         answer = self.answer(digits) if answer is None else answer
         if not self.reasoning:
             return f"Answer: {answer}"
         steps = self.running_values(digits) if steps is None else steps
         if self.reasoning == "work":
-            steps = [steps[0], *(_WORK[self.op].format(a=a, d=d, v=v)
-                                 for a, d, v in zip(steps, digits[1:], steps[1:]))]
+            steps = [steps[0], *(_WORK[self.op].format(a=a, d=d, v=v) for a, d, v in zip(steps, digits[1:], steps[1:]))]
         return " ".join(str(v) for v in steps) + f" Answer: {answer}"
 
     def example(self, digits: Sequence[int]) -> TaskExample:

@@ -39,17 +39,19 @@ def compare_greedy(directory: str | Path, num_prompts: int = 8) -> dict:
     for m in messages:
         ids = tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
         ids = torch.tensor([tokenizer(ids, add_special_tokens=False).input_ids])
-        out = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens,
-                             output_scores=True, return_dict_in_generate=True)
-        new = out.sequences[0, ids.shape[1]:]
+        out = model.generate(
+            ids, do_sample=False, max_new_tokens=max_new_tokens, output_scores=True, return_dict_in_generate=True
+        )
+        new = out.sequences[0, ids.shape[1] :]
         hf.append(tokenizer.decode(new, skip_special_tokens=True))
         hf_logprobs.append([torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, new)])
 
     from vllm import LLM, SamplingParams
 
     started = time.perf_counter()
-    llm = LLM(model=str(directory), dtype="float32", enforce_eager=True, max_model_len=128,
-              seed=0, gpu_memory_utilization=0.5)
+    llm = LLM(
+        model=str(directory), dtype="float32", enforce_eager=True, max_model_len=128, seed=0, gpu_memory_utilization=0.5
+    )
     build_s = time.perf_counter() - started
     params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, logprobs=0)
     outputs = llm.chat(messages, params, use_tqdm=False)
@@ -58,9 +60,14 @@ def compare_greedy(directory: str | Path, num_prompts: int = 8) -> dict:
         [step[t].logprob for step, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)] for o in outputs
     ]
     diffs = [abs(a - b) for x, y in zip(hf_logprobs, served_logprobs) if len(x) == len(y) for a, b in zip(x, y)]
-    return {"transformers": hf, "vllm": served, "prompts": [r["prompt"] for r in rows],
-            "answers": [r["answer"] for r in rows], "vllm_build_s": build_s,
-            "max_logprob_abs_diff": max(diffs) if diffs else None}
+    return {
+        "transformers": hf,
+        "vllm": served,
+        "prompts": [r["prompt"] for r in rows],
+        "answers": [r["answer"] for r in rows],
+        "vllm_build_s": build_s,
+        "max_logprob_abs_diff": max(diffs) if diffs else None,
+    }
 
 
 if __name__ == "__main__":

@@ -42,4 +42,3 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 320):
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
-

@@ -25,9 +25,7 @@ class DigitAnswerVerifier:
     def __init__(self) -> None:
         self.totals = {"total": 0, "correct": 0, "format_failures": 0}
 
-    def score_batch(
-        self, responses: Sequence[str], answers: Sequence[str]
-    ) -> tuple[list[float], dict[str, int]]:
+    def score_batch(self, responses: Sequence[str], answers: Sequence[str]) -> tuple[list[float], dict[str, int]]:
         if len(responses) != len(answers):
             raise ValueError(f"got {len(responses)} responses but {len(answers)} answers")
         stats = {"total": len(responses), "correct": 0, "format_failures": 0}

@@ -26,18 +26,21 @@ def warmup_solution(task: DigitTask, example: TaskExample, rng: random.Random, c
     return task.solution(example.digits, answer=rng.choice(ANSWER_SPACE), steps=steps)
 
 
-def encode_warmup(tokenizer, task: DigitTask, examples: Sequence[TaskExample], seed: int,
-                  correct_fraction: float) -> list[tuple[list[int], list[int]]]:
+def encode_warmup(
+    tokenizer, task: DigitTask, examples: Sequence[TaskExample], seed: int, correct_fraction: float
+) -> list[tuple[list[int], list[int]]]:
     """``(prompt ids, completion ids)`` per example; completion ends in EOS."""
     rng = random.Random(f"warmup-labels-{seed}")
     encoded = []
     for example in examples:
         solution = warmup_solution(task, example, rng, correct=rng.random() < correct_fraction)
         prompt, completion = training_text(example, solution)
-        encoded.append((
-            tokenizer(prompt, add_special_tokens=False).input_ids,
-            tokenizer(completion, add_special_tokens=False).input_ids,
-        ))
+        encoded.append(
+            (
+                tokenizer(prompt, add_special_tokens=False).input_ids,
+                tokenizer(completion, add_special_tokens=False).input_ids,
+            )
+        )
     return encoded
 
 
@@ -49,13 +52,12 @@ def _collate(pairs: Sequence[tuple[list[int], list[int]]], pad_id: int):
     for row, (prompt, completion) in enumerate(pairs):
         seq = prompt + completion
         ids[row, : len(seq)] = torch.tensor(seq)
-        labels[row, len(prompt): len(seq)] = torch.tensor(completion)  # loss on the completion only
+        labels[row, len(prompt) : len(seq)] = torch.tensor(completion)  # loss on the completion only
         mask[row, : len(seq)] = 1
     return ids, labels, mask
 
 
-def supervised_warmup(model, encoded, *, steps: int, batch_size: int, lr: float, seed: int,
-                      pad_id: int) -> list[float]:
+def supervised_warmup(model, encoded, *, steps: int, batch_size: int, lr: float, seed: int, pad_id: int) -> list[float]:
     """Plain AdamW on the completion tokens; returns the loss of every step."""
     rng = random.Random(f"warmup-order-{seed}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -76,31 +78,42 @@ def supervised_warmup(model, encoded, *, steps: int, batch_size: int, lr: float,
 
 
 @torch.no_grad()
-def generate_responses(model, tokenizer, examples: Sequence[TaskExample], max_new_tokens: int,
-                       *, sample: bool = False, seed: int = 0, batch_size: int = 64) -> list[str]:
+def generate_responses(
+    model,
+    tokenizer,
+    examples: Sequence[TaskExample],
+    max_new_tokens: int,
+    *,
+    sample: bool = False,
+    seed: int = 0,
+    batch_size: int = 64,
+) -> list[str]:
     """Greedy (or temperature-1 sampled) completions with transformers, stopping at EOS."""
     if sample:
         torch.manual_seed(seed)
     responses = []
     for start in range(0, len(examples), batch_size):
-        chunk = examples[start: start + batch_size]
+        chunk = examples[start : start + batch_size]
         prompts = [
-            tokenizer.apply_chat_template(prompt_messages(e), tokenize=False, add_generation_prompt=True)
-            for e in chunk
+            tokenizer.apply_chat_template(prompt_messages(e), tokenize=False, add_generation_prompt=True) for e in chunk
         ]
         batch = tokenizer(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
         out = model.generate(
-            **batch, do_sample=sample, max_new_tokens=max_new_tokens,
+            **batch,
+            do_sample=sample,
+            max_new_tokens=max_new_tokens,
             **({"temperature": 1.0, "top_p": 1.0} if sample else {}),
-            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
         )
-        new_tokens = out[:, batch["input_ids"].shape[1]:]
+        new_tokens = out[:, batch["input_ids"].shape[1] :]
         responses += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
     return responses
 
 
-def accuracy(model, tokenizer, examples: Sequence[TaskExample], max_new_tokens: int,
-             *, sample: bool = False, seed: int = 0) -> dict:
+def accuracy(
+    model, tokenizer, examples: Sequence[TaskExample], max_new_tokens: int, *, sample: bool = False, seed: int = 0
+) -> dict:
     """Accuracy and well-formed rate of greedy (or sampled) answers, by the task's verifier.
 
     Greedy is what the brief asks for, but a format-only base answers the same digit to

@@ -43,28 +43,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_script(script: Path, world_size: int, args: Sequence[str] = (), timeout_s: float = 1200,
-               env: Optional[dict] = None) -> subprocess.CompletedProcess:
+def run_script(
+    script: Path, world_size: int, args: Sequence[str] = (), timeout_s: float = 1200, env: Optional[dict] = None
+) -> subprocess.CompletedProcess:
     """``script`` under torchrun at ``world_size`` on a free port, one thread per rank (the
     ranks share the host's cores); the finished process with its output captured."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
     cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc-per-node={world_size}", f"--master-port={_free_port()}",
-        str(script), *args,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={world_size}",
+        f"--master-port={_free_port()}",
+        str(script),
+        *args,
     ]
     return run_process_group(cmd, env, timeout_s)
 
 
-def run_process_group(cmd: Sequence[str], env: Optional[dict], timeout_s: float,
-                      cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+def run_process_group(
+    cmd: Sequence[str], env: Optional[dict], timeout_s: float, cwd: Optional[Path] = None
+) -> subprocess.CompletedProcess:
     """``cmd`` in a session of its own, output captured. On a timeout every descendant is
     killed, not only the leader: a torchrun killed alone leaves its ranks (and their vLLM
     workers) running, and those orphans slow every later test on a 2-core machine.
     torchrun starts each rank in a session of its own, so killing torchrun's session is
     not enough: the ranks are found by their parent links."""
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -136,7 +143,9 @@ def launch(
         proc = run_script(script, world_size, args, timeout_s, env)
         if not result_path.exists():
             tail = (proc.stdout + proc.stderr)[-6000:]
-            raise LaunchError(f"torchrun exited {proc.returncode} with no result after {time.time() - start:.0f} s:\n{tail}")
+            raise LaunchError(
+                f"torchrun exited {proc.returncode} with no result after {time.time() - start:.0f} s:\n{tail}"
+            )
         results = json.loads(result_path.read_text())
         for err in sorted(Path(tmp).glob("*.err")):  # failures seen by ranks other than 0
             case, _, error = err.read_text().partition("\n")

@@ -32,8 +32,11 @@ class TrainingRun:
     same data."""
 
     def __init__(self, kind: str, layout: dict, seed: int = 7, data: str = "step", dtype: str = "fp32"):
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         self.arch, self.parallel, self.data = TINY_ARCHS[kind], ParallelConfig(**layout), data
@@ -45,8 +48,14 @@ class TrainingRun:
             ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=False)
             self.chunks = [DistributedDataParallel(config, ddp, c) for c in chunks]
             self.optimizer = get_megatron_optimizer(
-                OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True, clip_grad=1.0,
-                                weight_decay=0.01, bf16=dtype == "bf16"),
+                OptimizerConfig(
+                    optimizer="adam",
+                    lr=1e-2,
+                    use_distributed_optimizer=True,
+                    clip_grad=1.0,
+                    weight_decay=0.01,
+                    bf16=dtype == "bf16",
+                ),
                 self.chunks,
             )
         config.finalize_model_grads_func = finalize_model_grads
@@ -76,7 +85,10 @@ class TrainingRun:
                     forward_step_func=_forward_step,
                     data_iterator=[iter(micro) for _ in self.chunks] if len(self.chunks) > 1 else iter(micro),
                     model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
-                    num_microbatches=len(micro), seq_length=SEQ, micro_batch_size=self.mbs, forward_only=False,
+                    num_microbatches=len(micro),
+                    seq_length=SEQ,
+                    micro_batch_size=self.mbs,
+                    forward_only=False,
                 )
                 self.optimizer.step()
             local = sum(float(o["loss"]) for o in out) / len(out) if out else None

@@ -13,8 +13,9 @@ from megatron_rl.trainer.assembly import response_span
 from megatron_rl.trainer.rollouts import TrainRows
 
 
-def estimate_advantages(recipe: AlgorithmRecipe, rows: TrainRows, max_len: int,
-                        values: Optional[Sequence[torch.Tensor]] = None):
+def estimate_advantages(
+    recipe: AlgorithmRecipe, rows: TrainRows, max_len: int, values: Optional[Sequence[torch.Tensor]] = None
+):
     """Per-response-token (advantages, returns or None), [rows, max_len].
 
     Estimated over whole responses (a T-PPO window's advantages need the values after it);
@@ -29,9 +30,13 @@ def estimate_advantages(recipe: AlgorithmRecipe, rows: TrainRows, max_len: int,
         extra["values"] = padded
     if any(rows.truncated):
         extra["truncated"] = torch.tensor(rows.truncated)
-    inputs = recipe.advantage_inputs(mask, seq_rewards=torch.tensor(rows.rewards, dtype=torch.float32),
-                                     group_index=torch.tensor(rows.group_index),
-                                     lengths=torch.tensor(lengths), **extra)
+    inputs = recipe.advantage_inputs(
+        mask,
+        seq_rewards=torch.tensor(rows.rewards, dtype=torch.float32),
+        group_index=torch.tensor(rows.group_index),
+        lengths=torch.tensor(lengths),
+        **extra,
+    )
     out = compute_advantages(recipe.advantage_estimator, dataclasses.replace(inputs, whiten=False))
     advantages = out.advantages
     if recipe.whiten_advantages:

@@ -55,8 +55,7 @@ class AheadGeneration:
     keeps the same queue; only training rank 0 sends and receives). ``depth`` 0: each batch
     is submitted when it is needed and waited for (synchronous, the colocated run's rows)."""
 
-    def __init__(self, client: RolloutClient, loader: PromptLoader, depth: int,
-                 chunk_tokens: Optional[int] = None):
+    def __init__(self, client: RolloutClient, loader: PromptLoader, depth: int, chunk_tokens: Optional[int] = None):
         if depth < 0:
             raise ValueError(f"rollouts run ahead by >= 0 batches, not {depth}")
         self.client, self.loader, self.depth = client, loader, depth
@@ -132,8 +131,12 @@ class StepTimes:
         self.rollout_idle_s += generation.idle_s
 
     def metrics(self) -> dict:
-        out = {"timing/generation_s": self.generation_s, "timing/train_idle_s": self.train_idle_s,
-               "timing/rollout_idle_s": self.rollout_idle_s, "rollout/dropped_stale": self.dropped_stale}
+        out = {
+            "timing/generation_s": self.generation_s,
+            "timing/train_idle_s": self.train_idle_s,
+            "timing/rollout_idle_s": self.rollout_idle_s,
+            "rollout/dropped_stale": self.dropped_stale,
+        }
         self.generation_s = self.train_idle_s = self.rollout_idle_s = 0.0
         self.dropped_stale = 0
         return out

@@ -32,8 +32,9 @@ def response_span(lengths: Sequence[int], starts: Sequence[int], max_len: int) -
     return (positions >= torch.tensor(starts)[:, None]) & (positions < torch.tensor(lengths)[:, None])
 
 
-def aligned_span(prompt_lens: Sequence[int], response_lens: Sequence[int], starts: Sequence[int],
-                 seq_length: int) -> Tensor:
+def aligned_span(
+    prompt_lens: Sequence[int], response_lens: Sequence[int], starts: Sequence[int], seq_length: int
+) -> Tensor:
     """[rows, seq_length] bool in the training layout: response tokens starts[row] onwards."""
     spans = response_span(response_lens, starts, max(response_lens))
     return scatter_response([m[:r] for m, r in zip(spans, response_lens)], prompt_lens, seq_length).bool()
@@ -86,8 +87,11 @@ class StepBatch:
 
     def scatter(self, per_response: Sequence[Tensor]) -> Tensor:
         """Per-response-token values (lists or [rows, ≥ len] tensors) -> [N, S]."""
-        return scatter_response([torch.as_tensor(x)[:r] for x, r in zip(per_response, self.response_lens)],
-                                self.prompt_lens, self.tokens.shape[1])
+        return scatter_response(
+            [torch.as_tensor(x)[:r] for x, r in zip(per_response, self.response_lens)],
+            self.prompt_lens,
+            self.tokens.shape[1],
+        )
 
     def gather(self, tensor: Tensor) -> list[Tensor]:
         """[N, S] -> each row's response-token values."""
@@ -96,17 +100,31 @@ class StepBatch:
     def plain(self, loss_mask: Optional[Tensor] = None) -> TrainBatch:
         """The tokens, sampling temperatures and vLLM's routes (forward passes without
         targets; a model without a route replay ignores the routes)."""
-        return TrainBatch(tokens=self.tokens, loss_mask=self.loss_mask if loss_mask is None else loss_mask,
-                          temperature=self.temperature, routes=self.routes, lengths=self.lengths)
+        return TrainBatch(
+            tokens=self.tokens,
+            loss_mask=self.loss_mask if loss_mask is None else loss_mask,
+            temperature=self.temperature,
+            routes=self.routes,
+            lengths=self.lengths,
+        )
 
     def for_actor(self) -> TrainBatch:
         """Everything the policy loss reads."""
-        return TrainBatch(tokens=self.tokens, loss_mask=self.loss_mask, advantages=self.advantages,
-                          temperature=self.temperature, old_logprobs=self.old_logprobs,
-                          ref_logprobs=self.ref_logprobs, h_hat=self.h_hat, returns=self.returns,
-                          is_weights=self.is_weights, routes=self.routes if self.replay_routes else None,
-                          old_values=self.values, is_positive=torch.tensor([c > 0 for c in self.rows.correct]),
-                          lengths=self.lengths)
+        return TrainBatch(
+            tokens=self.tokens,
+            loss_mask=self.loss_mask,
+            advantages=self.advantages,
+            temperature=self.temperature,
+            old_logprobs=self.old_logprobs,
+            ref_logprobs=self.ref_logprobs,
+            h_hat=self.h_hat,
+            returns=self.returns,
+            is_weights=self.is_weights,
+            routes=self.routes if self.replay_routes else None,
+            old_values=self.values,
+            is_positive=torch.tensor([c > 0 for c in self.rows.correct]),
+            lengths=self.lengths,
+        )
 
     def for_critic(self) -> TrainBatch:
         """The same rows, with the critic's tokens as the loss mask."""
@@ -132,19 +150,24 @@ def routes_missing(samples) -> float:
     return sum(int((s.routes < 0).any(-1).sum()) for s in samples) / max(pairs, 1)
 
 
-def assemble(rows: TrainRows, seq_length: int, pad_token_id: int, temperature: float,
-             replay_routes: bool = False) -> StepBatch:
+def assemble(
+    rows: TrainRows, seq_length: int, pad_token_id: int, temperature: float, replay_routes: bool = False
+) -> StepBatch:
     """The step's rows in the training layout (a row longer than seq_length is refused)."""
     prompts = [s.prompt_ids for s in rows.samples]
     responses = [s.token_ids for s in rows.samples]
     tokens, response_mask = pack_sequences(prompts, responses, seq_length, pad_token_id)
     prompt_lens, response_lens = [len(p) for p in prompts], [len(r) for r in responses]
     return StepBatch(
-        rows=rows, tokens=tokens, response_mask=response_mask,
+        rows=rows,
+        tokens=tokens,
+        response_mask=response_mask,
         loss_mask=aligned_span(prompt_lens, response_lens, rows.loss_start, seq_length),
         fresh_mask=aligned_span(prompt_lens, response_lens, rows.fresh_start, seq_length),
         critic_mask=response_mask & ~torch.tensor(rows.truncated)[:, None],
-        prompt_lens=prompt_lens, response_lens=response_lens,
+        prompt_lens=prompt_lens,
+        response_lens=response_lens,
         temperature=torch.full(tokens.shape, temperature),
-        routes=pack_routes(rows.samples, seq_length), replay_routes=replay_routes,
+        routes=pack_routes(rows.samples, seq_length),
+        replay_routes=replay_routes,
     )

@@ -33,9 +33,13 @@ class EmptyStepGuard:
             return None, None
         self.in_a_row += 1
         if self.in_a_row >= self.limit:
-            return None, (f"{self.in_a_row} steps in a row (the last: step {step}) kept no trainable group, so the "
-                          f"actor has not changed since (algorithm.max_empty_steps={self.limit}); groups whose rewards "
-                          "were all equal were dropped: check the verifier and the task's difficulty for this model")
-        return (f"warning: step {step} kept no trainable group (groups whose rewards were all equal are dropped, "
-                f"and too few were left for one training batch): the actor was not updated; {self.in_a_row} "
-                f"such step(s) in a row, the run stops at algorithm.max_empty_steps={self.limit}"), None
+            return None, (
+                f"{self.in_a_row} steps in a row (the last: step {step}) kept no trainable group, so the "
+                f"actor has not changed since (algorithm.max_empty_steps={self.limit}); groups whose rewards "
+                "were all equal were dropped: check the verifier and the task's difficulty for this model"
+            )
+        return (
+            f"warning: step {step} kept no trainable group (groups whose rewards were all equal are dropped, "
+            f"and too few were left for one training batch): the actor was not updated; {self.in_a_row} "
+            f"such step(s) in a row, the run stops at algorithm.max_empty_steps={self.limit}"
+        ), None

@@ -43,8 +43,9 @@ class HapoTokenFields:
     """This step's statistics as floats: pass them to the next rollout's Sampling."""
 
 
-def sampled_temperature(entropy: Tensor, loss_mask: Tensor, temperature: float, tau: float,
-                        stats: Optional[EntropyStats]) -> Tensor:
+def sampled_temperature(
+    entropy: Tensor, loss_mask: Tensor, temperature: float, tau: float, stats: Optional[EntropyStats]
+) -> Tensor:
     """T·(1 + τ·ĥ(entropy; stats)) on response positions, T elsewhere; [N, S] -> [N, S].
 
     `entropy` is that of softmax(logits / T). stats None (first step) or τ = 0: plain T.
@@ -60,8 +61,14 @@ def sampled_temperature(entropy: Tensor, loss_mask: Tensor, temperature: float, 
     return torch.where(loss_mask.bool().to(entropy.device), adaptive, base)
 
 
-def token_fields(entropy: Tensor, loss_mask: Tensor, temperature: float, tau: float,
-                 prev_stats: Optional[EntropyStats], pivot_quantile: float = 0.8) -> HapoTokenFields:
+def token_fields(
+    entropy: Tensor,
+    loss_mask: Tensor,
+    temperature: float,
+    tau: float,
+    prev_stats: Optional[EntropyStats],
+    pivot_quantile: float = 0.8,
+) -> HapoTokenFields:
     """(a), (b), (c) of the module docstring from the whole mini-batch's entropy at T [N, S]."""
     mask = loss_mask.to(entropy.device)
     h_hat, stats = normalized_entropy(entropy, mask, pivot_quantile, return_stats=True)
@@ -72,15 +79,24 @@ def token_fields(entropy: Tensor, loss_mask: Tensor, temperature: float, tau: fl
     )
 
 
-def hapo_token_fields(actor_chunks: list[torch.nn.Module], batch: TrainBatch, micro,
-                      vocab_size: int, *, temperature: float, tau: float,
-                      prev_stats: Optional[EntropyStats], pivot_quantile: float = 0.8) -> HapoTokenFields:
+def hapo_token_fields(
+    actor_chunks: list[torch.nn.Module],
+    batch: TrainBatch,
+    micro,
+    vocab_size: int,
+    *,
+    temperature: float,
+    tau: float,
+    prev_stats: Optional[EntropyStats],
+    pivot_quantile: float = 0.8,
+) -> HapoTokenFields:
     """Forward the whole packed mini-batch `batch` (every rank holds it) at the base T on
     the actor; [N, S] results on every rank. `batch.temperature` is ignored (T is used);
     `batch.loss_mask` is the response mask. One extra forward-only pass per step."""
     from megatron_rl.schedules import gathered_logprobs
 
-    at_base = dataclasses.replace(batch, temperature=torch.full(batch.tokens.shape, float(temperature),
-                                                                device=batch.tokens.device))
+    at_base = dataclasses.replace(
+        batch, temperature=torch.full(batch.tokens.shape, float(temperature), device=batch.tokens.device)
+    )
     _, entropy = gathered_logprobs(actor_chunks, at_base, micro, vocab_size)
     return token_fields(entropy, batch.loss_mask, temperature, tau, prev_stats, pivot_quantile)

@@ -20,8 +20,11 @@ class MetricsLog:
         path = Path(run_dir) / "metrics.jsonl"
         kept = []
         if resume_after and path.exists():  # rows past the resumed step were not saved: drop them
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_after]
+            kept = [
+                line
+                for line in path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= resume_after
+            ]
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         tmp.replace(path)
@@ -46,8 +49,11 @@ class MetricsLog:
         print(self.line(record), flush=True)
 
     def line(self, r: dict) -> str:
-        parts = [f"step {r['step']:>4d}/{self.total}", f"reward {r['reward/mean']:.3f}",
-                 f"len {r['response_length/mean']:.1f}"]
+        parts = [
+            f"step {r['step']:>4d}/{self.total}",
+            f"reward {r['reward/mean']:.3f}",
+            f"len {r['response_length/mean']:.1f}",
+        ]
         if "actor/pg_loss" in r:
             parts += [f"pg {r['actor/pg_loss']:+.4f}", f"ent {r['actor/entropy']:.3f}"]
         if "actor/pg_loss" in r and "rollout/logprob_abs_diff" in r:  # only tokens of the current weights

@@ -21,8 +21,9 @@ class PlotError(ValueError):
     """A run directory or metrics file that cannot be plotted; the message says why."""
 
 
-def load_series(metrics_file: Path, keys: Sequence[str],
-                skip_missing: bool = False) -> dict[str, tuple[list[int], list[float]]]:
+def load_series(
+    metrics_file: Path, keys: Sequence[str], skip_missing: bool = False
+) -> dict[str, tuple[list[int], list[float]]]:
     """{key: (steps, values)} for every key, skipping steps where the key is absent or null.
 
     A malformed line is an error naming the file and line; a key no row holds is an error
@@ -44,9 +45,13 @@ def load_series(metrics_file: Path, keys: Sequence[str],
     present = sorted({k for row in rows for k in row if k != "step"})
     series = {}
     for key in keys:
-        points = [(row["step"], float(row[key])) for row in rows
-                  if isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool)
-                  and math.isfinite(float(row[key]))]
+        points = [
+            (row["step"], float(row[key]))
+            for row in rows
+            if isinstance(row.get(key), (int, float))
+            and not isinstance(row.get(key), bool)
+            and math.isfinite(float(row[key]))
+        ]
         if not points and skip_missing:
             continue
         if not points:
@@ -62,8 +67,7 @@ def draw(series: dict[str, tuple[list[int], list[float]]], title: str, out: Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(series), 1, sharex=True, squeeze=False,
-                             figsize=(7, 2.2 * len(series) + 0.6))
+    fig, axes = plt.subplots(len(series), 1, sharex=True, squeeze=False, figsize=(7, 2.2 * len(series) + 0.6))
     for ax, (key, (steps, values)) in zip(axes[:, 0], series.items()):
         ax.plot(steps, values, marker="." if len(steps) < 60 else None, linewidth=1.2)
         ax.set_ylabel(key, fontsize=9)
@@ -94,11 +98,15 @@ def plot_run(run_dir: Path, keys: Sequence[str] = DEFAULT_KEYS, out: Optional[Pa
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="megatron-rl plot",
-                                     description="Draw a run's learning curves from RUN_DIR/metrics.jsonl to a PNG.")
+    parser = argparse.ArgumentParser(
+        prog="megatron-rl plot", description="Draw a run's learning curves from RUN_DIR/metrics.jsonl to a PNG."
+    )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a trainer.run_dir")
-    parser.add_argument("--keys", default=",".join(DEFAULT_KEYS),
-                        help=f"comma-separated metric names, one panel each (default: {','.join(DEFAULT_KEYS)})")
+    parser.add_argument(
+        "--keys",
+        default=",".join(DEFAULT_KEYS),
+        help=f"comma-separated metric names, one panel each (default: {','.join(DEFAULT_KEYS)})",
+    )
     parser.add_argument("--out", help="PNG path (default: RUN_DIR/curves.png)")
     args = parser.parse_args(argv)
     keys = [k.strip() for k in args.keys.split(",") if k.strip()]

@@ -62,9 +62,11 @@ Draw = Callable[[Sampling], Drawn]
 
 def lockstep_draw(next_prompts: Callable[[], PromptBatch], generate: Generate) -> Draw:
     """Draw new prompts and generate them now (the engines have the current weights)."""
+
     def draw(sampling: Sampling) -> Drawn:
         prompts = next_prompts()
         return Drawn(prompts, generate(prompts, sampling))
+
     return draw
 
 
@@ -108,15 +110,27 @@ class TrainRows:
         samples = [s for g in groups for s in g.samples]
         zeros = [0] * len(samples)
         fresh = [_fresh_start(s, g.version, version) for g in groups for s in g.samples]
-        return cls(samples, [r for g in groups for r in g.rewards], [c for g in groups for c in g.correct],
-                   [i for i, g in enumerate(groups) for _ in g.samples], zeros, fresh,
-                   [False] * len(samples))
+        return cls(
+            samples,
+            [r for g in groups for r in g.rewards],
+            [c for g in groups for c in g.correct],
+            [i for i, g in enumerate(groups) for _ in g.samples],
+            zeros,
+            fresh,
+            [False] * len(samples),
+        )
 
     @classmethod
     def from_window_rows(cls, rows: list[WindowSample]) -> "TrainRows":
-        return cls([r.sample for r in rows], [r.reward if r.finished else 0.0 for r in rows],
-                   [r.correct if r.finished else 0.0 for r in rows], [r.prompt_key for r in rows],
-                   [r.trained for r in rows], [r.fresh for r in rows], [not r.finished for r in rows])
+        return cls(
+            [r.sample for r in rows],
+            [r.reward if r.finished else 0.0 for r in rows],
+            [r.correct if r.finished else 0.0 for r in rows],
+            [r.prompt_key for r in rows],
+            [r.trained for r in rows],
+            [r.fresh for r in rows],
+            [not r.finished for r in rows],
+        )
 
 
 def _fresh_start(sample: Sample, generated: int, version: Optional[int]) -> int:
@@ -223,15 +237,26 @@ def collect_rollouts(
         all_correct += scores
         all_lengths += lengths.tolist()
         group_index = torch.tensor([g for g, group in enumerate(samples) for _ in group])
-        keep = (dynamic_sampling_keep(torch.tensor(scores), group_index) if recipe.dynamic_sampling
-                else torch.ones(len(scores), dtype=torch.bool))
+        keep = (
+            dynamic_sampling_keep(torch.tensor(scores), group_index)
+            if recipe.dynamic_sampling
+            else torch.ones(len(scores), dtype=torch.bool)
+        )
         cursor = 0
         for g, group in enumerate(samples):
             n = len(group)
             generated += 1
             if bool(keep[cursor]) and len(kept) < num_groups:
-                kept.append(Group(list(prompts.prompt_ids[g]), prompts.answers[g], group,
-                                  scores[cursor:cursor + n], rewards[cursor:cursor + n].tolist(), drawn.version))
+                kept.append(
+                    Group(
+                        list(prompts.prompt_ids[g]),
+                        prompts.answers[g],
+                        group,
+                        scores[cursor : cursor + n],
+                        rewards[cursor : cursor + n].tolist(),
+                        drawn.version,
+                    )
+                )
             cursor += n
     return RolloutResult(
         groups=kept,

@@ -67,15 +67,29 @@ class Trainable:
             group["lr"] = lr
 
 
-def build_trainable(role: str, arch: ModelArch, layout: ParallelContext, options: BuildOptions,
-                    lr: float, hf_dir: Optional[Path], clip_grad: float = 1.0) -> Trainable:
+def build_trainable(
+    role: str,
+    arch: ModelArch,
+    layout: ParallelContext,
+    options: BuildOptions,
+    lr: float,
+    hf_dir: Optional[Path],
+    clip_grad: float = 1.0,
+) -> Trainable:
     """Build ``role``'s chunks in ``layout``, load the HF weights into them, wrap for training."""
     with layout.active():
         return Trainable(*_build_wrapped(role, arch, layout.config, options, lr, hf_dir, clip_grad), lr, layout)
 
 
-def _build_wrapped(role: str, arch: ModelArch, parallel: ParallelConfig, options: BuildOptions,
-                   lr: float, hf_dir: Optional[Path], clip_grad: float):
+def _build_wrapped(
+    role: str,
+    arch: ModelArch,
+    parallel: ParallelConfig,
+    options: BuildOptions,
+    lr: float,
+    hf_dir: Optional[Path],
+    clip_grad: float,
+):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
@@ -89,8 +103,15 @@ def _build_wrapped(role: str, arch: ModelArch, parallel: ParallelConfig, options
         ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=False)
         chunks = [DistributedDataParallel(config, ddp, c) for c in chunks]
         optimizer = get_megatron_optimizer(
-            OptimizerConfig(optimizer="adam", lr=lr, bf16=options.dtype == "bf16", use_distributed_optimizer=True,
-                            clip_grad=clip_grad, weight_decay=0.0, adam_beta2=0.999),
+            OptimizerConfig(
+                optimizer="adam",
+                lr=lr,
+                bf16=options.dtype == "bf16",
+                use_distributed_optimizer=True,
+                clip_grad=clip_grad,
+                weight_decay=0.0,
+                adam_beta2=0.999,
+            ),
             chunks,
         )
     config.finalize_model_grads_func = finalize_model_grads

@@ -69,9 +69,18 @@ class GroupSource(RolloutSource):
     (the colocated engines) when the step asks, or, with ``ahead``, taken from the batches
     the rollout ranks generated ahead (disaggregated; with depth 0 also generated when asked)."""
 
-    def __init__(self, generate: Generate, loader: PromptLoader, recipe: AlgorithmRecipe, score: Score,
-                 decode: Decode, num_groups: int, group_size: int, row_multiple: int,
-                 ahead: Optional[AheadGeneration] = None):
+    def __init__(
+        self,
+        generate: Generate,
+        loader: PromptLoader,
+        recipe: AlgorithmRecipe,
+        score: Score,
+        decode: Decode,
+        num_groups: int,
+        group_size: int,
+        row_multiple: int,
+        ahead: Optional[AheadGeneration] = None,
+    ):
         self.recipe, self.score, self.decode, self.ahead = recipe, score, decode, ahead
         self.draw = ahead.draw if ahead is not None else lockstep_draw(loader.next_batch, generate)
         self.position = ahead if ahead is not None else loader
@@ -110,16 +119,26 @@ def staleness_metrics(groups: list[Group], version: int) -> dict:
     oldest tokens), and how many of their samples a partial rollout continued under newer
     weights (tokens of more than one version)."""
     lags = [version - g.version for g in groups]
-    return {"rollout/staleness_mean": sum(lags) / len(lags) if lags else 0.0,
-            "rollout/staleness_max": max(lags, default=0),
-            "rollout/partial_samples": sum(spans_versions(s) for g in groups for s in g.samples)}
+    return {
+        "rollout/staleness_mean": sum(lags) / len(lags) if lags else 0.0,
+        "rollout/staleness_max": max(lags, default=0),
+        "rollout/partial_samples": sum(spans_versions(s) for g in groups for s in g.samples),
+    }
 
 
 class WindowSource(RolloutSource):
     """T-PPO: the window pool continued by each step's weights, refilled with new prompts."""
 
-    def __init__(self, generate: Generate, continue_: Continue, loader: PromptLoader, pool: WindowPool,
-                 recipe: AlgorithmRecipe, score: Score, decode: Decode):
+    def __init__(
+        self,
+        generate: Generate,
+        continue_: Continue,
+        loader: PromptLoader,
+        pool: WindowPool,
+        recipe: AlgorithmRecipe,
+        score: Score,
+        decode: Decode,
+    ):
         if loader.batch_size != 1:
             raise ValueError("the window pool refills single rows: its loader must hand out one prompt at a time")
         self.generate, self.continue_ = generate, continue_
@@ -130,13 +149,18 @@ class WindowSource(RolloutSource):
     def _take_prompts(self, count: int) -> PromptBatch:
         """``count`` prompts, one loader batch each (the loader's position stays exact for resume)."""
         batches = [self.loader.next_batch() for _ in range(count)]
-        return PromptBatch(prompt_ids=[b.prompt_ids[0] for b in batches], answers=[b.answers[0] for b in batches],
-                           dataset_indices=[b.dataset_indices[0] for b in batches],
-                           epochs=[b.epochs[0] for b in batches], group_ids=list(range(count)))
+        return PromptBatch(
+            prompt_ids=[b.prompt_ids[0] for b in batches],
+            answers=[b.answers[0] for b in batches],
+            dataset_indices=[b.dataset_indices[0] for b in batches],
+            epochs=[b.epochs[0] for b in batches],
+            group_ids=list(range(count)),
+        )
 
     def collect(self, sampling: Sampling) -> Rollout:
-        result = windowed_rollouts(self.generate, self.continue_, self.pool, self._take_prompts, sampling,
-                                   self.recipe, self.score, self.decode)
+        result = windowed_rollouts(
+            self.generate, self.continue_, self.pool, self._take_prompts, sampling, self.recipe, self.score, self.decode
+        )
         self._rows = self.pool.training_rows()
         rows = self._rows
         metrics = {

@@ -39,8 +39,9 @@ def choose_resume_step(root: Path, on_corrupt: str) -> Optional[int]:
     answer: list = [None]
     if dist.get_rank() == 0:
         try:
-            answer[0] = newest_intact_step([root, root / CRITIC_DIR], on_corrupt,
-                                           warn=lambda line: print(line, file=sys.stderr, flush=True))
+            answer[0] = newest_intact_step(
+                [root, root / CRITIC_DIR], on_corrupt, warn=lambda line: print(line, file=sys.stderr, flush=True)
+            )
         except checkpoint.CheckpointError as err:
             answer[0] = str(err)
     if dist.get_world_size() > 1:
@@ -70,16 +71,27 @@ class RunCheckpoint:
     def save(self, step: int, actor: Trainable, critic: Optional[Trainable], extra: dict) -> None:
         """Collective: the critic, then the actor with ``extra`` (async as configured)."""
         cfg = self.config
-        options = dict(async_save=cfg.async_save, keep_last=cfg.keep_last,
-                       snapshot=cfg.snapshot if cfg.async_save else "at_save")
+        options = dict(
+            async_save=cfg.async_save, keep_last=cfg.keep_last, snapshot=cfg.snapshot if cfg.async_save else "at_save"
+        )
         if critic is not None:
             with critic.active():
-                self.checkpointer.save(self.root / CRITIC_DIR, step, model=critic.chunks,
-                                       optimizer=critic.optimizer, extra={"step": step}, **options)
-        extra = {"step": step, **extra, "hf_config": self.hf_config, "hf_expert_style": "per_expert",
-                 "hf_source_dir": self.hf_source_dir}
-        self.checkpointer.save(self.root, step, model=actor.chunks, optimizer=actor.optimizer, extra=extra,
-                               **options)
+                self.checkpointer.save(
+                    self.root / CRITIC_DIR,
+                    step,
+                    model=critic.chunks,
+                    optimizer=critic.optimizer,
+                    extra={"step": step},
+                    **options,
+                )
+        extra = {
+            "step": step,
+            **extra,
+            "hf_config": self.hf_config,
+            "hf_expert_style": "per_expert",
+            "hf_source_dir": self.hf_source_dir,
+        }
+        self.checkpointer.save(self.root, step, model=actor.chunks, optimizer=actor.optimizer, extra=extra, **options)
 
     def resume(self, actor: Trainable, critic: Optional[Trainable], step: Optional[int]) -> Optional[dict]:
         """Load ``step`` (from :func:`choose_resume_step`) into the models (any saved layout
@@ -88,12 +100,15 @@ class RunCheckpoint:
             return None
         if critic is not None:  # first, so that the actor's RNG state is the one restored
             if step not in checkpoint.committed_steps(self.root / CRITIC_DIR):
-                raise ConfigError(f"{self.root} step {step} has no critic checkpoint in {self.root / CRITIC_DIR}: "
-                                  "it was saved by a recipe without a critic; resume it with that recipe or use "
-                                  "a new trainer.run_dir")
+                raise ConfigError(
+                    f"{self.root} step {step} has no critic checkpoint in {self.root / CRITIC_DIR}: "
+                    "it was saved by a recipe without a critic; resume it with that recipe or use "
+                    "a new trainer.run_dir"
+                )
             with critic.active():
-                self.checkpointer.load(self.root / CRITIC_DIR, model=critic.chunks, optimizer=critic.optimizer,
-                                       step=step)
+                self.checkpointer.load(
+                    self.root / CRITIC_DIR, model=critic.chunks, optimizer=critic.optimizer, step=step
+                )
         return self.checkpointer.load(self.root, model=actor.chunks, optimizer=actor.optimizer, step=step)
 
     def close(self) -> None:

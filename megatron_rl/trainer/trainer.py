@@ -41,10 +41,18 @@ from megatron_rl.launch.status import write_status
 from megatron_rl.models.builder import BuildOptions
 from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.models.route_replay import RouteReplay
-from megatron_rl.rollout.remote import RolloutRankError
 from megatron_rl.parallel import initialize, initialize_alongside
-from megatron_rl.schedules import (ActorLoss, CriticLoss, Microbatching, TrainBatch, gathered_logprobs,
-                                   gathered_values, local_batch, train_step)
+from megatron_rl.rollout.remote import RolloutRankError
+from megatron_rl.schedules import (
+    ActorLoss,
+    CriticLoss,
+    Microbatching,
+    TrainBatch,
+    gathered_logprobs,
+    gathered_values,
+    local_batch,
+    train_step,
+)
 from megatron_rl.trainer import setup
 from megatron_rl.trainer.advantages import estimate_advantages
 from megatron_rl.trainer.ahead import AheadGeneration
@@ -54,8 +62,8 @@ from megatron_rl.trainer.hapo import hapo_token_fields
 from megatron_rl.trainer.metrics import MetricsLog
 from megatron_rl.trainer.reference import ReferencePolicy
 from megatron_rl.trainer.rollouts import TrainRows
-from megatron_rl.trainer.sources import GroupSource, RolloutSource, WindowSource
 from megatron_rl.trainer.rows import train_row_multiple
+from megatron_rl.trainer.sources import GroupSource, RolloutSource, WindowSource
 from megatron_rl.trainer.state import RunCheckpoint, choose_resume_step
 from megatron_rl.trainer.windows import WindowPool
 from megatron_rl.utils import dtypes
@@ -73,8 +81,9 @@ class RLTrainer:
         """Disaggregated rollouts: this launch's split (vLLM runs on the rollout ranks)."""
         self.cfg = validate(cfg, roles.roles.world if roles is not None else self.world)
         self.recipe = cfg.algorithm.build()
-        self.micro = Microbatching(micro_batch_size=cfg.trainer.micro_batch_size,
-                                   max_tokens=cfg.trainer.max_tokens_per_micro_batch)
+        self.micro = Microbatching(
+            micro_batch_size=cfg.trainer.micro_batch_size, max_tokens=cfg.trainer.max_tokens_per_micro_batch
+        )
         """Padded rows, or packed micro-batches under a token budget (schedules.packing)."""
         self.stop_signals = stop_signals
         self.run_dir = Path(cfg.trainer.run_dir)
@@ -90,13 +99,15 @@ class RLTrainer:
         self._build_models()
         self._build_rollout()
         self.checkpointer = checkpoint.Checkpointer()
-        self.run_checkpoint = RunCheckpoint(self.checkpointer, self.run_dir / "checkpoints", cfg.checkpoint,
-                                            self.base_dir)
+        self.run_checkpoint = RunCheckpoint(
+            self.checkpointer, self.run_dir / "checkpoints", cfg.checkpoint, self.base_dir
+        )
         self.entropy_stats: Optional[EntropyStats] = None
         """HAPO: the last step's entropy statistics (None: the next rollout samples at plain T)."""
         self.first_step = self._resume() + 1
-        self.log = MetricsLog(self.run_dir, enabled=self.rank == 0, total_steps=cfg.trainer.max_steps,
-                              resume_after=self.first_step - 1)
+        self.log = MetricsLog(
+            self.run_dir, enabled=self.rank == 0, total_steps=cfg.trainer.max_steps, resume_after=self.first_step - 1
+        )
         self.monitor = _start_monitor(cfg, self.run_dir)
         self.slurm = SlurmEnv.from_environ()
         self.history: list[dict] = []
@@ -115,20 +126,27 @@ class RLTrainer:
     def _build_models(self) -> None:
         """Actor, critic (recipes with one) and the frozen KL reference, in their layouts."""
         cfg, arch, recipe = self.cfg, self.arch, self.recipe
-        actor_layout = initialize(cfg.parallel, seed=cfg.trainer.seed, model=arch.shape(),
-                                  timeout_s=cfg.trainer.dist_timeout_s)
+        actor_layout = initialize(
+            cfg.parallel, seed=cfg.trainer.seed, model=arch.shape(), timeout_s=cfg.trainer.dist_timeout_s
+        )
         critic_layout = self._critic_layout(actor_layout) if recipe.use_critic else None
         if cfg.critic_parallel is not None and critic_layout is None and self.rank == 0:
             print(f"critic_parallel is ignored: algorithm.recipe={cfg.algorithm.recipe} trains no critic", flush=True)
-        options = BuildOptions(dtype=cfg.model.dtype, moe_token_dispatcher_type=cfg.model.moe_token_dispatcher_type,
-                               moe_aux_loss_coeff=cfg.model.moe_aux_loss_coeff,
-                               recompute_activations=cfg.model.recompute_activations)
+        options = BuildOptions(
+            dtype=cfg.model.dtype,
+            moe_token_dispatcher_type=cfg.model.moe_token_dispatcher_type,
+            moe_aux_loss_coeff=cfg.model.moe_aux_loss_coeff,
+            recompute_activations=cfg.model.recompute_activations,
+        )
         self.actor = setup.build_trainable("actor", arch, actor_layout, options, cfg.trainer.lr, self.base_dir)
-        self.critic = (setup.build_trainable("critic", arch, critic_layout, options,
-                                             cfg.trainer.lr * recipe.critic_lr_multiplier, self.base_dir)
-                       if critic_layout is not None else None)
-        self.reference = (ReferencePolicy(arch, cfg.parallel, options, self.base_dir)
-                          if recipe.kl is not None else None)
+        self.critic = (
+            setup.build_trainable(
+                "critic", arch, critic_layout, options, cfg.trainer.lr * recipe.critic_lr_multiplier, self.base_dir
+            )
+            if critic_layout is not None
+            else None
+        )
+        self.reference = ReferencePolicy(arch, cfg.parallel, options, self.base_dir) if recipe.kl is not None else None
         # MoE: every actor router measures agreement with vLLM's routes, and replays them
         # when rollout.router_replay is on (models/route_replay.py).
         self.route_replay = RouteReplay(self.actor.chunks) if arch.is_moe else None
@@ -140,11 +158,15 @@ class RLTrainer:
         cfg = self.cfg
         if cfg.critic_layout == cfg.parallel:
             return actor_layout
-        layout = initialize_alongside(cfg.critic_parallel, seed=cfg.trainer.seed, model=self.arch.shape(),
-                                      timeout_s=cfg.trainer.dist_timeout_s)
+        layout = initialize_alongside(
+            cfg.critic_parallel, seed=cfg.trainer.seed, model=self.arch.shape(), timeout_s=cfg.trainer.dist_timeout_s
+        )
         if self.rank == 0:
-            print(f"actor layout: {cfg.parallel.describe(self.world)}\n"
-                  f"critic layout: {cfg.critic_parallel.describe(self.world)}", flush=True)
+            print(
+                f"actor layout: {cfg.parallel.describe(self.world)}\n"
+                f"critic layout: {cfg.critic_parallel.describe(self.world)}",
+                flush=True,
+            )
         return layout
 
     def _build_rollout(self) -> None:
@@ -162,20 +184,27 @@ class RLTrainer:
         cfg, recipe = self.cfg, self.recipe
         tokenizer = AutoTokenizer.from_pretrained(self.base_dir)
         self.pad_token_id = tokenizer.pad_token_id or 0
-        dataset = PromptDataset(setup.prompt_files(cfg, self.base_dir), tokenizer,
-                                fields=PromptFields(prompt=cfg.data.prompt_key, answer=cfg.data.answer_key))
+        dataset = PromptDataset(
+            setup.prompt_files(cfg, self.base_dir),
+            tokenizer,
+            fields=PromptFields(prompt=cfg.data.prompt_key, answer=cfg.data.answer_key),
+        )
         windowed = recipe.generation_window is not None
         # T-PPO refills single rows of the pool: its loader hands out one prompt at a time.
-        loader = PromptLoader(dataset, batch_size=1 if windowed else cfg.rollout.prompts_per_step,
-                              seed=cfg.trainer.seed)
+        loader = PromptLoader(
+            dataset, batch_size=1 if windowed else cfg.rollout.prompts_per_step, seed=cfg.trainer.seed
+        )
         self.verifier = build_verifier(setup.verifier_name(cfg))
         engine_config = EngineConfig(
             tensor_parallel_size=cfg.rollout.tensor_parallel_size,
             dtype=dtypes.long_name(cfg.model.dtype),
             max_model_len=min(self.arch.max_position_embeddings, cfg.trainer.seq_length),
-            seed=cfg.trainer.seed, cpu_kv_cache_gib=cfg.rollout.kv_cache_gib,
+            seed=cfg.trainer.seed,
+            cpu_kv_cache_gib=cfg.rollout.kv_cache_gib,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-            cpu_linear=cfg.rollout.cpu_linear, log_level=cfg.rollout.log_level, cache_dir=str(self.run_dir / "cache"),
+            cpu_linear=cfg.rollout.cpu_linear,
+            log_level=cfg.rollout.log_level,
+            cache_dir=str(self.run_dir / "cache"),
             record_routes=self.arch.is_moe,
         )
         if self.roles is None:
@@ -183,18 +212,28 @@ class RLTrainer:
             self.generate = functools.partial(generate_groups, self.engine)
             self.continue_ = functools.partial(continue_samples, self.engine)
         else:
-            self.engine = RolloutClient(self.roles.bridge, engine_config, self.base_dir,
-                                        who=self.roles.describe_rollout_ranks(),
-                                        answer_timeout_s=cfg.rollout.timeout_s,
-                                        start_timeout_s=cfg.rollout.start_timeout_s)
+            self.engine = RolloutClient(
+                self.roles.bridge,
+                engine_config,
+                self.base_dir,
+                who=self.roles.describe_rollout_ranks(),
+                answer_timeout_s=cfg.rollout.timeout_s,
+                start_timeout_s=cfg.rollout.start_timeout_s,
+            )
             self.generate, self.continue_ = self.engine.generate_groups, self.engine.continue_samples
-        self.sampling = Sampling(n=cfg.rollout.n_samples, max_tokens=cfg.rollout.max_new_tokens,
-                                 temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                 stop_token_ids=(tokenizer.eos_token_id,), window=recipe.generation_window,
-                                 prompt_seed=cfg.trainer.seed if cfg.rollout.seed_per_prompt else None)
+        self.sampling = Sampling(
+            n=cfg.rollout.n_samples,
+            max_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            stop_token_ids=(tokenizer.eos_token_id,),
+            window=recipe.generation_window,
+            prompt_seed=cfg.trainer.seed if cfg.rollout.seed_per_prompt else None,
+        )
         self.source = self._source(loader, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
-        self.weight_sync = WeightSync(self.actor.chunks, self.arch, self.engine,
-                                      bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20)))
+        self.weight_sync = WeightSync(
+            self.actor.chunks, self.arch, self.engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20))
+        )
 
     def _source(self, loader, decode) -> RolloutSource:
         """Lockstep groups, or T-PPO's window pool, on the colocated engines or the rollout ranks."""
@@ -202,10 +241,22 @@ class RLTrainer:
         row_multiple = train_row_multiple(cfg, self.world, recipe.use_critic)
         if recipe.generation_window is None:
             chunk = cfg.rollout.partial_chunk_tokens if cfg.rollout.partial else None
-            ahead = (AheadGeneration(self.engine, loader, cfg.rollout.max_staleness, chunk)
-                     if self.roles is not None else None)
-            return GroupSource(self.generate, loader, recipe, self.verifier.score_batch, decode,
-                               cfg.rollout.prompts_per_step, cfg.rollout.n_samples, row_multiple, ahead)
+            ahead = (
+                AheadGeneration(self.engine, loader, cfg.rollout.max_staleness, chunk)
+                if self.roles is not None
+                else None
+            )
+            return GroupSource(
+                self.generate,
+                loader,
+                recipe,
+                self.verifier.score_batch,
+                decode,
+                cfg.rollout.prompts_per_step,
+                cfg.rollout.n_samples,
+                row_multiple,
+                ahead,
+            )
         pool = WindowPool(cfg.rollout.prompts_per_step * cfg.rollout.n_samples, cfg.rollout.n_samples, row_multiple)
         return WindowSource(self.generate, self.continue_, loader, pool, recipe, self.verifier.score_batch, decode)
 
@@ -238,8 +289,9 @@ class RLTrainer:
                 if self.step(step):
                     break
         except RolloutRankError as err:  # every training rank gets it (the client broadcasts it)
-            self.rollout_error = (f"{err}; the checkpoints committed before are intact "
-                                  "(a requeue resumes from the newest)")
+            self.rollout_error = (
+                f"{err}; the checkpoints committed before are intact (a requeue resumes from the newest)"
+            )
             return self.close(step - 1)
         return self.close(step)
 
@@ -250,8 +302,13 @@ class RLTrainer:
         metrics = {"step": step, **rollout.metrics}
         train_start, trained_tokens = time.perf_counter(), 0
         if len(rollout.rows):
-            batch = assemble(rollout.rows, self.cfg.trainer.seq_length, self.pad_token_id,
-                             self.cfg.rollout.temperature, replay_routes=self.cfg.rollout.router_replay)
+            batch = assemble(
+                rollout.rows,
+                self.cfg.trainer.seq_length,
+                self.pad_token_id,
+                self.cfg.rollout.temperature,
+                replay_routes=self.cfg.rollout.router_replay,
+            )
             self.sampled_temperatures(batch, metrics)
             self.critic_values(batch)
             self.old_logprobs(batch, metrics)
@@ -283,8 +340,9 @@ class RLTrainer:
     def sampling_for_step(self):
         """HAPO samples each token at its own temperature, from the last step's entropy statistics."""
         if self.recipe.temperature_tau > 0 and self.entropy_stats is not None:
-            return dataclasses.replace(self.sampling, temperature_tau=self.recipe.temperature_tau,
-                                       entropy_stats=self.entropy_stats)
+            return dataclasses.replace(
+                self.sampling, temperature_tau=self.recipe.temperature_tau, entropy_stats=self.entropy_stats
+            )
         return self.sampling
 
     def sampled_temperatures(self, batch: StepBatch, metrics: dict) -> None:
@@ -293,10 +351,16 @@ class RLTrainer:
         if not self.recipe.token_aware:
             return
         cfg = self.cfg
-        fields = hapo_token_fields(self.actor.chunks, batch.forward_rows(batch.response_mask),
-                                   self.micro, self.arch.vocab_size,
-                                   temperature=cfg.rollout.temperature, tau=self.recipe.temperature_tau,
-                                   prev_stats=self.entropy_stats, pivot_quantile=self.recipe.entropy_pivot_quantile)
+        fields = hapo_token_fields(
+            self.actor.chunks,
+            batch.forward_rows(batch.response_mask),
+            self.micro,
+            self.arch.vocab_size,
+            temperature=cfg.rollout.temperature,
+            tau=self.recipe.temperature_tau,
+            prev_stats=self.entropy_stats,
+            pivot_quantile=self.recipe.entropy_pivot_quantile,
+        )
         batch.temperature, batch.h_hat, self.entropy_stats = fields.temperature, fields.h_hat, fields.stats
         on_response = batch.temperature[batch.response_mask]
         metrics["rollout/temperature_std"] = float(on_response.std()) if on_response.numel() > 1 else 0.0
@@ -343,8 +407,7 @@ class RLTrainer:
         settings = self.recipe.rollout_correction
         if settings is None:
             return
-        out = correct_rollout(CorrectionInputs(batch.old_logprobs, batch.rollout_logprobs, batch.loss_mask),
-                              settings)
+        out = correct_rollout(CorrectionInputs(batch.old_logprobs, batch.rollout_logprobs, batch.loss_mask), settings)
         batch.is_weights = out.weights
         loss_tokens = max(int(batch.loss_mask.sum()), 1)
         metrics["rollout/correction_tokens_affected"] = out.tokens_affected / loss_tokens
@@ -383,8 +446,7 @@ class RLTrainer:
                 metrics[key] = sum(float(x[key]) for x in actor_out) / len(actor_out)
         if critic_out:
             metrics["critic/value_loss"] = sum(float(x["critic/value_loss"]) for x in critic_out) / len(critic_out)
-            metrics["critic/explained_var"] = float(explained_variance(batch.values, batch.returns,
-                                                                       batch.critic_mask))
+            metrics["critic/explained_var"] = float(explained_variance(batch.values, batch.returns, batch.critic_mask))
         metrics["actor/updated"] = bool(actor_out)
         if self.probe is not None and step == self.recipe.value_warmup_steps:
             metrics["critic/warmup_probe_loss"] = self._value_mse(self.probe)
@@ -397,10 +459,10 @@ class RLTrainer:
         layout, minis = self.cfg.parallel, self.cfg.algorithm.mini_batches_per_step
         rows = actor_batch.num_rows // minis
         micro = self.micro.for_layout(layout.tp if layout.sequence_parallel_enabled else 1, layout.vpp > 1)
-        costs = [micro.cost(actor_batch.rows(m * rows, (m + 1) * rows), layout.dp(self.world))
-                 for m in range(minis)]
-        metrics["train/packing_efficiency"] = (sum(c["real_tokens"] for c in costs)
-                                               / sum(c["computed_tokens"] for c in costs))
+        costs = [micro.cost(actor_batch.rows(m * rows, (m + 1) * rows), layout.dp(self.world)) for m in range(minis)]
+        metrics["train/packing_efficiency"] = sum(c["real_tokens"] for c in costs) / sum(
+            c["computed_tokens"] for c in costs
+        )
         metrics["train/micro_batches"] = sum(c["micro_batches"] for c in costs)
         metrics["train/tokens_per_micro_batch_max"] = max(c["tokens_per_micro_batch_max"] for c in costs)
 
@@ -415,14 +477,27 @@ class RLTrainer:
                 # Every rank holds the whole batch, so all skip a mini-batch without finished rows alike.
                 if self.critic is not None and bool(critic_part.loss_mask.any()):
                     with self.critic.active():
-                        critic_out.append(train_step(self.critic.chunks, self.critic.optimizer,
-                                                     local_batch(self.critic.chunks, critic_part, micro),
-                                                     self.critic_loss, micro))
+                        critic_out.append(
+                            train_step(
+                                self.critic.chunks,
+                                self.critic.optimizer,
+                                local_batch(self.critic.chunks, critic_part, micro),
+                                self.critic_loss,
+                                micro,
+                            )
+                        )
                 if train_actor:
                     if self.route_replay is not None:
                         self.route_replay.begin(replay=True)  # fresh recompute queues
-                    actor_out.append(train_step(self.actor.chunks, self.actor.optimizer,
-                                                local_batch(self.actor.chunks, part, micro), self.actor_loss, micro))
+                    actor_out.append(
+                        train_step(
+                            self.actor.chunks,
+                            self.actor.optimizer,
+                            local_batch(self.actor.chunks, part, micro),
+                            self.actor_loss,
+                            micro,
+                        )
+                    )
         return actor_out, critic_out
 
     def sync_weights(self, step: int, rows: TrainRows, metrics: dict) -> None:
@@ -447,8 +522,14 @@ class RLTrainer:
             first_of_group = [row for row, g in enumerate(rows.group_index) if g not in rows.group_index[:row]]
             sequences = [rows.samples[row].prompt_ids + rows.samples[row].token_ids for row in first_of_group[:4]]
             limits = parity_limits(self.engine.config.dtype, self.cfg.rollout.parity_threshold)
-            report = check_parity(self.actor.chunks, self.engine, sequences, self.arch.vocab_size,
-                                  self.cfg.trainer.seq_length, limits=limits)
+            report = check_parity(
+                self.actor.chunks,
+                self.engine,
+                sequences,
+                self.arch.vocab_size,
+                self.cfg.trainer.seq_length,
+                limits=limits,
+            )
             metrics["rollout/parity_max_abs_diff"] = report.max_abs_diff
             metrics["rollout/parity_mean_abs_diff"] = report.mean_abs_diff
             metrics["rollout/parity_median_abs_diff"] = report.median_abs_diff
@@ -472,9 +553,14 @@ class RLTrainer:
         (Slurm preemption, scancel). Every rank, every step: all stop after the same step."""
         faulty = False
         if self.monitor is not None:
-            self.monitor.on_step(metrics["timing/step_s"], sections={  # this rank's straggler signal
-                "rollout_time": metrics.get("timing/rollout_s"), "train_time": metrics["timing/train_s"],
-                "sync_time": metrics["timing/weight_sync_s"]})  # collective every detect_every_steps
+            self.monitor.on_step(
+                metrics["timing/step_s"],
+                sections={  # this rank's straggler signal
+                    "rollout_time": metrics.get("timing/rollout_s"),
+                    "train_time": metrics["timing/train_s"],
+                    "sync_time": metrics["timing/weight_sync_s"],
+                },
+            )  # collective every detect_every_steps
             metrics["monitor/declared_machines"] = len(self.monitor.declared)
             faulty = _agree(self.cfg.monitor.stop_on_alert and self.monitor.stop_requested)
         metrics["slurm/restart_count"] = self.slurm.restart_count
@@ -496,11 +582,16 @@ class RLTrainer:
         if self.rank != 0:
             return
         if faulty:
-            print(f"stopping after step {step}: the monitor declared {sorted(self.monitor.declared)} faulty "
-                  f"(listed in {self.monitor.exclude_file})", flush=True)
+            print(
+                f"stopping after step {step}: the monitor declared {sorted(self.monitor.declared)} faulty "
+                f"(listed in {self.monitor.exclude_file})",
+                flush=True,
+            )
         if self.stop_signal is not None:
-            print(f"stopped on {self.stop_signal.name} after step {step}; checkpoint saved in "
-                  f"{self.run_checkpoint.root}", flush=True)
+            print(
+                f"stopped on {self.stop_signal.name} after step {step}; checkpoint saved in {self.run_checkpoint.root}",
+                flush=True,
+            )
 
     # ---- helpers and the end of the run -------------------------------------------------
 
@@ -530,14 +621,20 @@ class RLTrainer:
         if self.rollout_error is not None:
             code = exit_codes.FAILED
         if self.rank == 0:
-            write_status(self.run_dir, code, step, None if self.stop_signal is None else self.stop_signal.name,
-                         self.slurm)
+            write_status(
+                self.run_dir, code, step, None if self.stop_signal is None else self.stop_signal.name, self.slurm
+            )
         self.log.close()
         self.verifier.close()
         if self.roles is not None and self.rollout_error is None:
             self.engine.close()  # releases the rollout ranks
-        summary = {"run_dir": str(self.run_dir), "steps": len(self.history), "last_step": step, "exit_code": code,
-                   "error": self.rollout_error or self.error}
+        summary = {
+            "run_dir": str(self.run_dir),
+            "steps": len(self.history),
+            "last_step": step,
+            "exit_code": code,
+            "error": self.rollout_error or self.error,
+        }
         # T-PPO steps in which no response finished have no reward (nan).
         rewards = [r["reward/mean"] for r in self.history if math.isfinite(r["reward/mean"])]
         if rewards:
@@ -554,9 +651,13 @@ def _start_monitor(cfg: Config, run_dir: Path):
 
     from megatron_rl.monitor.online import OnlineMonitor, torch_gather
 
-    return OnlineMonitor(cfg.monitor, run_dir, is_detector=dist.get_rank() == 0,
-                         sample_here=int(os.environ.get("LOCAL_RANK", "0")) == 0,
-                         gather=torch_gather()).start()
+    return OnlineMonitor(
+        cfg.monitor,
+        run_dir,
+        is_detector=dist.get_rank() == 0,
+        sample_here=int(os.environ.get("LOCAL_RANK", "0")) == 0,
+        gather=torch_gather(),
+    ).start()
 
 
 def _agree(flag: bool) -> bool:
@@ -609,5 +710,10 @@ def _serve_rollouts(roles: RoleWorld, cfg: Config) -> dict:
     from megatron_rl.rollout.remote import serve
 
     served = serve(roles.bridge)
-    return {"run_dir": str(cfg.trainer.run_dir), "role": ROLLOUT, "commands": served,
-            "exit_code": exit_codes.DONE, "error": None}
+    return {
+        "run_dir": str(cfg.trainer.run_dir),
+        "role": ROLLOUT,
+        "commands": served,
+        "exit_code": exit_codes.DONE,
+        "error": None,
+    }

@@ -57,19 +57,37 @@ class WindowSample:
         """JSON-able state. MoE routes are left out: the continuation after a resume prefills
         the whole sequence again, and vLLM records the routes of every position anew."""
         sample = {f.name: getattr(self.sample, f.name) for f in dataclasses.fields(self.sample) if f.name != "routes"}
-        return {**sample, "answer": self.answer, "prompt_key": self.prompt_key,
-                "trained": self.trained, "fresh": self.fresh, "windows": self.windows,
-                "correct": self.correct, "reward": self.reward}
+        return {
+            **sample,
+            "answer": self.answer,
+            "prompt_key": self.prompt_key,
+            "trained": self.trained,
+            "fresh": self.fresh,
+            "windows": self.windows,
+            "correct": self.correct,
+            "reward": self.reward,
+        }
 
     @classmethod
     def from_state(cls, state: dict) -> "WindowSample":
         from megatron_rl.rollout import Sample
 
-        sample = Sample(prompt_ids=list(state["prompt_ids"]), token_ids=list(state["token_ids"]),
-                        logprobs=list(state["logprobs"]), finish_reason=state["finish_reason"])
-        return cls(sample, state["answer"], int(state["prompt_key"]), trained=int(state["trained"]),
-                   fresh=int(state["fresh"]), windows=int(state["windows"]), correct=state["correct"],
-                   reward=state["reward"])
+        sample = Sample(
+            prompt_ids=list(state["prompt_ids"]),
+            token_ids=list(state["token_ids"]),
+            logprobs=list(state["logprobs"]),
+            finish_reason=state["finish_reason"],
+        )
+        return cls(
+            sample,
+            state["answer"],
+            int(state["prompt_key"]),
+            trained=int(state["trained"]),
+            fresh=int(state["fresh"]),
+            windows=int(state["windows"]),
+            correct=state["correct"],
+            reward=state["reward"],
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,12 +117,15 @@ class WindowPool:
         """Raise ValueError unless a pool of these sizes can train: it holds a whole group
         and one training batch (config validation runs this before anything is built)."""
         if group_size < 1 or capacity < group_size:
-            raise ValueError(f"window pool: capacity={capacity} rows must hold at least one group of "
-                             f"group_size={group_size} >= 1")
+            raise ValueError(
+                f"window pool: capacity={capacity} rows must hold at least one group of group_size={group_size} >= 1"
+            )
         if row_multiple < 1 or capacity < row_multiple:
-            raise ValueError(f"window pool: capacity={capacity} rows cannot fill one training batch of "
-                             f"{row_multiple} rows (DP x micro_batch_size x mini_batches); raise "
-                             "rollout.prompts_per_step or rollout.n_samples")
+            raise ValueError(
+                f"window pool: capacity={capacity} rows cannot fill one training batch of "
+                f"{row_multiple} rows (DP x micro_batch_size x mini_batches); raise "
+                "rollout.prompts_per_step or rollout.n_samples"
+            )
 
     # -- one step, in order -------------------------------------------------------------
 
@@ -140,8 +161,7 @@ class WindowPool:
         """Finished responses without a score yet (the ones that finished this step)."""
         return [s for s in self.samples if s.finished and s.correct is None]
 
-    def set_scores(self, entries: Sequence[WindowSample], correct: Sequence[float],
-                   rewards: Sequence[float]) -> None:
+    def set_scores(self, entries: Sequence[WindowSample], correct: Sequence[float], rewards: Sequence[float]) -> None:
         for entry, c, r in zip(entries, correct, rewards, strict=True):
             entry.correct, entry.reward = float(c), float(r)
 
@@ -160,15 +180,21 @@ class WindowPool:
     # -- checkpoint ---------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {"samples": [s.to_state() for s in self.samples], "next_prompt_key": self.next_prompt_key,
-                "capacity": self.capacity, "group_size": self.group_size}
+        return {
+            "samples": [s.to_state() for s in self.samples],
+            "next_prompt_key": self.next_prompt_key,
+            "capacity": self.capacity,
+            "group_size": self.group_size,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Resume the pool; a different capacity or group size is refused (the batch would change shape)."""
         for key in ("capacity", "group_size"):
             if state[key] != getattr(self, key):
-                raise ValueError(f"the checkpoint's window pool has {key}={state[key]} but this run has "
-                                 f"{key}={getattr(self, key)}; keep rollout.prompts_per_step and "
-                                 "rollout.n_samples when resuming a T-PPO run")
+                raise ValueError(
+                    f"the checkpoint's window pool has {key}={state[key]} but this run has "
+                    f"{key}={getattr(self, key)}; keep rollout.prompts_per_step and "
+                    "rollout.n_samples when resuming a T-PPO run"
+                )
         self.samples = [WindowSample.from_state(s) for s in state["samples"]]
         self.next_prompt_key = int(state["next_prompt_key"])

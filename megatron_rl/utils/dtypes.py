@@ -45,8 +45,7 @@ def short_name(name: Name) -> str:
     if text in _SHORT_OF:
         return _SHORT_OF[text]
     raise ValueError(
-        f"dtype {name!r} is not supported; choose one of {', '.join(SHORT_NAMES)} "
-        f"(or {', '.join(LONG_NAMES)})"
+        f"dtype {name!r} is not supported; choose one of {', '.join(SHORT_NAMES)} (or {', '.join(LONG_NAMES)})"
     )
 
 

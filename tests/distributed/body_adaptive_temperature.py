@@ -33,23 +33,25 @@ def setup():
             save_tiny_model(TINY_DENSE, path, seed=3)
         dist.barrier()
         STATE["dir"] = path
-        STATE["engine"] = RolloutEngine(path, EngineConfig(max_model_len=128, seed=11, load_tokenizer=False,
-                                                           cache_dir=str(WORK / "cache")))
+        STATE["engine"] = RolloutEngine(
+            path, EngineConfig(max_model_len=128, seed=11, load_tokenizer=False, cache_dir=str(WORK / "cache"))
+        )
         STATE["ref"] = load_reference(path)
     return STATE["dir"], STATE["engine"], STATE["ref"]
 
 
 def prompts(count=4, seed=100):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 96, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(count)]
+    return [
+        torch.randint(3, 96, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist() for _ in range(count)
+    ]
 
 
 def hf_response_logits(ref, sample):
     """HF logits [R, V] at the positions that predicted each response token."""
     seq = sample.prompt_ids + sample.token_ids
     with torch.no_grad():
-        return ref(torch.tensor([seq])).logits[0, len(sample.prompt_ids) - 1: -1].double()
+        return ref(torch.tensor([seq])).logits[0, len(sample.prompt_ids) - 1 : -1].double()
 
 
 def entropy_at_base(logits):
@@ -71,8 +73,9 @@ def hand_h_hat(entropy, stats):
 def given_stats(engine, ref):
     """Realistic 'previous step' statistics: quantile 0.5 of log-entropy at T over plain samples."""
     if "stats" not in STATE:
-        samples = [s for g in engine.generate(prompts(4, seed=7), Sampling(n=2, max_tokens=16, temperature=T))
-                   for s in g]
+        samples = [
+            s for g in engine.generate(prompts(4, seed=7), Sampling(n=2, max_tokens=16, temperature=T)) for s in g
+        ]
         e = torch.cat([entropy_at_base(hf_response_logits(ref, s)) for s in samples]).log()
         pivot = float(e.quantile(0.5))
         scale = float((e - pivot).square().mean().sqrt())
@@ -111,8 +114,14 @@ def adaptive_logprobs_match_transformers(tau):
     assert float(temps.std()) > 1e-3 and len({round(t, 6) for t in temps.tolist()}) > 10, temps
     assert moved > (5e-3 if tau < 0.1 else 5e-2), moved  # a no-op processor would give plain-T logprobs
     STATE.setdefault("adaptive_samples", {})[tau] = samples
-    return {"max_abs_diff": worst, "tokens": len(temps), "t_min": float(temps.min()),
-            "t_max": float(temps.max()), "t_std": float(temps.std()), "max_diff_vs_plain_T": moved}
+    return {
+        "max_abs_diff": worst,
+        "tokens": len(temps),
+        "t_min": float(temps.min()),
+        "t_max": float(temps.max()),
+        "t_std": float(temps.std()),
+        "max_diff_vs_plain_T": moved,
+    }
 
 
 def mixed_batch_leaves_plain_requests_alone():
@@ -125,8 +134,16 @@ def mixed_batch_leaves_plain_requests_alone():
     _, engine, ref = setup()
     tau, stats = 0.5, given_stats(engine, ref)
     ps = prompts(6, seed=5)
-    params = [SamplingParams(max_tokens=4 + 3 * i, temperature=T, logprobs=0, detokenize=False,
-                             extra_args=extra_args(tau, stats) if i % 2 else None) for i in range(len(ps))]
+    params = [
+        SamplingParams(
+            max_tokens=4 + 3 * i,
+            temperature=T,
+            logprobs=0,
+            detokenize=False,
+            extra_args=extra_args(tau, stats) if i % 2 else None,
+        )
+        for i in range(len(ps))
+    ]
     outs = engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params, use_tqdm=False)
 
     class S:  # the fields check_samples reads
@@ -141,8 +158,7 @@ def mixed_batch_leaves_plain_requests_alone():
     assert plain_diff < 1e-4, plain_diff
     assert adaptive_diff < 1e-4 and moved > 5e-2, (adaptive_diff, moved)
     # Through RolloutEngine without the setting: plain T as before.
-    samples = [s for g in engine.generate(prompts(3, seed=9), Sampling(n=2, max_tokens=10, temperature=T))
-               for s in g]
+    samples = [s for g in engine.generate(prompts(3, seed=9), Sampling(n=2, max_tokens=10, temperature=T)) for s in g]
     engine_plain = check_samples(ref, samples, 0.0, None)[0]
     assert engine_plain < 1e-4, engine_plain
     # Greedy + adaptive is refused with a clear error.
@@ -152,8 +168,11 @@ def mixed_batch_leaves_plain_requests_alone():
         assert "random sampling" in str(err), err
     else:
         raise AssertionError("greedy sampling with the adaptive temperature was accepted")
-    return {"plain_max_abs_diff": plain_diff, "adaptive_max_abs_diff": adaptive_diff,
-            "engine_plain_max_abs_diff": engine_plain}
+    return {
+        "plain_max_abs_diff": plain_diff,
+        "adaptive_max_abs_diff": adaptive_diff,
+        "engine_plain_max_abs_diff": engine_plain,
+    }
 
 
 def megatron_recomputes_the_sampling_temperatures():
@@ -178,16 +197,18 @@ def megatron_recomputes_the_sampling_temperatures():
         tokens, mask = pack_sequences([s.prompt_ids for s in samples], [s.token_ids for s in samples], SEQ)
         mask = mask.bool()
         batch = TrainBatch(tokens=tokens, loss_mask=mask)
-        fields = hapo_token_fields(chunks, batch, 2, arch.vocab_size, temperature=T, tau=tau,
-                                   prev_stats=stats, pivot_quantile=0.8)
+        fields = hapo_token_fields(
+            chunks, batch, 2, arch.vocab_size, temperature=T, tau=tau, prev_stats=stats, pivot_quantile=0.8
+        )
         # (a) the temperatures: HF-derived T_t, and vLLM's logprobs at them.
         temps = gather_response(fields.temperature, prompt_lens, response_lens)
         expect = [T * (1.0 + tau * hand_h_hat(entropy_at_base(hf_response_logits(ref, s)), stats)) for s in samples]
         temp_diff = max(float((a.double() - b).abs().max()) for a, b in zip(temps, expect))
         assert temp_diff < 1e-5, temp_diff
         assert bool((fields.temperature[~mask] == T).all())
-        logp, entropy = compute_logprobs(chunks, TrainBatch(tokens=tokens, loss_mask=mask,
-                                                            temperature=fields.temperature), 2, arch.vocab_size)
+        logp, entropy = compute_logprobs(
+            chunks, TrainBatch(tokens=tokens, loss_mask=mask, temperature=fields.temperature), 2, arch.vocab_size
+        )
         logp = gather_response(logp, prompt_lens, response_lens)
         logp_diff = max(float((a - torch.tensor(s.logprobs)).abs().max()) for a, s in zip(logp, samples))
         assert logp_diff < 1e-4, logp_diff
@@ -197,14 +218,20 @@ def megatron_recomputes_the_sampling_temperatures():
         mine = EntropyStats(pivot, float((e - pivot).square().mean().sqrt()), 0.0, 0.0)
         h = (e - mine.pivot) / mine.scale
         mine = EntropyStats(mine.pivot, mine.scale, float(h.max()), float(-h.min()))
-        stat_diff = max(abs(getattr(fields.stats, k) - getattr(mine, k)) for k in ("pivot", "scale", "pos_max", "neg_max"))
+        stat_diff = max(
+            abs(getattr(fields.stats, k) - getattr(mine, k)) for k in ("pivot", "scale", "pos_max", "neg_max")
+        )
         assert stat_diff < 1e-4, (fields.stats, mine)
         h_hat = torch.cat(gather_response(fields.h_hat, prompt_lens, response_lens)).double()
         h_diff = float((h_hat - hand_h_hat(e.exp(), mine)).abs().max())
         assert h_diff < 1e-4, h_diff
         assert bool((fields.h_hat[~mask] == 0).all())
-        return {"temperature_max_abs_diff": temp_diff, "logprob_max_abs_diff": logp_diff,
-                "stats_max_abs_diff": stat_diff, "h_hat_max_abs_diff": h_diff}
+        return {
+            "temperature_max_abs_diff": temp_diff,
+            "logprob_max_abs_diff": logp_diff,
+            "stats_max_abs_diff": stat_diff,
+            "h_hat_max_abs_diff": h_diff,
+        }
     finally:
         destroy()
 

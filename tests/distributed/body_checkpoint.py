@@ -57,21 +57,39 @@ def saved(kind, layout_name, layout, steps=2, more=2, dtype="fp32"):
         hooks = hold_writer_until_update(ckpt, run.optimizer, HOLD_AFTER_UPDATE_S) if deferred else []
         waited_before = ckpt.snapshot_wait_seconds()
         start = time.time()
-        handle = ckpt.save(root, steps, model=run.chunks, optimizer=run.optimizer,
-                           extra={"data_position": steps, "note": "async"}, async_save=True,
-                           snapshot=SNAPSHOT[kind])
+        handle = ckpt.save(
+            root,
+            steps,
+            model=run.chunks,
+            optimizer=run.optimizer,
+            extra={"data_position": steps, "note": "async"},
+            async_save=True,
+            snapshot=SNAPSHOT[kind],
+        )
         blocking = time.time() - start
         continued = run.train(range(steps + 1, steps + more + 1))  # overlaps the background write
         handle.wait()
         for hook in hooks:
             hook.remove()
-        SAVED[key] = dict(root=root, step=steps, params=params, optim=optim, continued=continued,
-                          final=run.full_params(), blocking_s=blocking, steps=steps, more=more,
-                          fp32_params_storage=_fp32_params_storage(root, steps), snapshot=SNAPSHOT[kind],
-                          update_waited_s=ckpt.snapshot_wait_seconds() - waited_before)
+        SAVED[key] = dict(
+            root=root,
+            step=steps,
+            params=params,
+            optim=optim,
+            continued=continued,
+            final=run.full_params(),
+            blocking_s=blocking,
+            steps=steps,
+            more=more,
+            fp32_params_storage=_fp32_params_storage(root, steps),
+            snapshot=SNAPSHOT[kind],
+            update_waited_s=ckpt.snapshot_wait_seconds() - waited_before,
+        )
         ckpt.close()
         if dist.get_rank() == 0:  # for loads by a launch of another world size (test data, not the store)
-            torch.save({k: v for k, v in SAVED[key].items() if k != "root"}, root.with_name(root.name + ".reference.pt"))
+            torch.save(
+                {k: v for k, v in SAVED[key].items() if k != "root"}, root.with_name(root.name + ".reference.pt")
+            )
         destroy()
     return SAVED[key]
 
@@ -106,7 +124,11 @@ def _fp32_params_storage(root, step):
 def reshard(kind, save_name, save_layout, load_layout, dtype="fp32"):
     """Load into ``load_layout``: exact parameters and optimizer state, then same training.
     ``save_layout`` None: the checkpoint was saved by a launch of another world size."""
-    ref = saved(kind, save_name, save_layout, dtype=dtype) if save_layout is not None else saved_elsewhere(kind, save_name)
+    ref = (
+        saved(kind, save_name, save_layout, dtype=dtype)
+        if save_layout is not None
+        else saved_elsewhere(kind, save_name)
+    )
     run = TrainingRun(kind, load_layout, seed=99, dtype=dtype)  # a different init: everything must come from the file
     extra = checkpoint.Checkpointer().load(ref["root"], model=run.chunks, optimizer=run.optimizer)
     params, optim = run.full_params(), run.full_optimizer_state()
@@ -146,7 +168,12 @@ def exact_resume(kind, layout, n=2, m=2, dtype="fp32"):
     resumed_run = TrainingRun(kind, layout, seed=99, data="python_rng", dtype=dtype)
     extra = ckpt.load(root, model=resumed_run.chunks, optimizer=resumed_run.optimizer)
     resumed = resumed_run.train(range(n + 1, n + m + 1))
-    out = {"straight": straight, "resumed": resumed, "final_diff": _max_diff(resumed_run.full_params(), final), "extra": extra}
+    out = {
+        "straight": straight,
+        "resumed": resumed,
+        "final_diff": _max_diff(resumed_run.full_params(), final),
+        "extra": extra,
+    }
     destroy()
     return out
 
@@ -175,10 +202,17 @@ def cases(world_size):
         save_layout = dict(TP2_EP2, pipeline_model_parallel_size=2)
         return {
             "moe-tp2pp2ep2-to-dp8": partial(reshard, "moe", "tp2pp2ep2", save_layout, {}),
-            "moe-tp2pp2ep2-to-ep4": partial(reshard, "moe", "tp2pp2ep2", save_layout, dict(expert_model_parallel_size=4)),
+            "moe-tp2pp2ep2-to-ep4": partial(
+                reshard, "moe", "tp2pp2ep2", save_layout, dict(expert_model_parallel_size=4)
+            ),
             "moe-tp2pp2ep2-to-pp2vpp2-ep2": partial(
-                reshard, "moe", "tp2pp2ep2", save_layout,
-                dict(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2, expert_model_parallel_size=2),
+                reshard,
+                "moe",
+                "tp2pp2ep2",
+                save_layout,
+                dict(
+                    pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2, expert_model_parallel_size=2
+                ),
             ),
         }
     return {
@@ -188,15 +222,22 @@ def cases(world_size):
             reshard, "moe", "tp2ep2", TP2_EP2, dict(TP2_EP2, expert_tensor_parallel_size=1)
         ),
         "dense-pp2vpp2-to-tp2": partial(
-            reshard, "dense", "pp2vpp2", dict(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2),
+            reshard,
+            "dense",
+            "pp2vpp2",
+            dict(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2),
             dict(tensor_model_parallel_size=2),
         ),
         "dense-pp2vpp2-to-tp2pp2": partial(
-            reshard, "dense", "pp2vpp2", dict(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2),
+            reshard,
+            "dense",
+            "pp2vpp2",
+            dict(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2),
             dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2),
         ),
-        "moe-bf16-tp2ep2-to-ep4": partial(reshard, "moe", "tp2ep2", TP2_EP2, dict(expert_model_parallel_size=4),
-                                          dtype="bf16"),
+        "moe-bf16-tp2ep2-to-ep4": partial(
+            reshard, "moe", "tp2ep2", TP2_EP2, dict(expert_model_parallel_size=4), dtype="bf16"
+        ),
         "exact-resume-moe-tp2ep2": partial(exact_resume, "moe", TP2_EP2),
         "exact-resume-moe-bf16-tp2ep2": partial(exact_resume, "moe", TP2_EP2, dtype="bf16"),
         "retention": retention_and_latest,

@@ -16,8 +16,8 @@ import torch.distributed as dist
 from megatron_rl import platform
 from megatron_rl.models import build_model
 from megatron_rl.parallel import ParallelConfig, destroy, initialize
-from megatron_rl.parallel.state import check_coordinates
 from megatron_rl.parallel.full_tensors import gather_full, load_full, main_grad, params_as
+from megatron_rl.parallel.state import check_coordinates
 from megatron_rl.testing.tiny import TINY_ARCHS
 from megatron_rl.testing.torchrun import run_cases
 
@@ -50,8 +50,7 @@ def forward_step(role, data_iterator, model):
 
 def run(role, arch, parallel, weights=None, micro_batch_size=1):
     """Build, optionally load weights, one forward/backward; return (loss, weights, grads)."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     ctx = initialize(parallel, seed=42, model=arch.shape())
@@ -62,16 +61,18 @@ def run(role, arch, parallel, weights=None, micro_batch_size=1):
         load_full(chunks, weights)
     config = chunks[0].config
     with platform.megatron_scope():
-        chunks = [
-            DistributedDataParallel(config, DistributedDataParallelConfig(), c) for c in chunks
-        ]
+        chunks = [DistributedDataParallel(config, DistributedDataParallelConfig(), c) for c in chunks]
     config.finalize_model_grads_func = finalize_model_grads
     dp, dp_rank = parallel.dp(ctx.world_size), ctx.coords.dp
     tokens, labels, targets = batch(arch.vocab_size)
     per_rank = GLOBAL_BATCH // dp
     sl = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
     micro = [
-        (tokens[sl][i : i + micro_batch_size], labels[sl][i : i + micro_batch_size], targets[sl][i : i + micro_batch_size])
+        (
+            tokens[sl][i : i + micro_batch_size],
+            labels[sl][i : i + micro_batch_size],
+            targets[sl][i : i + micro_batch_size],
+        )
         for i in range(0, per_rank, micro_batch_size)
     ]
     with platform.megatron_scope():
@@ -131,12 +132,21 @@ def layouts_for(world_size):
             "pp2_vpp2": dict(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2),
             "ep2": dict(expert_model_parallel_size=2),
             "ep4": dict(expert_model_parallel_size=4),
-            "tp2_ep2_etp2": dict(tensor_model_parallel_size=2, expert_model_parallel_size=2, expert_tensor_parallel_size=2),
-            "tp2_ep2_etp1": dict(tensor_model_parallel_size=2, expert_model_parallel_size=2, expert_tensor_parallel_size=1),
+            "tp2_ep2_etp2": dict(
+                tensor_model_parallel_size=2, expert_model_parallel_size=2, expert_tensor_parallel_size=2
+            ),
+            "tp2_ep2_etp1": dict(
+                tensor_model_parallel_size=2, expert_model_parallel_size=2, expert_tensor_parallel_size=1
+            ),
         }
     return {
         "tp2_pp2_ep2": dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=2),
-        "tp2_pp2_ep4": dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=4, expert_tensor_parallel_size=1),
+        "tp2_pp2_ep4": dict(
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=2,
+            expert_model_parallel_size=4,
+            expert_tensor_parallel_size=1,
+        ),
         "tp2_pp2": dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2),
     }
 

@@ -35,8 +35,9 @@ def engine(kind):
     if kind not in ENGINES:
         ENGINES[kind] = RolloutEngine(
             model_dir(kind),
-            EngineConfig(tensor_parallel_size=TP, max_model_len=128, seed=11, load_tokenizer=False,
-                         cache_dir=str(WORK / "cache")),
+            EngineConfig(
+                tensor_parallel_size=TP, max_model_len=128, seed=11, load_tokenizer=False, cache_dir=str(WORK / "cache")
+            ),
         )
         REFERENCES[kind] = load_reference(model_dir(kind))
     return ENGINES[kind], REFERENCES[kind]
@@ -44,7 +45,9 @@ def engine(kind):
 
 def prompts_of_replica(eng, count=3):
     g = torch.Generator().manual_seed(100 + eng.replica)
-    return [torch.randint(3, 96, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist() for _ in range(count)]
+    return [
+        torch.randint(3, 96, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist() for _ in range(count)
+    ]
 
 
 def sampled_logprobs_match_transformers(kind):
@@ -101,7 +104,7 @@ def greedy_reference(ref, prompt, max_tokens):
         seq.append(nxt)
         if nxt == 2:  # eos
             break
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 def windows_continue_to_the_one_shot_answer(kind):

@@ -12,7 +12,6 @@ activation recompute, equal the reference's, and every recompute took its queued
 Usage: body_route_replay.py WORLD_SIZE
 """
 
-import sys
 from functools import partial
 
 import torch
@@ -49,8 +48,11 @@ class Model:
     """One layout's actor with a replay on its routers (recompute on for the backward)."""
 
     def __init__(self, layout, weights=None):
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
 
         self.parallel = ParallelConfig(**layout)
         initialize(self.parallel, seed=42, model=ARCH.shape())
@@ -78,13 +80,18 @@ class Model:
         dp, dp_rank = self.parallel.dp(dist.get_world_size()), _dp_rank(self.chunks)
         rows = slice(dp_rank * ROWS // dp, (dp_rank + 1) * ROWS // dp)
         data, labels = tokens()[rows], torch.roll(tokens(), -1, 1)[rows]
-        micro = [(data[i:i + MBS], labels[i:i + MBS], routes[rows][i:i + MBS]) for i in range(0, len(data), MBS)]
+        micro = [(data[i : i + MBS], labels[i : i + MBS], routes[rows][i : i + MBS]) for i in range(0, len(data), MBS)]
         self.replay.begin()
         with platform.megatron_scope():
             out = get_forward_backward_func()(
-                forward_step_func=_forward_step, data_iterator=[iter(micro) for _ in self.chunks] if len(self.chunks) > 1 else iter(micro),
-                model=self.chunks if len(self.chunks) > 1 else self.chunks[0], num_microbatches=len(micro),
-                seq_length=SEQ, micro_batch_size=MBS, forward_only=False)
+                forward_step_func=_forward_step,
+                data_iterator=[iter(micro) for _ in self.chunks] if len(self.chunks) > 1 else iter(micro),
+                model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
+                num_microbatches=len(micro),
+                seq_length=SEQ,
+                micro_batch_size=MBS,
+                forward_only=False,
+            )
         local = sum(float(o["loss"]) for o in out) / len(out) if out else None
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, local)
@@ -143,20 +150,26 @@ def reference():
         used = own_routes(model.replay.layers)
         fallback = routes < 0
         REFERENCE.update(
-            weights=gather_full(model.chunks), plain=plain, replayed=replayed,
-            own_replay_diff=float((replayed_own - plain).abs().max()), agreement_own=agreement_own,
+            weights=gather_full(model.chunks),
+            plain=plain,
+            replayed=replayed,
+            own_replay_diff=float((replayed_own - plain).abs().max()),
+            agreement_own=agreement_own,
             used_equals_given=bool((used[~fallback] == routes[~fallback]).all()),
             fallback_equals_own=bool((used[fallback] == own[fallback]).all()),
             random_moves=float((replayed - plain).abs().max()),
-            training=model.forward_backward(routes))
+            training=model.forward_backward(routes),
+        )
         destroy()
     return REFERENCE
 
 
 def reference_case():
     ref = reference()
-    return {k: ref[k] for k in ("own_replay_diff", "agreement_own", "used_equals_given", "fallback_equals_own",
-                                "random_moves")} | {"pending_after_backward": ref["training"][2]}
+    return {
+        k: ref[k]
+        for k in ("own_replay_diff", "agreement_own", "used_equals_given", "fallback_equals_own", "random_moves")
+    } | {"pending_after_backward": ref["training"][2]}
 
 
 def layout_case(layout):
@@ -166,18 +179,22 @@ def layout_case(layout):
     loss, grads, left = model.forward_backward(random_routes())
     ref_loss, ref_grads, _ = ref["training"]
     destroy()
-    return {"plain_diff": float((plain - ref["plain"]).abs().max()),
-            "replayed_diff": float((replayed - ref["replayed"]).abs().max()),
-            "loss_diff": abs(loss - ref_loss),
-            "grad_diff": max(float((grads[k] - ref_grads[k]).abs().max()) for k in ref_grads),
-            "pending_after_backward": left}
+    return {
+        "plain_diff": float((plain - ref["plain"]).abs().max()),
+        "replayed_diff": float((replayed - ref["replayed"]).abs().max()),
+        "loss_diff": abs(loss - ref_loss),
+        "grad_diff": max(float((grads[k] - ref_grads[k]).abs().max()) for k in ref_grads),
+        "pending_after_backward": left,
+    }
 
 
 LAYOUTS = {
     "tp2_sp_ep2": dict(tensor_model_parallel_size=2, expert_model_parallel_size=2),
     "tp2_ep2_etp1": dict(tensor_model_parallel_size=2, expert_model_parallel_size=2, expert_tensor_parallel_size=1),
     "ep4": dict(expert_model_parallel_size=4),
-    "pp2_vpp2_ep2": dict(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2, expert_model_parallel_size=2),
+    "pp2_vpp2_ep2": dict(
+        pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2, expert_model_parallel_size=2
+    ),
 }
 
 

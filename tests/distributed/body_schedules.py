@@ -33,8 +33,8 @@ from megatron_rl.algorithms import (
 from megatron_rl.models import build_model
 from megatron_rl.models.builder import BuildOptions
 from megatron_rl.parallel import ParallelConfig, destroy, initialize, initialize_alongside
-from megatron_rl.parallel.state import check_coordinates
 from megatron_rl.parallel.full_tensors import gather_full, load_full, main_grad, params_as
+from megatron_rl.parallel.state import check_coordinates
 from megatron_rl.schedules import (
     ActorLoss,
     CriticLoss,
@@ -142,8 +142,7 @@ def build(role, kind, layout, weights, optimizer=None):
     """``role`` in the active layout with ``weights``, in DDP, with Megatron's Adam when
     ``optimizer`` is "distributed" (DDP reduce-scatters: whole gradients are no longer
     readable) or "plain" (gradients all-reduced)."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     arch, parallel = TINY_ARCHS[kind], ParallelConfig(**layout)
@@ -156,8 +155,11 @@ def build(role, kind, layout, weights, optimizer=None):
         chunks = [DistributedDataParallel(config, ddp, c) for c in chunks]
         if optimizer is not None:
             optimizer = get_megatron_optimizer(
-                OptimizerConfig(optimizer="adam", lr=1e-4, use_distributed_optimizer=distributed,
-                                clip_grad=1.0, weight_decay=0.0), chunks)
+                OptimizerConfig(
+                    optimizer="adam", lr=1e-4, use_distributed_optimizer=distributed, clip_grad=1.0, weight_decay=0.0
+                ),
+                chunks,
+            )
     config.finalize_model_grads_func = finalize_model_grads
     return chunks, optimizer
 
@@ -227,8 +229,10 @@ def packing_report(micro, local):
     if not isinstance(micro, Microbatching):
         return {"max_sequences_per_micro_batch": 0, "row_lengths_per_rank": 0}
     bins = micro.bins(local)
-    return {"max_sequences_per_micro_batch": max_over_world(max(len(b) for b in bins)),
-            "row_lengths_per_rank": max_over_world(len(set(micro.row_lengths(local, bins))))}
+    return {
+        "max_sequences_per_micro_batch": max_over_world(max(len(b) for b in bins)),
+        "row_lengths_per_rank": max_over_world(len(set(micro.row_lengths(local, bins)))),
+    }
 
 
 def ref_dp(chunks):
@@ -284,8 +288,9 @@ def two_layouts_case(actor_kind, actor_layout, actor_mbs, critic_kind, critic_la
     aref, cref = reference(actor_kind, "actor"), reference(critic_kind, "critic")
     vocab = TINY_ARCHS[actor_kind].vocab_size
     actor, _ = setup("actor", actor_kind, actor_layout, aref["weights"])
-    critic_layout_ctx = initialize_alongside(ParallelConfig(**critic_layout), seed=42,
-                                             model=TINY_ARCHS[critic_kind].shape())
+    critic_layout_ctx = initialize_alongside(
+        ParallelConfig(**critic_layout), seed=42, model=TINY_ARCHS[critic_kind].shape()
+    )
     with critic_layout_ctx.active():
         critic, critic_opt = build("critic", critic_kind, critic_layout, cref["weights"], optimizer="plain")
         critic_coords = check_coordinates(critic_layout_ctx)
@@ -310,11 +315,16 @@ def two_layouts_case(actor_kind, actor_layout, actor_mbs, critic_kind, critic_la
     out = {
         "logprob_diff": max_over_world((gather_data_parallel(actor, logp) - aref["logp"]).abs().max()),
         "value_diff": max_over_world((values - cref["values"]).abs().max()),
-        "actor": {"metric_diff": {"pg_loss": abs(actor_metrics["actor/pg_loss"] - ref_metrics["pg_loss"])},
-                  **grad_report(actor_grads, ref_grads)},
-        "critic": {"metric_diff": {"value_loss": abs(critic_metrics["critic/value_loss"] - cref["loss"])},
-                   **grad_report(critic_grads, cref["grads"])},
-        "critic_grad_norm": stepped["critic/grad_norm"], "critic_ref_grad_norm": ref_norm,
+        "actor": {
+            "metric_diff": {"pg_loss": abs(actor_metrics["actor/pg_loss"] - ref_metrics["pg_loss"])},
+            **grad_report(actor_grads, ref_grads),
+        },
+        "critic": {
+            "metric_diff": {"value_loss": abs(critic_metrics["critic/value_loss"] - cref["loss"])},
+            **grad_report(critic_grads, cref["grads"]),
+        },
+        "critic_grad_norm": stepped["critic/grad_norm"],
+        "critic_ref_grad_norm": ref_norm,
         "critic_weights_moved": moved,
         "coordinates": [critic_coords, check_coordinates_now(actor_layout)],
     }
@@ -347,7 +357,9 @@ LAYOUTS = {
 def cases():
     out = {}
     for recipe in ("dapo", "grpo"):
-        out[f"dense-actor-single-{recipe}"] = partial(actor_case, "dense", LAYOUTS["single"], recipe, GLOBAL_BATCH, True)
+        out[f"dense-actor-single-{recipe}"] = partial(
+            actor_case, "dense", LAYOUTS["single"], recipe, GLOBAL_BATCH, True
+        )
         out[f"dense-actor-dp4-{recipe}"] = partial(actor_case, "dense", LAYOUTS["dp4"], recipe, 1)
         out[f"dense-actor-pp2-{recipe}"] = partial(actor_case, "dense", LAYOUTS["pp2"], recipe, 1)
         out[f"moe-actor-tp2_ep2-{recipe}"] = partial(actor_case, "moe", LAYOUTS["tp2_ep2"], recipe, 2)
@@ -357,9 +369,11 @@ def cases():
     out["dense-critic-pp2"] = partial(critic_case, "dense", LAYOUTS["pp2"], 1)
     out["dense-critic-tp2"] = partial(critic_case, "dense", LAYOUTS["tp2"], 2)
     out["two-layouts-moe-actor-tp2_ep2+moe-critic-pp2"] = partial(
-        two_layouts_case, "moe", LAYOUTS["tp2_ep2"], 2, "moe", LAYOUTS["pp2"], 1)
+        two_layouts_case, "moe", LAYOUTS["tp2_ep2"], 2, "moe", LAYOUTS["pp2"], 1
+    )
     out["two-layouts-dense-actor-pp2+dense-critic-tp2"] = partial(
-        two_layouts_case, "dense", LAYOUTS["pp2"], 1, "dense", LAYOUTS["tp2"], 2)
+        two_layouts_case, "dense", LAYOUTS["pp2"], 1, "dense", LAYOUTS["tp2"], 2
+    )
     out["moe-train_step-tp2_ep2-dapo"] = partial(train_step_case, "moe", LAYOUTS["tp2_ep2"], "dapo", 2)
     out.update(packed_cases())
     return out

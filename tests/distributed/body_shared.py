@@ -25,5 +25,6 @@ def body_cases(body: str, world_size: int) -> dict:
 
 if __name__ == "__main__":
     world = int(sys.argv[1])
-    run_cases({f"{body}:{name}": case for body in sys.argv[3].split(",")
-               for name, case in body_cases(body, world).items()})
+    run_cases(
+        {f"{body}:{name}": case for body in sys.argv[3].split(",") for name, case in body_cases(body, world).items()}
+    )

@@ -50,14 +50,24 @@ def setup():
         STATE["dir"] = path
         STATE["arch"] = arch_from_hf(path)
         STATE["engine"] = RolloutEngine(
-            path, EngineConfig(tensor_parallel_size=VLLM_TP, max_model_len=64, load_tokenizer=False, dtype=DTYPE,
-                               cache_dir=str(WORK / "cache")))
+            path,
+            EngineConfig(
+                tensor_parallel_size=VLLM_TP,
+                max_model_len=64,
+                load_tokenizer=False,
+                dtype=DTYPE,
+                cache_dir=str(WORK / "cache"),
+            ),
+        )
     return STATE["dir"], STATE["arch"], STATE["engine"]
 
 
 def sequences(count=6):
     g = torch.Generator().manual_seed(99)
-    return [torch.randint(3, 96, (int(torch.randint(8, SEQ, (1,), generator=g)),), generator=g).tolist() for _ in range(count)]
+    return [
+        torch.randint(3, 96, (int(torch.randint(8, SEQ, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(count)
+    ]
 
 
 def perturb(chunks, salt):
@@ -81,8 +91,11 @@ def perturbed_actor(layout, salt):
 def report_of(chunks, engine, arch):
     """The logprob comparison's statistics, not judged (the test judges them)."""
     report = check_parity(chunks, engine, sequences(), arch.vocab_size, SEQ, judge=False)
-    return {"mean_abs_diff": report.mean_abs_diff, "max_abs_diff": report.max_abs_diff,
-            "median_abs_diff": report.median_abs_diff}
+    return {
+        "mean_abs_diff": report.mean_abs_diff,
+        "max_abs_diff": report.max_abs_diff,
+        "median_abs_diff": report.median_abs_diff,
+    }
 
 
 def sync_case(layout):
@@ -91,10 +104,15 @@ def sync_case(layout):
         chunks = perturbed_actor(layout, "a")
         weight_sync = WeightSync(chunks, arch, engine, bucket_bytes=BUCKET)
         stats = weight_sync.sync(check_weights=True)
-        out = {**report_of(chunks, engine, arch), "buckets": stats.buckets, "tensors": stats.tensors,
-               "bytes": stats.bytes, "sync_s": round(stats.seconds, 3),
-               "checked_elements": stats.weight_check.compared_elements,
-               "unreadable": list(stats.weight_check.unsupported)}
+        out = {
+            **report_of(chunks, engine, arch),
+            "buckets": stats.buckets,
+            "tensors": stats.tensors,
+            "bytes": stats.bytes,
+            "sync_s": round(stats.seconds, 3),
+            "checked_elements": stats.weight_check.compared_elements,
+            "unreadable": list(stats.weight_check.unsupported),
+        }
         # The next step's weights, through the buffers and views kept from the first sync.
         perturb(chunks, "b")
         weight_sync.sync(check_weights=True)
@@ -112,7 +130,9 @@ def skipped_tensor_case(layout):
         weight_sync = WeightSync(chunks, arch, engine, bucket_bytes=BUCKET)
         weight_sync.sync()
         perturb(chunks, "b")
-        skipped = "model.layers.1.mlp.experts.2.down_proj.weight" if arch.is_moe else "model.layers.1.mlp.down_proj.weight"
+        skipped = (
+            "model.layers.1.mlp.experts.2.down_proj.weight" if arch.is_moe else "model.layers.1.mlp.down_proj.weight"
+        )
         try:
             weight_sync.sync(check_weights=True, skip=[skipped])
         except ParityError as err:
@@ -155,16 +175,21 @@ def transports_case(layout):
         gathered, used, plans = {}, {}, ExportPlans()
         for transport in ("auto", "broadcast"):
             os.environ[TRANSPORT_ENV] = transport
-            gathered[transport] = [[(n, t.clone()) for n, t in bucket]
-                                   for bucket in iter_hf_buckets(chunks, arch, BUCKET, plans=plans)]
+            gathered[transport] = [
+                [(n, t.clone()) for n, t in bucket] for bucket in iter_hf_buckets(chunks, arch, BUCKET, plans=plans)
+            ]
             used[transport] = plans.transport
         os.environ.pop(TRANSPORT_ENV)
         shared, broadcast = gathered["auto"], gathered["broadcast"]
         assert [[n for n, _ in b] for b in shared] == [[n for n, _ in b] for b in broadcast]
         unequal = [n for bs, bb in zip(shared, broadcast) for (n, a), (_, b) in zip(bs, bb) if not torch.equal(a, b)]
         assert not unequal, unequal[:5]
-        return {"buckets": len(shared), "same_host": plans.gather_plan(chunks, arch, by_layer=True).same_host,
-                "shared_arena": "shared_arena" in plans.buffers(chunks, arch, PER_EXPERT), "used": used}
+        return {
+            "buckets": len(shared),
+            "same_host": plans.gather_plan(chunks, arch, by_layer=True).same_host,
+            "shared_arena": "shared_arena" in plans.buffers(chunks, arch, PER_EXPERT),
+            "used": used,
+        }
     finally:
         destroy()
 

@@ -38,10 +38,11 @@ class SharedLaunch:
         """``body``'s case results ({case: {"ok": ..., ...}}, as `launch`)."""
         if self._results is None:
             bodies = [b for b, module in SHARED.items() if module in self._modules or b == body]
-            self._results = launch(SHARED_BODY, WORLD, timeout_s=TIMEOUT_S,
-                                   args=[str(WORLD), str(self._directory), ",".join(bodies)])
+            self._results = launch(
+                SHARED_BODY, WORLD, timeout_s=TIMEOUT_S, args=[str(WORLD), str(self._directory), ",".join(bodies)]
+            )
         prefix = f"{body}:"
-        out = {name[len(prefix):]: r for name, r in self._results.items() if name.startswith(prefix)}
+        out = {name[len(prefix) :]: r for name, r in self._results.items() if name.startswith(prefix)}
         if "__launch__" in self._results:
             out["__launch__"] = self._results["__launch__"]
         return out

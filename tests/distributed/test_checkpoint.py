@@ -11,8 +11,14 @@ import pytest
 from megatron_rl.testing.torchrun import launch
 
 BODY = Path(__file__).with_name("body_checkpoint.py")
-RESHARD4 = ["moe-tp2ep2-to-dp4", "moe-tp2ep2-to-ep4", "moe-tp2ep2-to-tp2ep2etp1", "dense-pp2vpp2-to-tp2", "dense-pp2vpp2-to-tp2pp2",
-            "moe-bf16-tp2ep2-to-ep4"]
+RESHARD4 = [
+    "moe-tp2ep2-to-dp4",
+    "moe-tp2ep2-to-ep4",
+    "moe-tp2ep2-to-tp2ep2etp1",
+    "dense-pp2vpp2-to-tp2",
+    "dense-pp2vpp2-to-tp2pp2",
+    "moe-bf16-tp2ep2-to-ep4",
+]
 RESHARD8 = ["moe-tp2pp2ep2-to-dp8", "moe-tp2pp2ep2-to-ep4", "moe-tp2pp2ep2-to-pp2vpp2-ep2"]
 LOSS_TOL, WEIGHT_TOL = 1e-5, 1e-4  # different layouts reduce in different orders
 BF16_LOSS_TOL, BF16_WEIGHT_TOL = 5e-4, 2e-2
@@ -54,7 +60,9 @@ def _check_reshard(r):
     assert r["optim_diff"] == 0.0, "optimizer state (fp32 main params, exp_avg, exp_avg_sq) differs"
     assert r["num_optim"] == 3 * r["num_params"]
     if r["dtype"] == "fp32":
-        assert r["fp32_params_storage"] == "aliased", "fp32 main params should be stored once, as views of the model's bytes"
+        assert r["fp32_params_storage"] == "aliased", (
+            "fp32 main params should be stored once, as views of the model's bytes"
+        )
     else:
         assert r["fp32_params_storage"] == "separate", "bf16: the fp32 main params are their own fp32 tensors"
     assert r["optim_steps"] == [float(r["saved_step"])], r["optim_steps"]

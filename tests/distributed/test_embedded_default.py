@@ -20,12 +20,21 @@ STEPS = 25
 
 
 def test_make_train_reward_rises_above_the_majority_answer(tmp_path):
-    cmd = [sys.executable, "-m", "megatron_rl", "train", "--config", "examples/dapo.yaml",
-           f"trainer.max_steps={STEPS}", f"trainer.run_dir={tmp_path / 'run'}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200,
-                          env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "megatron_rl",
+        "train",
+        "--config",
+        "examples/dapo.yaml",
+        f"trainer.max_steps={STEPS}",
+        f"trainer.run_dir={tmp_path / 'run'}",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    rewards = [json.loads(line)["reward/mean"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rewards = [
+        json.loads(line)["reward/mean"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert len(rewards) == STEPS
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert first < 0.25 and last > MAJORITY_ANSWER_REWARD, (first, last, rewards)

@@ -73,7 +73,11 @@ def test_destroy_frees_the_layouts_process_groups(request, world):
     assert r["built"] > r["before"] and r["after"] == r["before"], r
 
 
-PACKED_WORLD8 = ["packed-moe-actor-tp2_pp2_ep2-dapo", "packed-moe-actor-tp2_pp2_ep4-grpo", "packed-dense-critic-tp2_pp2"]
+PACKED_WORLD8 = [
+    "packed-moe-actor-tp2_pp2_ep2-dapo",
+    "packed-moe-actor-tp2_pp2_ep4-grpo",
+    "packed-dense-critic-tp2_pp2",
+]
 
 
 @pytest.mark.slow

@@ -25,17 +25,27 @@ METRIC_TOL = 1e-6
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 ACTOR_CASES = [
-    *(f"{layout}-{recipe}" for recipe in ("dapo", "grpo")
-      for layout in ("dense-actor-single", "dense-actor-dp4", "dense-actor-pp2", "moe-actor-tp2_ep2")),
+    *(
+        f"{layout}-{recipe}"
+        for recipe in ("dapo", "grpo")
+        for layout in ("dense-actor-single", "dense-actor-dp4", "dense-actor-pp2", "moe-actor-tp2_ep2")
+    ),
     "dense-actor-pp2_vpp2-dapo",
     "dense-actor-tp2-hapo_kl_nll",
     "moe-actor-pp2-hapo_kl_nll",
 ]
 CRITIC_CASES = ["dense-critic-pp2", "dense-critic-tp2"]
 # the same references through packed token-budget micro-batches (schedules.packing)
-PACKED_ACTOR_CASES = ["packed-dense-actor-single-grpo", "packed-dense-actor-dp4-dapo", "packed-dense-actor-pp2-grpo",
-                      "packed-dense-actor-pp2_vpp2-dapo", "packed-dense-actor-tp2-hapo_kl_nll",
-                      "packed-moe-actor-tp2_ep2-dapo", "packed-moe-actor-pp2-hapo_kl_nll", "packed-moe-actor-ep4-grpo"]
+PACKED_ACTOR_CASES = [
+    "packed-dense-actor-single-grpo",
+    "packed-dense-actor-dp4-dapo",
+    "packed-dense-actor-pp2-grpo",
+    "packed-dense-actor-pp2_vpp2-dapo",
+    "packed-dense-actor-tp2-hapo_kl_nll",
+    "packed-moe-actor-tp2_ep2-dapo",
+    "packed-moe-actor-pp2-hapo_kl_nll",
+    "packed-moe-actor-ep4-grpo",
+]
 PACKED_CRITIC_CASES = ["packed-dense-critic-pp2", "packed-dense-critic-tp2", "packed-moe-critic-tp2_ep2_etp1"]
 
 

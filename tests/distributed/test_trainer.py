@@ -33,8 +33,14 @@ BF16_MISMATCH_K3 = 5e-3
 model) and the k3 KL(vLLM || Megatron) of the sampled tokens (docs/benchmarks.md, "bf16")."""
 
 # A warm-up with some true answers: rewards vary within groups from the first step.
-SMALL = dict(task="digits_max", num_train_prompts=300, num_eval_prompts=32, warmup_steps=30, hidden_size=64,
-             warmup_correct_fraction=0.5)
+SMALL = dict(
+    task="digits_max",
+    num_train_prompts=300,
+    num_eval_prompts=32,
+    warmup_steps=30,
+    hidden_size=64,
+    warmup_correct_fraction=0.5,
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +54,30 @@ def bases(tmp_path_factory):
 
 def _train(tmp_path, world, base, recipe, *overrides, steps=3, env=None):
     run_dir, port = tmp_path / f"run-{recipe}", _free_port()
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
-           f"--master-port={port}", "-m", "megatron_rl", "train", "--config", "examples/dapo.yaml",
-           f"trainer.run_dir={run_dir}", f"model.hf_path={base}", f"data.source={base}/train.jsonl",
-           "data.reward=digits", f"algorithm.recipe={recipe}", "algorithm.overrides={}",
-           f"trainer.max_steps={steps}", "rollout.prompts_per_step=4", "rollout.n_samples=4",
-           "trainer.micro_batch_size=2", "rollout.parity_every=1", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={world}",
+        f"--master-port={port}",
+        "-m",
+        "megatron_rl",
+        "train",
+        "--config",
+        "examples/dapo.yaml",
+        f"trainer.run_dir={run_dir}",
+        f"model.hf_path={base}",
+        f"data.source={base}/train.jsonl",
+        "data.reward=digits",
+        f"algorithm.recipe={recipe}",
+        "algorithm.overrides={}",
+        f"trainer.max_steps={steps}",
+        "rollout.prompts_per_step=4",
+        "rollout.n_samples=4",
+        "trainer.micro_batch_size=2",
+        "rollout.parity_every=1",
+        *overrides,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **(env or {}))
     proc = run_process_group(cmd, env, timeout_s=1200)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
@@ -67,8 +91,15 @@ def _train(tmp_path, world, base, recipe, *overrides, steps=3, env=None):
 
 def _check(rows):
     assert [r["step"] for r in rows] == [1, 2, 3]
-    for key in ("reward/mean", "response_length/mean", "timing/step_s", "timing/rollout_s", "timing/train_s",
-                "timing/weight_sync_s", "throughput/tokens_per_s"):
+    for key in (
+        "reward/mean",
+        "response_length/mean",
+        "timing/step_s",
+        "timing/rollout_s",
+        "timing/train_s",
+        "timing/weight_sync_s",
+        "throughput/tokens_per_s",
+    ):
         assert all(key in r for r in rows), key
     trained = [r for r in rows if r["rollout/kept_groups"] > 0]
     assert trained, "no step had a group with reward spread; nothing was trained"
@@ -91,8 +122,15 @@ def grpo_tp2(tmp_path_factory, bases):
 
 
 GRPO_TP2 = ("parallel.tensor_model_parallel_size=2", "rollout.seed_per_prompt=true")
-NOT_COMPARED = ("timing/", "throughput/", "rollout/logprob_abs_diff", "rollout/mismatch_k3_kl",
-                "rollout/parity_", "rollout/weight_check_elements", "rollout/weight_sync_broadcast")
+NOT_COMPARED = (
+    "timing/",
+    "throughput/",
+    "rollout/logprob_abs_diff",
+    "rollout/mismatch_k3_kl",
+    "rollout/parity_",
+    "rollout/weight_check_elements",
+    "rollout/weight_sync_broadcast",
+)
 """Times, how the weight sync gathered, and what vLLM's logprobs enter (they may differ in
 the last bits with the batch an engine runs a prompt in); everything trained on is compared
 exactly."""
@@ -115,8 +153,9 @@ def test_disaggregated_rollouts_train_what_colocated_ones_do(tmp_path, grpo_tp2,
     rollout ranks, two vLLM replicas; weights over the bridge): every trained-on number equal
     to the colocated run's, in fp32, and the parity guard holds on the rollout ranks' engines."""
     _, colocated = grpo_tp2
-    rows, _ = _train(tmp_path, 4, bases["qwen3"], "grpo", *GRPO_TP2, "rollout.placement=disaggregated",
-                     "rollout.num_ranks=2")
+    rows, _ = _train(
+        tmp_path, 4, bases["qwen3"], "grpo", *GRPO_TP2, "rollout.placement=disaggregated", "rollout.num_ranks=2"
+    )
     _check(rows)
     assert len(rows) == len(colocated)
     for got, want in zip(rows, colocated):
@@ -140,8 +179,9 @@ def test_bf16_moe_ep2_world2_with_rollout_correction_then_resume_in_tp2(tmp_path
         assert 0 <= r["rollout/mismatch_k3_kl"] < BF16_MISMATCH_K3, r
         assert r["rollout/correction_weight_mean"] <= 2.0, r  # weights capped at C
         assert 0.5 < r["rollout/router_agreement"] <= 1.0, r  # measured without replay too
-    resumed, out = _train(tmp_path, 2, bases["qwen3_moe"], "grpo", *bf16, "parallel.tensor_model_parallel_size=2",
-                          steps=4)
+    resumed, out = _train(
+        tmp_path, 2, bases["qwen3_moe"], "grpo", *bf16, "parallel.tensor_model_parallel_size=2", steps=4
+    )
     assert "resumed from" in out, out[-2000:]
     assert resumed[:3] == rows
     assert resumed[3]["rollout/parity_median_abs_diff"] < BF16_PARITY_MEDIAN, resumed[3]
@@ -151,10 +191,19 @@ def test_bf16_moe_ep2_world2_with_rollout_correction_then_resume_in_tp2(tmp_path
 def test_dapo_moe_tp2_ep2_world4_with_router_replay_recompute_and_monitor(tmp_path, bases):
     """MoE with router replay (vLLM's routes in the old-logprob pass and in the training
     forward and its recompute, TP2 with sequence parallelism * EP2) and the monitor."""
-    rows, _ = _train(tmp_path, 4, bases["qwen3_moe"], "dapo", "parallel.tensor_model_parallel_size=2",
-                     "parallel.expert_model_parallel_size=2", "monitor.enabled=true",
-                     "monitor.detect_every_steps=1", "monitor.interval_s=0.2", "rollout.router_replay=true",
-                     "model.recompute_activations=true")
+    rows, _ = _train(
+        tmp_path,
+        4,
+        bases["qwen3_moe"],
+        "dapo",
+        "parallel.tensor_model_parallel_size=2",
+        "parallel.expert_model_parallel_size=2",
+        "monitor.enabled=true",
+        "monitor.detect_every_steps=1",
+        "monitor.interval_s=0.2",
+        "rollout.router_replay=true",
+        "model.recompute_activations=true",
+    )
     _check(rows)
     for r in rows:  # fp32: Megatron's own routers pick vLLM's experts nearly everywhere
         assert r["rollout/router_agreement"] > FP32_ROUTER_AGREEMENT and r["rollout/router_missing_routes"] == 0, r
@@ -168,9 +217,15 @@ def test_vapo_value_pretraining_then_policy_world2(tmp_path, bases):
     """Critic-only steps on the frozen initial policy lower the value loss; then PPO starts."""
     # An overlong limit below every response's length shifts all returns by -1: a critic that
     # starts near 0 has a large error it can only lose by learning the return level.
-    rows, _ = _train(tmp_path, 2, bases["qwen3"], "vapo",
-                     "algorithm.overrides={value_warmup_steps: 4, overlong: {max_len: 2, buffer_len: 1}}",
-                     "rollout.prompts_per_step=8", steps=5)
+    rows, _ = _train(
+        tmp_path,
+        2,
+        bases["qwen3"],
+        "vapo",
+        "algorithm.overrides={value_warmup_steps: 4, overlong: {max_len: 2, buffer_len: 1}}",
+        "rollout.prompts_per_step=8",
+        steps=5,
+    )
     assert [r["actor/updated"] for r in rows] == [False] * 4 + [True]
     assert all(r["timing/weight_sync_s"] == 0.0 for r in rows[:4])  # frozen policy: nothing to sync
     # The critic's error on the first warm-up batch, before step 1 and after step 4.
@@ -180,8 +235,11 @@ def test_vapo_value_pretraining_then_policy_world2(tmp_path, bases):
     assert rows[-1]["rollout/parity_max_abs_diff"] < FP32_PARITY_MAX
 
 
-TPPO_TP2 = ("parallel.tensor_model_parallel_size=2", "algorithm.overrides={generation_window: 4}",
-            "rollout.max_new_tokens=12")
+TPPO_TP2 = (
+    "parallel.tensor_model_parallel_size=2",
+    "algorithm.overrides={generation_window: 4}",
+    "rollout.max_new_tokens=12",
+)
 
 
 @pytest.fixture(scope="module")
@@ -220,12 +278,14 @@ def test_tppo_windows_carry_responses_across_steps_tp2_world2_then_resume(tppo_t
     assert any(r["rollout/finished_samples"] > 0 and r["reward/mean"] is not None for r in later)
     # The critic and its optimizer are saved beside the actor, at the same steps.
     from megatron_rl.checkpoint import committed_steps
+
     ckpts = tmp_path / "run-tppo" / "checkpoints"
     assert committed_steps(ckpts / "critic") == committed_steps(ckpts) == [3]
     # Resume for one more step: the checkpoint's pool comes back and its cut-off responses go on.
     # The critic, saved in the actor's TP2 layout, resumes in a layout of its own (DP2).
-    resumed, out = _train(tmp_path, 2, bases["qwen3"], "tppo", *tppo, "critic_parallel.tensor_model_parallel_size=1",
-                          steps=4)
+    resumed, out = _train(
+        tmp_path, 2, bases["qwen3"], "tppo", *tppo, "critic_parallel.tensor_model_parallel_size=1", steps=4
+    )
     assert "critic layout: dense TP1·CP1·DP2·PP1" in out, out[-2000:]
     assert committed_steps(ckpts / "critic")[-1] == 4
     last = rows[-1]
@@ -263,24 +323,69 @@ PACKED, PADDED = "trainer.max_tokens_per_micro_batch=96", "trainer.max_tokens_pe
 # test_adaptive_temperature run its passes on padded rows).
 MATRIX = [
     # The critic in a layout of its own beside the actor (its own process groups).
-    ("ppo", 4, "qwen3", ("parallel.tensor_model_parallel_size=2", "rollout.tensor_parallel_size=2",
-                         "critic_parallel.pipeline_model_parallel_size=2", PACKED)),
-    ("grpo", 4, "qwen3_moe", ("parallel.expert_model_parallel_size=4", "algorithm.overrides={kl: {kind: k3, coef: 0.04}}",
-                              "rollout.router_replay=true", PACKED)),
+    (
+        "ppo",
+        4,
+        "qwen3",
+        (
+            "parallel.tensor_model_parallel_size=2",
+            "rollout.tensor_parallel_size=2",
+            "critic_parallel.pipeline_model_parallel_size=2",
+            PACKED,
+        ),
+    ),
+    (
+        "grpo",
+        4,
+        "qwen3_moe",
+        (
+            "parallel.expert_model_parallel_size=4",
+            "algorithm.overrides={kl: {kind: k3, coef: 0.04}}",
+            "rollout.router_replay=true",
+            PACKED,
+        ),
+    ),
     ("dapo", 2, "qwen3", ("parallel.pipeline_model_parallel_size=2", PACKED)),
-    ("vapo", 4, "qwen3_moe", ("parallel.tensor_model_parallel_size=2", "parallel.expert_model_parallel_size=2",
-                              "critic_parallel.expert_model_parallel_size=4",
-                              "algorithm.overrides={value_warmup_steps: 1}", PADDED)),
+    (
+        "vapo",
+        4,
+        "qwen3_moe",
+        (
+            "parallel.tensor_model_parallel_size=2",
+            "parallel.expert_model_parallel_size=2",
+            "critic_parallel.expert_model_parallel_size=4",
+            "algorithm.overrides={value_warmup_steps: 1}",
+            PADDED,
+        ),
+    ),
     # Router replay through T-PPO windows: a continued response's routes span its windows.
-    ("tppo", 4, "qwen3_moe", ("parallel.expert_model_parallel_size=2", "algorithm.overrides={generation_window: 4}",
-                              "rollout.max_new_tokens=12", "rollout.router_replay=true", PACKED)),
-    ("hapo", 4, "qwen3_moe", ("parallel.tensor_model_parallel_size=2", "parallel.expert_model_parallel_size=2",
-                              "algorithm.overrides={temperature_tau: 0.5}", PACKED)),
+    (
+        "tppo",
+        4,
+        "qwen3_moe",
+        (
+            "parallel.expert_model_parallel_size=2",
+            "algorithm.overrides={generation_window: 4}",
+            "rollout.max_new_tokens=12",
+            "rollout.router_replay=true",
+            PACKED,
+        ),
+    ),
+    (
+        "hapo",
+        4,
+        "qwen3_moe",
+        (
+            "parallel.tensor_model_parallel_size=2",
+            "parallel.expert_model_parallel_size=2",
+            "algorithm.overrides={temperature_tau: 0.5}",
+            PACKED,
+        ),
+    ),
 ]
 
 
-@pytest.mark.parametrize("recipe,world,base,overrides", MATRIX,
-                         ids=[f"{r}-world{w}-{b}" for r, w, b, _ in MATRIX])
+@pytest.mark.parametrize("recipe,world,base,overrides", MATRIX, ids=[f"{r}-world{w}-{b}" for r, w, b, _ in MATRIX])
 def test_recipe_runs_three_steps(tmp_path, bases, recipe, world, base, overrides):
     rows, out = _train(tmp_path, world, bases[base], recipe, *overrides)
     _check(rows)
@@ -288,10 +393,15 @@ def test_recipe_runs_three_steps(tmp_path, bases, recipe, world, base, overrides
     if base == "qwen3_moe":  # vLLM's routes reach the trainer for every input token
         # T-PPO trains rows whose earlier windows vLLM routed under older weights.
         agreement = 0.9 if recipe == "tppo" else FP32_ROUTER_AGREEMENT
-        assert all(r["rollout/router_missing_routes"] == 0 and r["rollout/router_agreement"] > agreement
-                   for r in rows if r["rollout/kept_groups"] > 0), rows
-    critic_layout = {"ppo": "critic layout: dense TP1·CP1·DP2·PP2", "vapo": "critic layout: dense TP1·CP1·DP4·PP1 | "
-                     "MoE ETP1·EP4·EDP1·PP1"}.get(recipe)
+        assert all(
+            r["rollout/router_missing_routes"] == 0 and r["rollout/router_agreement"] > agreement
+            for r in rows
+            if r["rollout/kept_groups"] > 0
+        ), rows
+    critic_layout = {
+        "ppo": "critic layout: dense TP1·CP1·DP2·PP2",
+        "vapo": "critic layout: dense TP1·CP1·DP4·PP1 | MoE ETP1·EP4·EDP1·PP1",
+    }.get(recipe)
     if any(o.startswith("critic_parallel.") for o in overrides):
         assert critic_layout in out, out[-3000:]
     updated = [r for r in rows if r.get("actor/updated")]
@@ -311,9 +421,14 @@ def test_recipe_runs_three_steps(tmp_path, bases, recipe, world, base, overrides
         assert all(r["rollout/logprob_abs_diff"] < 1e-3 for r in later), later
 
 
-ASYNC = ("rollout.placement=disaggregated", "rollout.num_ranks=2", "rollout.max_staleness=1",
-         "rollout.seed_per_prompt=true", "checkpoint.save_interval=2",
-         "algorithm.overrides={rollout_correction: {kind: token_tis, cap: 2.0}}")
+ASYNC = (
+    "rollout.placement=disaggregated",
+    "rollout.num_ranks=2",
+    "rollout.max_staleness=1",
+    "rollout.seed_per_prompt=true",
+    "checkpoint.save_interval=2",
+    "algorithm.overrides={rollout_correction: {kind: token_tis, cap: 2.0}}",
+)
 PARTIAL = ("rollout.partial=true", "rollout.partial_chunk_tokens=1", "rollout.max_new_tokens=24")
 """Partial rollouts one token at a time, on the steps task (answers of 5-14 tokens; the digits
 task's ~4 tokens are done long before any weights arrive)."""
@@ -339,8 +454,9 @@ def test_tppo_windows_continued_on_rollout_ranks_train_what_colocated_ones_do(tm
     step are continued over the bridge at the next, and every trained-on number equals the
     colocated run's (the same two replicas with the same seeds draw the same samples)."""
     _, colocated = tppo_tp2
-    rows, _ = _train(tmp_path, 4, bases["qwen3"], "tppo", *TPPO_TP2, "rollout.placement=disaggregated",
-                     "rollout.num_ranks=2")
+    rows, _ = _train(
+        tmp_path, 4, bases["qwen3"], "tppo", *TPPO_TP2, "rollout.placement=disaggregated", "rollout.num_ranks=2"
+    )
     assert rows[1]["rollout/carried_samples"] > 0, rows[1]
     for got, want in zip(rows, colocated, strict=True):
         compared = {k for k in want if not k.startswith(NOT_COMPARED)}
@@ -402,18 +518,34 @@ def _launch_rank_pids(launcher: int, rank: int) -> list[int]:
 def _disaggregated_grpo(run_dir, base, *overrides) -> list[str]:
     """The torchrun command of a world-2 GRPO run with its vLLM on rank 1 (one training rank,
     one rollout rank), for the rollout-rank failure tests."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={_free_port()}",
-            "-m", "megatron_rl", "train", "--config", "examples/grpo.yaml", f"trainer.run_dir={run_dir}",
-            f"model.hf_path={base}", f"data.source={base}/train.jsonl", "data.reward=digits",
-            "rollout.prompts_per_step=4", "rollout.n_samples=4", "trainer.micro_batch_size=2",
-            "rollout.placement=disaggregated", "rollout.num_ranks=1", *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        f"--master-port={_free_port()}",
+        "-m",
+        "megatron_rl",
+        "train",
+        "--config",
+        "examples/grpo.yaml",
+        f"trainer.run_dir={run_dir}",
+        f"model.hf_path={base}",
+        f"data.source={base}/train.jsonl",
+        "data.reward=digits",
+        "rollout.prompts_per_step=4",
+        "rollout.n_samples=4",
+        "trainer.micro_batch_size=2",
+        "rollout.placement=disaggregated",
+        "rollout.num_ranks=1",
+        *overrides,
+    ]
 
 
 def _signal_rollout_rank_after_step_2(tmp_path, base, signum, *overrides):
     """A disaggregated GRPO run (world 2, a checkpoint every step) whose rollout rank gets
     ``signum`` once step 2 is logged: (exit code, output, seconds from the signal to the
     end, steps logged, newest intact checkpoint)."""
-    import signal
     import subprocess
     import time
 
@@ -421,8 +553,14 @@ def _signal_rollout_rank_after_step_2(tmp_path, base, signum, *overrides):
 
     run_dir = tmp_path / "run"
     cmd = _disaggregated_grpo(run_dir, base, "trainer.max_steps=200", "checkpoint.save_interval=1", *overrides)
-    proc = subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         metrics = run_dir / "metrics.jsonl"
         deadline = time.monotonic() + 900
@@ -451,8 +589,10 @@ def test_rollout_engines_slower_to_start_than_the_start_timeout_end_the_launch_n
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     line = next((x for x in out.splitlines() if x.startswith("megatron-rl: error:")), out[-3000:])
-    assert line == ("megatron-rl: error: rollout rank 1 of the launch did not answer command 0 within "
-                    "rollout.start_timeout_s=1 s: hung, or slower than that; nothing was trained"), line
+    assert line == (
+        "megatron-rl: error: rollout rank 1 of the launch did not answer command 0 within "
+        "rollout.start_timeout_s=1 s: hung, or slower than that; nothing was trained"
+    ), line
     assert not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text()
 
 
@@ -464,8 +604,7 @@ def test_a_killed_rollout_rank_ends_the_launch_and_the_checkpoints_stay(tmp_path
     import re
     import signal
 
-    code, out, ended_after, logged, intact = _signal_rollout_rank_after_step_2(tmp_path, bases["qwen3"],
-                                                                               signal.SIGKILL)
+    code, out, ended_after, logged, intact = _signal_rollout_rank_after_step_2(tmp_path, bases["qwen3"], signal.SIGKILL)
     assert code not in (0, 2, 75), out[-3000:]  # a failure the Slurm script may requeue
     by_trainer = "megatron-rl: error: rollout rank 1 of the launch " in out  # its bridge broke on a send or receive
     by_torchrun = re.search(r"Root Cause.*?rank\s*: 1 \(local_rank: 1\)\s*exitcode\s*: -9", out, re.S)
@@ -483,10 +622,12 @@ def test_a_hung_rollout_rank_ends_the_run_with_its_name_within_the_timeout(tmp_p
     import signal
 
     code, out, ended_after, logged, intact = _signal_rollout_rank_after_step_2(
-        tmp_path, bases["qwen3"], signal.SIGSTOP, "rollout.timeout_s=15")
+        tmp_path, bases["qwen3"], signal.SIGSTOP, "rollout.timeout_s=15"
+    )
     assert code == 1, out[-3000:]
     line = next((x for x in out.splitlines() if x.startswith("megatron-rl: error:")), out[-3000:])
-    assert line.startswith("megatron-rl: error: rollout rank 1 of the launch did not") and \
-        "rollout.timeout_s=15 s" in line, line
+    assert (
+        line.startswith("megatron-rl: error: rollout rank 1 of the launch did not") and "rollout.timeout_s=15 s" in line
+    ), line
     assert 15 <= ended_after < 120, ended_after
     assert intact is not None and 2 <= intact <= logged, (intact, logged)

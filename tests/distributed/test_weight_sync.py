@@ -69,7 +69,11 @@ def test_sync_gives_megatron_logprobs(setup):
 def test_weight_check_catches_a_skipped_tensor(setup):
     name, results = setup
     guard = _result(results, "skipped_tensor_caught")["guard"]
-    served = "model.layers.1.mlp.experts.routed_experts.w2_weight" if SETUPS[name][0] == "moe" else "model.layers.1.mlp.down_proj.weight"
+    served = (
+        "model.layers.1.mlp.experts.routed_experts.w2_weight"
+        if SETUPS[name][0] == "moe"
+        else "model.layers.1.mlp.down_proj.weight"
+    )
     assert "vLLM serves weights that differ from the synced ones" in guard and served in guard, guard
 
 

@@ -70,8 +70,15 @@ def save() -> dict:
     with checkpoint.Checkpointer() as ckpt:
         hooks = hold_writer_until_update(ckpt, run.optimizer, HOLD_AFTER_UPDATE_S)
         start = time.perf_counter()
-        handle = ckpt.save(ROOT, STEPS, model=run.chunks, optimizer=run.optimizer, extra=EXTRA,
-                           async_save=True, snapshot="before_update")
+        handle = ckpt.save(
+            ROOT,
+            STEPS,
+            model=run.chunks,
+            optimizer=run.optimizer,
+            extra=EXTRA,
+            async_save=True,
+            snapshot="before_update",
+        )
         returned_s = time.perf_counter() - start
         run.train([STEPS + 1])  # changes weights and Adam state in place: waits for the copy first
         handle.wait()

@@ -50,7 +50,9 @@ CLIP_GRAD = 1e6
 gradient (an fp32 model's optimizer would clip them in place; a bf16 one clips its fp32 copies)."""
 CASES = {  # name: (tiny arch, packed, dtype)
     f"{kind}-{rows}-{dtype}": (kind, rows == "packed", dtype)
-    for kind in ("dense", "moe") for rows in ("padded", "packed") for dtype in ("fp32", "bf16")
+    for kind in ("dense", "moe")
+    for rows in ("padded", "packed")
+    for dtype in ("fp32", "bf16")
 }
 
 
@@ -71,8 +73,9 @@ def seeded_weights(chunks, seed: int) -> dict[str, torch.Tensor]:
     return full
 
 
-def offsets(g: torch.Generator, like: torch.Tensor, near: float, far: tuple[float, float],
-            p_near: float) -> torch.Tensor:
+def offsets(
+    g: torch.Generator, like: torch.Tensor, near: float, far: tuple[float, float], p_near: float
+) -> torch.Tensor:
     """Random-sign offsets whose size is in [0, near] with probability ``p_near``, else in
     ``far``: the gap between the two bands is where a clip switches (see the module docstring)."""
     u, coin, sign = (torch.rand(like.shape, generator=g) for _ in range(3))
@@ -89,8 +92,7 @@ def random_routes(g: torch.Generator, arch) -> torch.Tensor:
 def build(role: str, arch, dtype: str, replay: bool):
     """``role`` with seeded weights, in DDP with the trainer's optimizer (Adam, distributed,
     fp32 main params under bf16; no clipping), and a router replay when ``replay``."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     options = dataclasses.replace(OPTIONS, dtype=dtype)
@@ -101,8 +103,16 @@ def build(role: str, arch, dtype: str, replay: bool):
         ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=False)
         chunks = [DistributedDataParallel(config, ddp, c) for c in chunks]
         optimizer = get_megatron_optimizer(
-            OptimizerConfig(optimizer="adam", lr=LR, bf16=dtype == "bf16", use_distributed_optimizer=True,
-                            clip_grad=CLIP_GRAD, weight_decay=0.0), chunks)
+            OptimizerConfig(
+                optimizer="adam",
+                lr=LR,
+                bf16=dtype == "bf16",
+                use_distributed_optimizer=True,
+                clip_grad=CLIP_GRAD,
+                weight_decay=0.0,
+            ),
+            chunks,
+        )
     config.finalize_model_grads_func = finalize_model_grads
     if replay:
         RouteReplay(chunks)
@@ -143,14 +153,25 @@ def case(name: str, out_dir: Path) -> dict:
     actor_metrics, actor_grads = update(actor, actor_opt, batch, ActorLoss(DAPO, arch.vocab_size), micro)
     critic, critic_opt = build("critic", arch, dtype, replay)
     values = compute_values(critic, batch, micro).cpu()
-    batch = dataclasses.replace(batch, old_values=values + offsets(g, values, 0.0, (0.4, 0.6), 0.5),
-                                returns=values + offsets(g, values, 0.0, (0.8, 1.2), 0.0))
+    batch = dataclasses.replace(
+        batch,
+        old_values=values + offsets(g, values, 0.0, (0.4, 0.6), 0.5),
+        returns=values + offsets(g, values, 0.0, (0.8, 1.2), 0.0),
+    )
     critic_metrics, critic_grads = update(critic, critic_opt, batch, CRITIC, micro)
     lengths = batch.sequence_lengths()[:, None]
-    torch.save({"logp": logp, "entropy": entropy, "values": values,
-                "predicted": torch.arange(SEQ)[None] < lengths - 1,  # logp, entropy: a token of the row follows
-                "real": torch.arange(SEQ)[None] < lengths,  # values: the row's own prefixes
-                "actor_grads": actor_grads, "critic_grads": critic_grads}, out_dir / f"{name}.pt")
+    torch.save(
+        {
+            "logp": logp,
+            "entropy": entropy,
+            "values": values,
+            "predicted": torch.arange(SEQ)[None] < lengths - 1,  # logp, entropy: a token of the row follows
+            "real": torch.arange(SEQ)[None] < lengths,  # values: the row's own prefixes
+            "actor_grads": actor_grads,
+            "critic_grads": critic_grads,
+        },
+        out_dir / f"{name}.pt",
+    )
     return {"device": str(platform.current().device), "actor": actor_metrics, "critic": critic_metrics}
 
 

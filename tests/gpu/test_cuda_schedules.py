@@ -40,8 +40,9 @@ import torch
 from tests.gpu.conftest import case_result, expected_device, launch_on
 
 BODY = Path(__file__).with_name("body_schedules_cuda.py")
-CASES = [f"{kind}-{rows}-{dtype}" for kind in ("dense", "moe") for rows in ("padded", "packed")
-         for dtype in ("fp32", "bf16")]
+CASES = [
+    f"{kind}-{rows}-{dtype}" for kind in ("dense", "moe") for rows in ("padded", "packed") for dtype in ("fp32", "bf16")
+]
 FRACTION_METRICS = {"actor/clipfrac", "actor/dual_clipfrac", "critic/value_clipfrac"}
 """Counts of tokens over the same token count: no clip decision sits within rounding of its
 boundary (the body's offsets), so these are equal, not close."""
@@ -74,17 +75,25 @@ def grad_deviation(grads: dict, ref: dict) -> dict:
     diff = {k: float(torch.linalg.vector_norm((grads[k] - ref[k]).double())) for k in ref}
     norm = float(torch.sqrt(sum(g.double().square().sum() for g in ref.values())))
     worst = max(diff, key=lambda k: diff[k] / max(float(torch.linalg.vector_norm(ref[k].double())), 1e-12))
-    return {"relative": math.sqrt(sum(d * d for d in diff.values())) / norm, "norm": norm, "worst_tensor": worst,
-            "without_grad": sorted(k for k, g in ref.items() if not g.abs().max() > 0)}
+    return {
+        "relative": math.sqrt(sum(d * d for d in diff.values())) / norm,
+        "norm": norm,
+        "worst_tensor": worst,
+        "without_grad": sorted(k for k, g in ref.items() if not g.abs().max() > 0),
+    }
 
 
 def tensor_deviations(saved: dict, ref: dict) -> dict:
     """How far one case's saved tensors are from the reference's (both as the body saves them)."""
     assert torch.equal(saved["predicted"], ref["predicted"]) and torch.equal(saved["real"], ref["real"])
     on = lambda name, where: float((saved[name] - ref[name]).abs()[ref[where]].max())  # noqa: E731
-    return {"logp": on("logp", "predicted"), "entropy": on("entropy", "predicted"), "values": on("values", "real"),
-            "actor_grads": grad_deviation(saved["actor_grads"], ref["actor_grads"]),
-            "critic_grads": grad_deviation(saved["critic_grads"], ref["critic_grads"])}
+    return {
+        "logp": on("logp", "predicted"),
+        "entropy": on("entropy", "predicted"),
+        "values": on("values", "real"),
+        "actor_grads": grad_deviation(saved["actor_grads"], ref["actor_grads"]),
+        "critic_grads": grad_deviation(saved["critic_grads"], ref["critic_grads"]),
+    }
 
 
 def metric_deviations(result: dict, ref: dict) -> dict:
@@ -114,9 +123,14 @@ def stepped_with_saved_grads(result: dict, saved: dict) -> dict:
 
 def deviations(result: dict, saved: dict, ref_result: dict, ref_saved: dict) -> dict:
     """Everything a case compares, one JSON-able report (the failure messages quote it)."""
-    return {"tensors": tensor_deviations(saved, ref_saved), "metrics": metric_deviations(result, ref_result),
-            "grad_norm_self_check": {"test": stepped_with_saved_grads(result, saved),
-                                     "reference": stepped_with_saved_grads(ref_result, ref_saved)}}
+    return {
+        "tensors": tensor_deviations(saved, ref_saved),
+        "metrics": metric_deviations(result, ref_result),
+        "grad_norm_self_check": {
+            "test": stepped_with_saved_grads(result, saved),
+            "reference": stepped_with_saved_grads(ref_result, ref_saved),
+        },
+    }
 
 
 def problems(report: dict, result: dict, tol: Tolerance) -> list[str]:

@@ -20,7 +20,17 @@ dist.init_process_group("gloo", rank=rank, world_size=world)
 total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
 same_host = all_ranks_on_this_host()
-print(json.dumps({"rank": rank, "node": os.environ["SLURMD_NODENAME"], "hostname": socket.gethostname(),
-                  "addr": socket.gethostbyname(socket.gethostname()), "sum": total.item(),
-                  "same_host": same_host}), flush=True)
+print(
+    json.dumps(
+        {
+            "rank": rank,
+            "node": os.environ["SLURMD_NODENAME"],
+            "hostname": socket.gethostname(),
+            "addr": socket.gethostbyname(socket.gethostname()),
+            "sum": total.item(),
+            "same_host": same_host,
+        }
+    ),
+    flush=True,
+)
 dist.destroy_process_group()

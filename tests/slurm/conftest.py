@@ -34,7 +34,10 @@ def _cluster() -> tuple[dict | None, str]:
         return None, "no Slurm cluster: sinfo timed out"
     states = proc.stdout.split()
     if proc.returncode != 0 or not any(s in ("idle", "mixed", "allocated") for s in states):
-        return None, f"no Slurm cluster answering: sinfo exit {proc.returncode}, states {states} {proc.stderr.strip()[:200]}"
+        return (
+            None,
+            f"no Slurm cluster answering: sinfo exit {proc.returncode}, states {states} {proc.stderr.strip()[:200]}",
+        )
     return env, ""
 
 

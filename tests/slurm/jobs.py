@@ -20,17 +20,37 @@ JOB_TIMEOUT_S = 150
 class Job:
     """One `sbatch --wait` submission, watched from the test."""
 
-    def __init__(self, env: dict, template: str, run_dir: Path, sbatch_args=(), extra_env=None,
-                 config: str = "smoke.yaml", overrides=(), timeout_s: float = JOB_TIMEOUT_S):
+    def __init__(
+        self,
+        env: dict,
+        template: str,
+        run_dir: Path,
+        sbatch_args=(),
+        extra_env=None,
+        config: str = "smoke.yaml",
+        overrides=(),
+        timeout_s: float = JOB_TIMEOUT_S,
+    ):
         self.run_dir = run_dir
         self.timeout_s = timeout_s
         self.log = run_dir.parent / f"{run_dir.name}.log"
-        cmd = ["sbatch", "--wait", "--parsable", f"--output={self.log}", *sbatch_args,
-               str(REPO / "scripts" / "slurm" / template), str(run_dir), str(REPO / "examples" / config), *overrides]
+        cmd = [
+            "sbatch",
+            "--wait",
+            "--parsable",
+            f"--output={self.log}",
+            *sbatch_args,
+            str(REPO / "scripts" / "slurm" / template),
+            str(run_dir),
+            str(REPO / "examples" / config),
+            *overrides,
+        ]
         # sbatch exports this environment to the job (--export=ALL).
         self.env = dict(env, MRL_PYTHON=sys.executable, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **(extra_env or {}))
         self.started = time.time()
-        self.proc = subprocess.Popen(cmd, env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            cmd, env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         self.job_id = self.proc.stdout.readline().strip().split(";")[0]
         assert self.job_id.isdigit(), f"sbatch did not print a job id: {self.job_id!r} {self.proc.stderr.read()}"
 
@@ -44,7 +64,9 @@ class Job:
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                pytest.fail(f"job {self.job_id} ended (sbatch exit {self.proc.returncode}) before {what}:\n{self.text()}")
+                pytest.fail(
+                    f"job {self.job_id} ended (sbatch exit {self.proc.returncode}) before {what}:\n{self.text()}"
+                )
             value = predicate()
             if value:
                 return value

@@ -35,22 +35,28 @@ srun alone would wait forever."""
 NODE = "mrl-n3"
 SBATCH = ["-p", "nodes", "-N2", f"--nodelist={NODE}", "--ntasks-per-node=1"]
 ENV = {"MRL_NPROC_PER_NODE": "1", "MRL_SRUN_WATCH_S": "3"}
-OVERRIDES = (f"trainer.max_steps={STEPS}", f"checkpoint.save_interval={SAVE_INTERVAL}",
-             f"trainer.dist_timeout_s={DIST_TIMEOUT_S}")
+OVERRIDES = (
+    f"trainer.max_steps={STEPS}",
+    f"checkpoint.save_interval={SAVE_INTERVAL}",
+    f"trainer.dist_timeout_s={DIST_TIMEOUT_S}",
+)
 
 
 def _past_a_checkpoint(job: Job):
     """Once a checkpoint has committed and two steps after it are logged: (committed, rows)."""
+
     def ready():
         done, rows = committed_step(job.run_dir), job.rows()
         return (done, rows) if done >= SAVE_INTERVAL and len(rows) >= done + 2 else None
+
     return job.wait_for("a committed checkpoint and two steps past it", ready, 120)
 
 
 def _first_resumed_step(job: Job, since: float, timeout_s: float = 150) -> float:
     """Seconds from ``since`` until the requeued attempt logs its first step."""
-    job.wait_for("a step of the requeued attempt", lambda: any(r["slurm/restart_count"] >= 1 for r in job.rows()),
-                 timeout_s)
+    job.wait_for(
+        "a step of the requeued attempt", lambda: any(r["slurm/restart_count"] >= 1 for r in job.rows()), timeout_s
+    )
     return time.time() - since
 
 
@@ -67,7 +73,7 @@ def _nothing_lost(job: Job, before: list[dict], committed: int) -> int:
     rows = job.rows()
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), [r["step"] for r in rows]
     assert len(before) > start, f"no step past the resume point {start} was logged before the failure"
-    for got, want in zip(rows[:len(before)], before):  # steps after `start` were computed again
+    for got, want in zip(rows[: len(before)], before):  # steps after `start` were computed again
         assert (got["step"], got["lm_loss"], got["grad_norm"]) == (want["step"], want["lm_loss"], want["grad_norm"])
     assert [r["slurm/restart_count"] for r in rows] == [0] * start + [1] * (STEPS - start)
     assert rows[-1]["lm_loss"] < rows[0]["lm_loss"] - 1.0, (rows[0], rows[-1])
@@ -110,10 +116,15 @@ def test_kill_9_of_a_node_requeues_and_loses_nothing_committed(slurm_env, tmp_pa
     # before srun ends that rank (it names the address, resolved to the node), else srun's
     # report of the killed task (which of the two comes first is a race).
     log = job.text()
-    assert re.search(r"megatron-rl: rank 0 on mrl-n\d failed: lost the connection to peer 10\.77\.0\.3 \(mrl-n3\)"
-                     r"|srun: error: mrl-n3: task \d+: Killed", log), log[-4000:]
-    print(f"drill kill -9 {NODE}: killed {sorted(victims.values())} after committed step {committed}, "
-          f"resumed at {start}; recovery {recovery:.1f} s; job {job.seconds:.1f} s")
+    assert re.search(
+        r"megatron-rl: rank 0 on mrl-n\d failed: lost the connection to peer 10\.77\.0\.3 \(mrl-n3\)"
+        r"|srun: error: mrl-n3: task \d+: Killed",
+        log,
+    ), log[-4000:]
+    print(
+        f"drill kill -9 {NODE}: killed {sorted(victims.values())} after committed step {committed}, "
+        f"resumed at {start}; recovery {recovery:.1f} s; job {job.seconds:.1f} s"
+    )
 
 
 def test_network_cut_fails_within_the_timeout_names_the_rank_and_requeues(slurm_env, tmp_path):
@@ -128,8 +139,10 @@ def test_network_cut_fails_within_the_timeout_names_the_rank_and_requeues(slurm_
     cut_at = time.time()
     subprocess.run(["ip", "link", "set", veth, "down"], check=True)
     try:
-        pattern = re.compile(r"megatron-rl: rank (\d+) on (\S+) failed: a collective waited longer than "
-                             rf"trainer.dist_timeout_s={DIST_TIMEOUT_S} for a peer")
+        pattern = re.compile(
+            r"megatron-rl: rank (\d+) on (\S+) failed: a collective waited longer than "
+            rf"trainer.dist_timeout_s={DIST_TIMEOUT_S} for a peer"
+        )
         failure = job.wait_for("the rank's timeout error", lambda: pattern.search(job.text()), DIST_TIMEOUT_S + 40)
         failed_after = time.time() - cut_at
         before = job.rows()
@@ -141,9 +154,11 @@ def test_network_cut_fails_within_the_timeout_names_the_rank_and_requeues(slurm_
     recovery = _first_resumed_step(job, cut_at, 180)
     start = _nothing_lost(job, before, committed)
     assert re.search(r"srun \(pid \d+\) still waits \d+ s after its step of job \d+ ended", job.text()), job.text()
-    print(f"drill network cut {NODE}: '{failure.group(0)}' {failed_after:.1f} s after the cut (committed step "
-          f"{committed}), link up {OUTAGE_AFTER_FAILURE_S} s later, srun stopped by the watcher, resumed at {start}; "
-          f"recovery {recovery:.1f} s; job {job.seconds:.1f} s")
+    print(
+        f"drill network cut {NODE}: '{failure.group(0)}' {failed_after:.1f} s after the cut (committed step "
+        f"{committed}), link up {OUTAGE_AFTER_FAILURE_S} s later, srun stopped by the watcher, resumed at {start}; "
+        f"recovery {recovery:.1f} s; job {job.seconds:.1f} s"
+    )
 
 
 def _declare_faulty(host: str, peers: list[str], run_dir: Path) -> list[str]:
@@ -165,18 +180,40 @@ def _declare_faulty(host: str, peers: list[str], run_dir: Path) -> list[str]:
     values[2, 0, 50:] -= 9.0
     k, i, t = np.nonzero(np.ones_like(values, dtype=bool))
     trace = run_dir.parent / "trace.csv"
-    write_trace(Trace(t.astype(float), i.astype(np.int32), k.astype(np.int32), values[k, i, t].astype(float),
-                      machines, metrics), trace)
+    write_trace(
+        Trace(
+            t.astype(float), i.astype(np.int32), k.astype(np.int32), values[k, i, t].astype(float), machines, metrics
+        ),
+        trace,
+    )
     exclude = run_dir / "monitor" / "exclude_hosts.txt"
-    assert monitor(["detect", "--trace", str(trace), "--out", str(run_dir / "monitor" / "alerts.jsonl"),
-                    "--model", "none", "--continuity-s", "120", "--threshold", "5",
-                    "--exclude-file", str(exclude)]) == 0
+    assert (
+        monitor(
+            [
+                "detect",
+                "--trace",
+                str(trace),
+                "--out",
+                str(run_dir / "monitor" / "alerts.jsonl"),
+                "--model",
+                "none",
+                "--continuity-s",
+                "120",
+                "--threshold",
+                "5",
+                "--exclude-file",
+                str(exclude),
+            ]
+        )
+        == 0
+    )
     return exclude.read_text().split()
 
 
 def _hostnames(node_list: str, env: dict) -> list[str]:
-    out = subprocess.run(["scontrol", "show", "hostnames", node_list], env=env, capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", node_list], env=env, capture_output=True, text=True, check=True
+    ).stdout
     return out.split()
 
 
@@ -187,10 +224,18 @@ def test_a_node_the_monitor_declares_faulty_is_left_out_on_requeue(slurm_env, tm
     the batch script requeues the job with the node in ExcNodeList, and the run resumes on
     the two others at exactly the step it stopped at."""
     run_dir = tmp_path / "faulty"
-    job = Job(slurm_env, "train_torchrun.sbatch", run_dir, ["-p", "nodes", "-N2", "--ntasks-per-node=1"], ENV,
-              overrides=OVERRIDES)
-    first = re.search(r"restart 0 on (\S+) ", job.wait_for("the first attempt's nodes",
-                                                           lambda: "restart 0 on" in job.text() and job.text()))
+    job = Job(
+        slurm_env,
+        "train_torchrun.sbatch",
+        run_dir,
+        ["-p", "nodes", "-N2", "--ntasks-per-node=1"],
+        ENV,
+        overrides=OVERRIDES,
+    )
+    first = re.search(
+        r"restart 0 on (\S+) ",
+        job.wait_for("the first attempt's nodes", lambda: "restart 0 on" in job.text() and job.text()),
+    )
     nodes = _hostnames(first.group(1), slurm_env)
     faulty = NODE if NODE in nodes else nodes[1]
     _past_a_checkpoint(job)
@@ -211,5 +256,7 @@ def test_a_node_the_monitor_declares_faulty_is_left_out_on_requeue(slurm_env, tm
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), [r["step"] for r in rows]
     assert [r["slurm/restart_count"] for r in rows] == [0] * stop_step + [1] * (STEPS - stop_step)
     assert rows[-1]["lm_loss"] < rows[0]["lm_loss"] - 1.0, (rows[0], rows[-1])
-    print(f"drill monitor declares {faulty} faulty (job on {nodes}): stopped after step {stop_step}, requeued on "
-          f"{restart.group(1)} excluding {faulty}; recovery {recovery:.1f} s; job {job.seconds:.1f} s")
+    print(
+        f"drill monitor declares {faulty} faulty (job on {nodes}): stopped after step {stop_step}, requeued on "
+        f"{restart.group(1)} excluding {faulty}; recovery {recovery:.1f} s; job {job.seconds:.1f} s"
+    )

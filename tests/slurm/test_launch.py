@@ -30,17 +30,20 @@ def _status(code, signal_name=None, attempt="42.1", step=7):
     return {"code": code, "signal": signal_name, "attempt": attempt, "step": step}
 
 
-@pytest.mark.parametrize("rc, status, max_restarts, action", [
-    (0, None, 3, "done"),
-    (75, None, 3, "requeue"),                                  # srun passes the trainer's code through
-    (1, _status(75, "SIGUSR1"), 3, "requeue"),                 # torchrun turns it into 1: the status file says
-    (0, _status(75, "SIGUSR1"), 0, "requeue"),                 # a stop is not a failure: no limit
-    (1, _status(75, "SIGTERM"), 3, "stop"),                    # cancel / time limit: saved, not requeued
-    (137, _status(75, "SIGUSR1", attempt="42.0"), 3, "requeue"),  # the earlier attempt's file is ignored...
-    (137, _status(75, "SIGUSR1", attempt="42.0"), 1, "fail"),     # ...so this is a failure, over the limit
-    (2, None, 3, "fail"),                                      # config error: a requeue would repeat it
-    (1, _status(0), 0, "done"),                                # finished, then a rank tripped on teardown
-])
+@pytest.mark.parametrize(
+    "rc, status, max_restarts, action",
+    [
+        (0, None, 3, "done"),
+        (75, None, 3, "requeue"),  # srun passes the trainer's code through
+        (1, _status(75, "SIGUSR1"), 3, "requeue"),  # torchrun turns it into 1: the status file says
+        (0, _status(75, "SIGUSR1"), 0, "requeue"),  # a stop is not a failure: no limit
+        (1, _status(75, "SIGTERM"), 3, "stop"),  # cancel / time limit: saved, not requeued
+        (137, _status(75, "SIGUSR1", attempt="42.0"), 3, "requeue"),  # the earlier attempt's file is ignored...
+        (137, _status(75, "SIGUSR1", attempt="42.0"), 1, "fail"),  # ...so this is a failure, over the limit
+        (2, None, 3, "fail"),  # config error: a requeue would repeat it
+        (1, _status(0), 0, "done"),  # finished, then a rank tripped on teardown
+    ],
+)
 def test_decide(rc, status, max_restarts, action):
     assert decide(rc, status, JOB, max_restarts).action == action
 
@@ -52,8 +55,14 @@ def test_decide_reason_names_the_failure():
 
 
 def test_slurm_env():
-    env = SlurmEnv.from_environ({"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "2", "SLURMD_NODENAME": "gpu07",
-                                 "SLURM_JOB_NODELIST": "gpu[07-08]"})
+    env = SlurmEnv.from_environ(
+        {
+            "SLURM_JOB_ID": "9",
+            "SLURM_RESTART_COUNT": "2",
+            "SLURMD_NODENAME": "gpu07",
+            "SLURM_JOB_NODELIST": "gpu[07-08]",
+        }
+    )
     assert (env.job_id, env.restart_count, env.node, env.attempt) == ("9", 2, "gpu07", "9.2")
     assert SlurmEnv.from_environ({}).attempt == "local.0"
     with pytest.raises(ValueError, match="SLURM_RESTART_COUNT='x' is not an integer"):
@@ -87,7 +96,12 @@ def test_status_file_round_trip(tmp_path):
     write_status(tmp_path, exit_codes.STOPPED, 5, "SIGUSR1", JOB)
     status = read_status(tmp_path)
     assert {k: status[k] for k in ("code", "meaning", "step", "signal", "attempt")} == {
-        "code": 75, "meaning": "stopped after a checkpoint", "step": 5, "signal": "SIGUSR1", "attempt": "42.1"}
+        "code": 75,
+        "meaning": "stopped after a checkpoint",
+        "step": 5,
+        "signal": "SIGUSR1",
+        "attempt": "42.1",
+    }
     assert decide(1, status, JOB, 0).action == "requeue"
 
 

@@ -48,12 +48,26 @@ JOB_TIMEOUT_S = 600  # the machine is shared; a quiet one needs about a tenth of
 TWO_NODES = ("-p", "nodes", "-N2", "-w", "mrl-n1,mrl-n2")  # mrl-n3 is the one the drills cut off
 OTHER_TWO_NODES = ("-p", "nodes", "-N2", "-w", "mrl-n2,mrl-n3")
 HOST = ("-p", "debug", "-N1")
-NOT_COMPARED = ("timing/", "throughput/", "slurm/", "rollout/weight_sync_broadcast", "rollout/logprob_abs_diff",
-                "rollout/mismatch_k3_kl", "rollout/parity_", "rollout/weight_check_elements")
+NOT_COMPARED = (
+    "timing/",
+    "throughput/",
+    "slurm/",
+    "rollout/weight_sync_broadcast",
+    "rollout/logprob_abs_diff",
+    "rollout/mismatch_k3_kl",
+    "rollout/parity_",
+    "rollout/weight_check_elements",
+)
 """What depends on the launch (times, restarts, how the sync gathered) or on the batch an
 engine ran a prompt in (vLLM's logprobs, as in tests/distributed/test_trainer.py)."""
-ROLLOUT = ("reward/mean", "response_length/mean", "rollout/kept_groups", "rollout/generated_groups",
-           "rollout/generation_batches", "data/prompts_drawn")
+ROLLOUT = (
+    "reward/mean",
+    "response_length/mean",
+    "rollout/kept_groups",
+    "rollout/generated_groups",
+    "rollout/generation_batches",
+    "data/prompts_drawn",
+)
 """What a step's rollouts are: the same prompts and samples give the same values."""
 FP32_PARITY_MAX = 1e-5  # tests/distributed/test_trainer.py: vLLM == Megatron after a sync
 
@@ -61,19 +75,40 @@ FP32_PARITY_MAX = 1e-5  # tests/distributed/test_trainer.py: vLLM == Megatron af
 class Launch:
     """``sbatch --wait`` of train_torchrun.sbatch, watched from the test."""
 
-    def __init__(self, env: dict, base: Path, run_dir: Path, sbatch_args, ranks_per_node: int, *overrides,
-                 steps: int = STEPS):
+    def __init__(
+        self, env: dict, base: Path, run_dir: Path, sbatch_args, ranks_per_node: int, *overrides, steps: int = STEPS
+    ):
         self.run_dir, self.log = run_dir, run_dir.parent / f"{run_dir.name}.log"
-        cmd = ["sbatch", "--wait", f"--output={self.log}", *sbatch_args,
-               str(REPO / "scripts" / "slurm" / "train_torchrun.sbatch"), str(run_dir),
-               str(REPO / "examples" / "dapo.yaml"), f"model.hf_path={base}", f"data.source={base}/train.jsonl",
-               "data.reward=digits", f"trainer.max_steps={steps}", f"checkpoint.save_interval={SAVE_INTERVAL}",
-               f"rollout.prompts_per_step={PROMPTS_PER_STEP}", "rollout.n_samples=4", "trainer.micro_batch_size=2",
-               "rollout.seed_per_prompt=true", "rollout.parity_every=1", *overrides]
+        cmd = [
+            "sbatch",
+            "--wait",
+            f"--output={self.log}",
+            *sbatch_args,
+            str(REPO / "scripts" / "slurm" / "train_torchrun.sbatch"),
+            str(run_dir),
+            str(REPO / "examples" / "dapo.yaml"),
+            f"model.hf_path={base}",
+            f"data.source={base}/train.jsonl",
+            "data.reward=digits",
+            f"trainer.max_steps={steps}",
+            f"checkpoint.save_interval={SAVE_INTERVAL}",
+            f"rollout.prompts_per_step={PROMPTS_PER_STEP}",
+            "rollout.n_samples=4",
+            "trainer.micro_batch_size=2",
+            "rollout.seed_per_prompt=true",
+            "rollout.parity_every=1",
+            *overrides,
+        ]
         # sbatch exports this environment to the job (PYTHONPATH included: the code under test).
         # No requeue: a failure here is the test's finding, not a fault to ride out.
-        env = dict(env, MRL_PYTHON=sys.executable, MRL_NPROC_PER_NODE=str(ranks_per_node), MRL_MAX_RESTARTS="0",
-                   OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+        env = dict(
+            env,
+            MRL_PYTHON=sys.executable,
+            MRL_NPROC_PER_NODE=str(ranks_per_node),
+            MRL_MAX_RESTARTS="0",
+            OMP_NUM_THREADS="1",
+            HF_HUB_OFFLINE="1",
+        )
         self.started = time.time()
         self.proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -85,7 +120,9 @@ class Launch:
             pytest.fail(f"{self.run_dir.name}: still running after {JOB_TIMEOUT_S} s:\n{self.text()[-5000:]}")
         self.seconds = time.time() - self.started
         print(f"{self.run_dir.name}: {self.seconds:.1f} s")
-        assert self.proc.returncode == 0, f"{self.run_dir.name}: sbatch exit {self.proc.returncode} {err}\n{self.text()[-5000:]}"
+        assert self.proc.returncode == 0, (
+            f"{self.run_dir.name}: sbatch exit {self.proc.returncode} {err}\n{self.text()[-5000:]}"
+        )
         assert "trainer status 0" in self.text(), self.text()[-5000:]
         self.rows = [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
         return self
@@ -128,24 +165,62 @@ def _adam_steps(meta: fmt.Metadata) -> set[float]:
 @pytest.fixture(scope="module")
 def runs(slurm_env, tmp_path_factory) -> dict[str, Launch]:
     root = tmp_path_factory.mktemp("multinode")
-    base = Path(make_tiny_base(root / "base", BaseModelSettings(
-        family="qwen3_moe", task="digits_max", num_train_prompts=300, num_eval_prompts=32, warmup_steps=30,
-        hidden_size=64, warmup_correct_fraction=0.5), verbose=False)["directory"])
+    base = Path(
+        make_tiny_base(
+            root / "base",
+            BaseModelSettings(
+                family="qwen3_moe",
+                task="digits_max",
+                num_train_prompts=300,
+                num_eval_prompts=32,
+                warmup_steps=30,
+                hidden_size=64,
+                warmup_correct_fraction=0.5,
+            ),
+            verbose=False,
+        )["directory"]
+    )
     first = {
         "dp2_nodes": Launch(slurm_env, base, root / "dp2_nodes", TWO_NODES, 1),
         "dp2_host": Launch(slurm_env, base, root / "dp2_host", HOST, 2),
-        "ep2_nodes": Launch(slurm_env, base, root / "ep2_nodes", TWO_NODES, 1,
-                            "parallel.expert_model_parallel_size=2", steps=SAVE_INTERVAL),
-        "pp2_nodes": Launch(slurm_env, base, root / "pp2_nodes", OTHER_TWO_NODES, 1,
-                            "parallel.pipeline_model_parallel_size=2", steps=SAVE_INTERVAL),
+        "ep2_nodes": Launch(
+            slurm_env,
+            base,
+            root / "ep2_nodes",
+            TWO_NODES,
+            1,
+            "parallel.expert_model_parallel_size=2",
+            steps=SAVE_INTERVAL,
+        ),
+        "pp2_nodes": Launch(
+            slurm_env,
+            base,
+            root / "pp2_nodes",
+            OTHER_TWO_NODES,
+            1,
+            "parallel.pipeline_model_parallel_size=2",
+            steps=SAVE_INTERVAL,
+        ),
     }
     done = {"dp2_nodes": first.pop("dp2_nodes").finish()}
     source = done["dp2_nodes"].run_dir
     second = {  # started while the other first launches still run
-        "resumed_1x2": Launch(slurm_env, base, _resumable_copy(source, SAVE_INTERVAL, root / "resumed_1x2"),
-                              ("-p", "debug", "-N1"), 2, steps=RESUMED_STEPS),
-        "resumed_3x1": Launch(slurm_env, base, _resumable_copy(source, SAVE_INTERVAL, root / "resumed_3x1"),
-                              ("-p", "nodes", "-N3"), 1, steps=RESUMED_STEPS),
+        "resumed_1x2": Launch(
+            slurm_env,
+            base,
+            _resumable_copy(source, SAVE_INTERVAL, root / "resumed_1x2"),
+            ("-p", "debug", "-N1"),
+            2,
+            steps=RESUMED_STEPS,
+        ),
+        "resumed_3x1": Launch(
+            slurm_env,
+            base,
+            _resumable_copy(source, SAVE_INTERVAL, root / "resumed_3x1"),
+            ("-p", "nodes", "-N3"),
+            1,
+            steps=RESUMED_STEPS,
+        ),
     }
     done.update({name: launch.finish() for name, launch in {**first, **second}.items()})
     return done
@@ -185,7 +260,8 @@ def test_each_node_writes_its_share_of_the_checkpoint(runs):
     assert min(sizes) > 0.4 * sum(sizes), sizes  # about half each
     # The same step saved on one host holds the same tensors, whoever wrote them.
     assert {n: (e.dtype, e.shape) for n, e in host.metadata(STEPS).tensors.items()} == {
-        n: (e.dtype, e.shape) for n, e in meta.tensors.items()}
+        n: (e.dtype, e.shape) for n, e in meta.tensors.items()
+    }
 
 
 def _check_first_step_as_dp2(run: Launch, dp2: Launch) -> None:
@@ -264,7 +340,8 @@ def test_two_node_checkpoint_resumes_on_three_nodes_in_dp3(runs):
     assert "on mrl-n[1-3] (3 x 1 ranks)" in resumed.text() and "RNG states not restored" in resumed.text()
     step = resumed.rows[SAVE_INTERVAL]
     assert {k: step[k] for k in ROLLOUT if k != "rollout/kept_groups"} == {
-        k: source.rows[SAVE_INTERVAL][k] for k in ROLLOUT if k != "rollout/kept_groups"}
+        k: source.rows[SAVE_INTERVAL][k] for k in ROLLOUT if k != "rollout/kept_groups"
+    }
     assert all(r["rollout/weight_sync_broadcast"] == 1.0 for r in resumed.rows[SAVE_INTERVAL:])
     assert all(r["rollout/parity_max_abs_diff"] < FP32_PARITY_MAX for r in resumed.rows[SAVE_INTERVAL:])
     meta = resumed.metadata(RESUMED_STEPS)

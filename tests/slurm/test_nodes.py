@@ -23,17 +23,20 @@ NODES = {"mrl-n1", "mrl-n2", "mrl-n3"}
 @pytest.fixture(scope="module")
 def nodes_env(slurm_env) -> dict:
     """slurm_env, once the cluster is known to have the namespace nodes up."""
-    proc = subprocess.run(["sinfo", "-h", "-p", "nodes", "-N", "-o", "%N %T"], env=slurm_env,
-                          capture_output=True, text=True, timeout=20)
+    proc = subprocess.run(
+        ["sinfo", "-h", "-p", "nodes", "-N", "-o", "%N %T"], env=slurm_env, capture_output=True, text=True, timeout=20
+    )
     states = dict(line.split() for line in proc.stdout.splitlines())
     assert set(states) == NODES and set(states.values()) <= {"idle", "mixed", "allocated"}, (
-        f"partition 'nodes' of the test cluster: {states or proc.stderr.strip()} (started by an older .ci/slurm_up.sh?)")
+        f"partition 'nodes' of the test cluster: {states or proc.stderr.strip()} (started by an older .ci/slurm_up.sh?)"
+    )
     return slurm_env
 
 
 def test_srun_on_two_nodes_sees_two_hostnames(nodes_env):
-    proc = subprocess.run(["srun", "-p", "nodes", "-N2", "hostname"], env=nodes_env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["srun", "-p", "nodes", "-N2", "hostname"], env=nodes_env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     names = proc.stdout.split()
     assert len(names) == 2 and len(set(names)) == 2 and set(names) <= NODES, names
@@ -44,12 +47,19 @@ def test_gloo_all_reduce_across_two_nodes(nodes_env, tmp_path):
     inside the namespaces; the tasks see different hostnames and addresses, reduce, and
     megatron_rl's same-host test says they are on different hosts."""
     log = tmp_path / "job.log"
-    script = ('export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)'
-              ' MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 40000 )); '
-              f'srun {sys.executable} {REPO / "tests" / "slurm" / "allreduce_task.py"}')
+    script = (
+        'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)'
+        " MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 40000 )); "
+        f"srun {sys.executable} {REPO / 'tests' / 'slurm' / 'allreduce_task.py'}"
+    )
     env = dict(nodes_env, OMP_NUM_THREADS="1")  # sbatch exports it to the job
-    proc = subprocess.run(["sbatch", "--wait", "-p", "nodes", "-N2", "--ntasks-per-node=1", f"--output={log}",
-                           "--wrap", script], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["sbatch", "--wait", "-p", "nodes", "-N2", "--ntasks-per-node=1", f"--output={log}", "--wrap", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     text = log.read_text() if log.exists() else "(no log)"
     assert proc.returncode == 0, f"{proc.stderr}\n{text}"
     tasks = sorted((json.loads(line) for line in text.splitlines() if line.startswith("{")), key=lambda t: t["rank"])

@@ -20,7 +20,9 @@ import subprocess
 
 import pytest
 
-from tests.slurm.jobs import Job, committed_step as _committed, exit_status as _status
+from tests.slurm.jobs import Job
+from tests.slurm.jobs import committed_step as _committed
+from tests.slurm.jobs import exit_status as _status
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -62,8 +64,14 @@ def test_usr1_checkpoints_requeues_and_resumes_exactly(slurm_env, reference, tmp
     # The monitor has declared a (spare, never used) node faulty: the requeue must exclude it.
     (run_dir / "monitor").mkdir(parents=True)
     (run_dir / "monitor" / "exclude_hosts.txt").write_text("# from the monitor\nmrl-spare\n")
-    job = Job(slurm_env, "train_torchrun.sbatch", run_dir, ["--ntasks-per-node=1"], {"MRL_NPROC_PER_NODE": "2"},
-              overrides=SMOKE)
+    job = Job(
+        slurm_env,
+        "train_torchrun.sbatch",
+        run_dir,
+        ["--ntasks-per-node=1"],
+        {"MRL_NPROC_PER_NODE": "2"},
+        overrides=SMOKE,
+    )
     job.wait_for("step 3 in metrics.jsonl", lambda: len(job.rows()) >= 3)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job.job_id], env=job.env, check=True)
     assert job.finish() == 0, job.text()
@@ -87,8 +95,10 @@ def test_sigkill_of_a_rank_requeues_and_loses_nothing_committed(slurm_env, refer
     run_dir = tmp_path / "sigkill"
     job = Job(slurm_env, "train_srun.sbatch", run_dir, ["--ntasks-per-node=2"], overrides=SMOKE)
     # Kill once a checkpoint is committed and training has moved past it.
-    job.wait_for("a committed checkpoint and a step past it",
-                 lambda: _committed(run_dir) >= SAVE_INTERVAL and len(job.rows()) > _committed(run_dir))
+    job.wait_for(
+        "a committed checkpoint and a step past it",
+        lambda: _committed(run_dir) >= SAVE_INTERVAL and len(job.rows()) > _committed(run_dir),
+    )
     ranks = job.wait_for("two trainer ranks", lambda: (lambda p: p if len(p) == 2 else None)(job.pids()), 10)
     committed = _committed(run_dir)
     os.kill(ranks[-1], signal.SIGKILL)
@@ -119,12 +129,17 @@ def test_rl_trainer_killed_after_a_checkpoint_requeues_and_recomputes_the_same_s
     later steps again with every metric equal. No step is lost or repeated in metrics.jsonl,
     and no prompt is repeated or skipped: the loader's count goes on from the checkpoint."""
     run_dir = tmp_path / "rl"
-    overrides = (f"trainer.max_steps={RL_STEPS}", f"checkpoint.save_interval={RL_SAVE_INTERVAL}",
-                 "rollout.seed_per_prompt=true")
-    job = Job(slurm_env, "train_srun.sbatch", run_dir, ["--ntasks-per-node=1"], config="dapo.yaml",
-              overrides=overrides)
-    job.wait_for("a committed checkpoint and a step past it",
-                 lambda: _committed(run_dir) >= RL_SAVE_INTERVAL and len(job.rows()) > _committed(run_dir), 240)
+    overrides = (
+        f"trainer.max_steps={RL_STEPS}",
+        f"checkpoint.save_interval={RL_SAVE_INTERVAL}",
+        "rollout.seed_per_prompt=true",
+    )
+    job = Job(slurm_env, "train_srun.sbatch", run_dir, ["--ntasks-per-node=1"], config="dapo.yaml", overrides=overrides)
+    job.wait_for(
+        "a committed checkpoint and a step past it",
+        lambda: _committed(run_dir) >= RL_SAVE_INTERVAL and len(job.rows()) > _committed(run_dir),
+        240,
+    )
     ranks = job.wait_for("the trainer rank", lambda: job.pids() or None, 10)
     os.kill(ranks[0], signal.SIGKILL)
     before = job.rows()  # what the killed attempt logged, steps past the checkpoint included
@@ -139,7 +154,7 @@ def test_rl_trainer_killed_after_a_checkpoint_requeues_and_recomputes_the_same_s
     assert len(before) > int(resumed.group(1)), "no step past the checkpoint was logged before the kill"
     for got, want in zip(rows, before):  # the recomputed steps equal the killed attempt's
         assert _trained(got) == _trained(want), (got["step"], got, want)
-    assert [r["slurm/restart_count"] for r in rows[int(resumed.group(1)):]] == [1] * (RL_STEPS - int(resumed.group(1)))
+    assert [r["slurm/restart_count"] for r in rows[int(resumed.group(1)) :]] == [1] * (RL_STEPS - int(resumed.group(1)))
     drawn, per_batch = 0, 16  # examples/dapo.yaml: rollout.prompts_per_step
     for r in rows:  # dynamic sampling draws whole batches of prompts, none twice
         drawn += r["rollout/generation_batches"] * per_batch

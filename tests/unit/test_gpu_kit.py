@@ -38,9 +38,27 @@ def test_the_gpu_tests_collect_and_skip_with_their_reason_without_cuda(tmp_path)
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the kit runs these tests for real")
     xml = tmp_path / "gpu.xml"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q", "-rs", "-p",
-                           "no:cacheprovider", "--junitxml", str(xml)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/gpu",
+            "-m",
+            "gpu",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "--junitxml",
+            str(xml),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     summary = _kit().junit_summary(xml)
     assert summary["counts"]["skipped"] >= 3 and summary["counts"]["skipped"] == len(summary["tests"]), summary
@@ -55,9 +73,14 @@ def test_the_gpu_tests_pass_in_a_dry_run_on_cpu():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the kit runs these tests for real")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, MEGATRON_RL_GPU_DRY_RUN="1"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, MEGATRON_RL_GPU_DRY_RUN="1"),
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
 
@@ -69,7 +92,7 @@ def test_every_bench_part_is_a_command_the_bench_accepts(tmp_path):
     bench_parts = [p for p in kit.parts(tmp_path) if "bench" in p.argv]
     assert {p.name for p in bench_parts} == {"mfu-dense", "mfu-dense-unfused", "mfu-moe", "checkpoint"}
     for part in bench_parts:
-        args = cli.build_parser().parse_args(part.argv[part.argv.index("bench") + 1:])
+        args = cli.build_parser().parse_args(part.argv[part.argv.index("bench") + 1 :])
         if args.bench == "mfu":
             arch, settings, cases, json_path = plan.make_plan(args, 1)
             assert settings.dtype == "bf16" and settings.seq_length == 4096 and len(cases) == 1
@@ -81,9 +104,14 @@ def test_every_bench_part_is_a_command_the_bench_accepts(tmp_path):
 
 
 def test_an_unknown_part_is_one_line_and_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, str(KIT_PATH), "run", str(tmp_path), "--parts", "tests,bogus"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(KIT_PATH), "run", str(tmp_path), "--parts", "tests,bogus"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
-    assert proc.stderr == ("gpu_check: unknown part(s) bogus; allowed: mfu-dense, tests, mfu-moe, "
-                           "mfu-dense-unfused, checkpoint\n")
+    assert proc.stderr == (
+        "gpu_check: unknown part(s) bogus; allowed: mfu-dense, tests, mfu-moe, mfu-dense-unfused, checkpoint\n"
+    )
     assert list(tmp_path.iterdir()) == []

@@ -47,8 +47,9 @@ def _anchors(markdown: Path) -> set[str]:
 
 
 def test_nothing_refers_outside_the_repository():
-    offenders = [f"{_rel(f)}:{n}" for f, text in _text_files()
-                 for n, line in enumerate(text.splitlines(), 1) if OUTSIDE in line]
+    offenders = [
+        f"{_rel(f)}:{n}" for f, text in _text_files() for n, line in enumerate(text.splitlines(), 1) if OUTSIDE in line
+    ]
     assert not offenders, f"references to {OUTSIDE}: {offenders}"
 
 

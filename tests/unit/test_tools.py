@@ -18,7 +18,13 @@ def test_every_tool_is_listed():
 
 @pytest.mark.parametrize("tool", TOOLS)
 def test_tool_help(tool):
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / tool), "--help"], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / tool), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
     assert "usage:" in proc.stdout.lower(), proc.stdout[:500]

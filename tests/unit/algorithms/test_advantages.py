@@ -59,9 +59,7 @@ def test_gae_masked_gap_passes_next_value_and_advantage_through():
     # t=2: δ = 1 − 0.7 = 0.3, A = 0.3
     # t=1: masked → A = 0; V_next = 0.7, A_next = 0.3 carried to t=0
     # t=0: δ = 0 + 0.9·0.7 − 0.5 = 0.13, A = 0.13 + 0.9·0.5·0.3 = 0.265
-    adv, ret = compute_gae(
-        t([[0.0, 5.0, 1.0]]), t([[0.5, 9.0, 0.7]]), t([[1, 0, 1]]), gamma=0.9, lam=0.5
-    )
+    adv, ret = compute_gae(t([[0.0, 5.0, 1.0]]), t([[0.5, 9.0, 0.7]]), t([[1, 0, 1]]), gamma=0.9, lam=0.5)
     torch.testing.assert_close(adv, t([[0.265, 0.0, 0.3]]))
     torch.testing.assert_close(ret, t([[0.765, 0.0, 1.0]]))
 
@@ -69,9 +67,7 @@ def test_gae_masked_gap_passes_next_value_and_advantage_through():
 def test_gae_bootstrap_value_after_last_token():
     # γ = λ = 1, mask [1, 1, 0], bootstrap 2: t=1: δ = 1 + 2 − 0.4 = 2.6; t=0: δ = 0.4 − 0.2 = 0.2,
     # A = 0.2 + 2.6 = 2.8. Returns 3.0 = reward 1 + bootstrap 2 at both real tokens.
-    adv, ret = compute_gae(
-        t([[0.0, 1.0, 0.0]]), t([[0.2, 0.4, 7.0]]), t([[1, 1, 0]]), 1.0, 1.0, bootstrap=t([2.0])
-    )
+    adv, ret = compute_gae(t([[0.0, 1.0, 0.0]]), t([[0.2, 0.4, 7.0]]), t([[1, 1, 0]]), 1.0, 1.0, bootstrap=t([2.0]))
     torch.testing.assert_close(adv, t([[2.8, 2.6, 0.0]]))
     torch.testing.assert_close(ret, t([[3.0, 3.0, 0.0]]))
 
@@ -96,9 +92,7 @@ def _random_batch(seed, batch=5, length=7):
 def test_gae_matches_loop_reference(gamma, lam):
     rewards, values, mask = _random_batch(seed=int(gamma * 100 + lam * 10))
     adv, ret = compute_gae(rewards, values, mask, gamma, lam)
-    ref_adv, ref_ret = reference_gae(
-        rewards.tolist(), values.tolist(), mask.tolist(), gamma, [lam] * 5
-    )
+    ref_adv, ref_ret = reference_gae(rewards.tolist(), values.tolist(), mask.tolist(), gamma, [lam] * 5)
     torch.testing.assert_close(adv, t(ref_adv))
     torch.testing.assert_close(ret, t(ref_ret))
 
@@ -216,9 +210,7 @@ def test_egae_matches_reference_with_last_value_bootstrap():
     for b in range(5):
         real = [v for v, m in zip(values[b].tolist(), mask[b].tolist()) if m]
         boot.append(real[-1] if (truncated[b] and real) else 0.0)
-    ref_adv, ref_ret = reference_gae(
-        rewards.tolist(), values.tolist(), mask.tolist(), 0.95, [0.9] * 5, boot
-    )
+    ref_adv, ref_ret = reference_gae(rewards.tolist(), values.tolist(), mask.tolist(), 0.95, [0.9] * 5, boot)
     torch.testing.assert_close(adv, t(ref_adv))
     torch.testing.assert_close(ret, t(ref_ret))
 
@@ -300,9 +292,7 @@ def test_token_level_group_average_equal_lengths_is_population_std_grpo():
 
 def test_token_level_group_average_edge_groups():
     # a group of one and an all-equal group: σ = 0 and R − μ = 0 → A = 0
-    adv = token_level_group_average_advantages(
-        t([3.0, 1.0, 1.0]), torch.tensor([0, 1, 1]), t([4.0, 2.0, 9.0])
-    )
+    adv = token_level_group_average_advantages(t([3.0, 1.0, 1.0]), torch.tensor([0, 1, 1]), t([4.0, 2.0, 9.0]))
     assert torch.equal(adv, torch.zeros(3, dtype=torch.float64))
 
 

@@ -39,13 +39,14 @@ def test_inputs_derive_sequence_and_token_rewards_and_lengths():
 def test_every_estimator_has_the_same_signature():
     # one call shape for all names: the trainer never branches on the estimator
     inputs = AdvantageInputs(
-        response_mask=MASK, seq_rewards=t([1.0, 0.0]), values=torch.zeros(2, 3),
-        group_index=torch.tensor([0, 0]), truncated=torch.tensor([False, True]),
+        response_mask=MASK,
+        seq_rewards=t([1.0, 0.0]),
+        values=torch.zeros(2, 3),
+        group_index=torch.tensor([0, 0]),
+        truncated=torch.tensor([False, True]),
         length_adaptive_alpha=0.5,
     )
-    assert set(ADVANTAGE_ESTIMATORS) == {
-        "gae", "decoupled_gae", "egae", "grpo", "token_level_group_average"
-    }
+    assert set(ADVANTAGE_ESTIMATORS) == {"gae", "decoupled_gae", "egae", "grpo", "token_level_group_average"}
     for name in ADVANTAGE_ESTIMATORS:
         out = get_advantage_estimator(name)(inputs)
         assert isinstance(out, AdvantageOutputs)
@@ -74,9 +75,7 @@ def test_token_level_estimator_uses_mask_lengths():
 def test_gae_estimator_with_sequence_reward():
     # one row, reward 1 on the last token, V = [0.5, 0.5], γ = 1, λ = 0.5:
     # t=1: δ = 1 − 0.5 = 0.5; t=0: δ = 0.5 − 0.5 = 0, A = 0 + 0.5·0.5 = 0.25
-    inputs = AdvantageInputs(
-        response_mask=t([[1, 1]]), seq_rewards=t([1.0]), values=t([[0.5, 0.5]]), lam=0.5
-    )
+    inputs = AdvantageInputs(response_mask=t([[1, 1]]), seq_rewards=t([1.0]), values=t([[0.5, 0.5]]), lam=0.5)
     out = compute_advantages("gae", inputs)
     torch.testing.assert_close(out.advantages, t([[0.25, 0.5]]))
     torch.testing.assert_close(out.returns, t([[0.75, 1.0]]))
@@ -86,8 +85,12 @@ def test_decoupled_estimator_length_adaptive_lambda():
     # l = 2, α = 1 → λ_policy = 1 − 1/2 = 0.5 (same numbers as the GAE case above);
     # λ_critic = 1: returns are MC → [1, 1]
     inputs = AdvantageInputs(
-        response_mask=t([[1, 1]]), seq_rewards=t([1.0]), values=t([[0.5, 0.5]]),
-        lam=0.9, lam_critic=1.0, length_adaptive_alpha=1.0,
+        response_mask=t([[1, 1]]),
+        seq_rewards=t([1.0]),
+        values=t([[0.5, 0.5]]),
+        lam=0.9,
+        lam_critic=1.0,
+        length_adaptive_alpha=1.0,
     )
     out = compute_advantages("decoupled_gae", inputs)
     torch.testing.assert_close(out.advantages, t([[0.25, 0.5]]))
@@ -98,8 +101,11 @@ def test_egae_estimator_truncated_rows():
     # truncated row, no reward, V = [0.3, 0.5], λ = 0.5 → A = [0.2, 0] (see test_advantages);
     # returns with λ_critic = 1: t=1: δ = 0, t=0: 0.2 → A + V = [0.5, 0.5]
     inputs = AdvantageInputs(
-        response_mask=t([[1, 1]]), token_rewards=t([[0.0, 0.0]]), values=t([[0.3, 0.5]]),
-        truncated=torch.tensor([True]), lam=0.5,
+        response_mask=t([[1, 1]]),
+        token_rewards=t([[0.0, 0.0]]),
+        values=t([[0.3, 0.5]]),
+        truncated=torch.tensor([True]),
+        lam=0.5,
     )
     out = compute_advantages("egae", inputs)
     torch.testing.assert_close(out.advantages, t([[0.2, 0.0]]))
@@ -108,8 +114,11 @@ def test_egae_estimator_truncated_rows():
 
 def test_compute_advantages_whitens_when_asked():
     inputs = AdvantageInputs(
-        response_mask=MASK, seq_rewards=t([1.0, 0.0]), group_index=torch.tensor([0, 0]),
-        norm_by_std=False, whiten=True,
+        response_mask=MASK,
+        seq_rewards=t([1.0, 0.0]),
+        group_index=torch.tensor([0, 0]),
+        norm_by_std=False,
+        whiten=True,
     )
     adv = compute_advantages("grpo", inputs).advantages
     # before whitening: [0.5, 0.5, −, −0.5, −0.5, −0.5]: mean −0.1,

@@ -128,8 +128,7 @@ def test_microbatch_split_with_whole_batch_norm_equals_whole_batch(mode):
 def test_local_norm_matches_the_norm_definition(mode):
     mask = t([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 1]])
     entry = get_loss_aggregation(mode)
-    expected = {"token-mean": 5, "seq-mean-token-mean": 2, "seq-mean-token-sum": 2,
-                "seq-mean-token-sum-norm": 4}[mode]
+    expected = {"token-mean": 5, "seq-mean-token-mean": 2, "seq-mean-token-sum": 2, "seq-mean-token-sum-norm": 4}[mode]
     assert int(entry.local_norm(mask)) == expected
     assert entry.norm_is_additive == (mode != "seq-mean-token-sum-norm")
     assert set(LOSS_AGGREGATIONS) == set(MODES)
@@ -196,8 +195,12 @@ def test_policy_loss_per_token_bounds_match_reference(clip_c):
     mask = torch.ones(4, 6, dtype=torch.float64)
     loss, _ = policy_loss(logp, old, adv, mask, low, high, clip_c, agg="token-mean")
     tokens = reference_policy_tokens(
-        logp.flatten().tolist(), old.flatten().tolist(), adv.flatten().tolist(),
-        low.flatten().tolist(), high.flatten().tolist(), clip_c,
+        logp.flatten().tolist(),
+        old.flatten().tolist(),
+        adv.flatten().tolist(),
+        low.flatten().tolist(),
+        high.flatten().tolist(),
+        clip_c,
     )
     torch.testing.assert_close(loss, t(sum(tokens) / len(tokens)))
 

@@ -74,7 +74,5 @@ def test_importing_the_package_loads_nothing_else_of_the_project():
         "print(bad)\n"
     )
     repo_root = PACKAGE_DIR.parent.parent
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo_root
-    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo_root)
     assert out.stdout.strip() == "[]", out.stdout

@@ -41,8 +41,7 @@ TABLE = {
 @pytest.mark.parametrize("name", list(TABLE))
 def test_recipe_table(name):
     recipe = get_recipe(name)
-    row = (recipe.advantage_estimator, recipe.use_critic, recipe.loss_agg,
-           recipe.clip_low, recipe.clip_high)
+    row = (recipe.advantage_estimator, recipe.use_critic, recipe.loss_agg, recipe.clip_low, recipe.clip_high)
     assert row == TABLE[name]
 
 

@@ -56,10 +56,28 @@ def test_gpu_peak_table():
 def test_bench_script_short_run(tmp_path):
     out = tmp_path / "mfu.json"
     proc = subprocess.run(
-        [sys.executable, "tools/bench_mfu.py", "--model", "tiny-dense", "--steps", "2", "--warmup", "1",
-         "--seq-length", "32", "--global-batch-size", "2", "--peak-matmul-size", "256", "--profile",
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "tools/bench_mfu.py",
+            "--model",
+            "tiny-dense",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--seq-length",
+            "32",
+            "--global-batch-size",
+            "2",
+            "--peak-matmul-size",
+            "256",
+            "--profile",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())

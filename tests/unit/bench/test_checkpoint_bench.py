@@ -22,17 +22,32 @@ SUBDIRS = ("ours", "torch_dist", "dcp")
 
 def _bench_cli(*argv: str, world: int = 2) -> subprocess.CompletedProcess:
     env = dict(os.environ, WORLD_SIZE=str(world))
-    return subprocess.run([sys.executable, "-m", "megatron_rl", "bench", "checkpoint", *argv],
-                          env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "megatron_rl", "bench", "checkpoint", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_every_option_has_a_flag_and_reaches_the_run(tmp_path):
-    argv = ["--model", "tiny-moe", "--dir", str(tmp_path / "d"), "--repeats", "3", "--json", str(tmp_path / "o.json"),
-            "--keep"]
+    argv = [
+        "--model",
+        "tiny-moe",
+        "--dir",
+        str(tmp_path / "d"),
+        "--repeats",
+        "3",
+        "--json",
+        str(tmp_path / "o.json"),
+        "--keep",
+    ]
     args = bench.add_arguments(argparse.ArgumentParser()).parse_args(argv)
     options = bench.options_from_args(args)
-    assert options == bench.CheckpointBenchOptions(model="tiny-moe", dir=tmp_path / "d", repeats=3,
-                                                   json=tmp_path / "o.json", keep=True)
+    assert options == bench.CheckpointBenchOptions(
+        model="tiny-moe", dir=tmp_path / "d", repeats=3, json=tmp_path / "o.json", keep=True
+    )
     assert {f.name for f in dataclasses.fields(options)} <= set(vars(args))
     plan = bench.make_plan(options, world=2)
     assert plan.arch.family == "qwen3_moe" and plan.options is options
@@ -59,8 +74,10 @@ def test_a_non_empty_dir_is_refused_with_exit_2_and_left_alone(tmp_path):
     (tmp_path / "data.txt").write_text("precious")
     proc = _bench_cli("--model", "tiny-dense", "--dir", str(tmp_path))
     assert proc.returncode == 2
-    assert proc.stderr == (f"megatron-rl bench checkpoint: error: --dir {tmp_path} exists and is not empty; "
-                           "pass a new or empty directory (the bench removes only what it creates)\n")
+    assert proc.stderr == (
+        f"megatron-rl bench checkpoint: error: --dir {tmp_path} exists and is not empty; "
+        "pass a new or empty directory (the bench removes only what it creates)\n"
+    )
     assert [p.name for p in tmp_path.iterdir()] == ["data.txt"] and (tmp_path / "data.txt").read_text() == "precious"
 
 
@@ -98,13 +115,25 @@ def test_without_dir_a_fresh_temporary_directory_is_made_and_removed():
 @pytest.mark.distributed
 def test_short_run_at_world_2_reports_every_method_and_cleans_up(tmp_path):
     out, scratch = tmp_path / "result.json", tmp_path / "new" / "scratch"
-    proc = run_script(ROOT / "tools" / "bench_checkpoint.py", 2,
-                      ["--model", "tiny-dense", "--repeats", "1", "--dir", str(scratch), "--json", str(out)])
+    proc = run_script(
+        ROOT / "tools" / "bench_checkpoint.py",
+        2,
+        ["--model", "tiny-dense", "--repeats", "1", "--dir", str(scratch), "--json", str(out)],
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     r = json.loads(out.read_text())
     assert r["world_size"] == 2 and r["model"]["name"] == "tiny-dense"
-    for key in ("ours_sync_save_s", "ours_async_blocking_s", "ours_deferred_call_s", "torch_dist_save_s",
-                "dcp_save_s", "ours_load_s", "torch_dist_load_s", "dcp_load_s", "ours_reshard_load_s"):
+    for key in (
+        "ours_sync_save_s",
+        "ours_async_blocking_s",
+        "ours_deferred_call_s",
+        "torch_dist_save_s",
+        "dcp_save_s",
+        "ours_load_s",
+        "torch_dist_load_s",
+        "dcp_load_s",
+        "ours_reshard_load_s",
+    ):
         assert r[key] > 0, key
     assert r["dcp_reshard_load_s"] is None and len(r["dcp_save_samples_s"]) == 1
     # fp32 bytes over the two TP ranks of one replica: TINY_DENSE's 208896 split weights, plus

@@ -41,9 +41,28 @@ def test_lognormal_lengths_are_capped_at_16x_the_median():
 
 def test_a_small_run_packs_without_changing_the_gradient(tmp_path):
     out = tmp_path / "packing.json"
-    proc = subprocess.run([sys.executable, "-m", "megatron_rl", "bench", "packing", "--model", "tiny-dense",
-                           "--rows", "8", "--median", "4", "--steps", "1", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "megatron_rl",
+            "bench",
+            "packing",
+            "--model",
+            "tiny-dense",
+            "--rows",
+            "8",
+            "--median",
+            "4",
+            "--steps",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for r in json.loads(out.read_text())["results"]:
         prompts, responses, seq_length = packing.sequence_lengths(r["distribution"], 8, 4, seed=0)

@@ -30,10 +30,15 @@ def _params(a) -> int:
 
 
 def _shape(a) -> str:
-    ffn = f"{a.num_moe_experts} experts top-{a.moe_router_topk} of {a.moe_ffn_hidden_size}" if a.is_moe \
+    ffn = (
+        f"{a.num_moe_experts} experts top-{a.moe_router_topk} of {a.moe_ffn_hidden_size}"
+        if a.is_moe
         else str(a.ffn_hidden_size)
-    return (f"{a.hidden_size} × {a.num_layers}, {a.num_attention_heads} / {a.num_query_groups} × {a.head_dim}, "
-            f"{ffn}, {a.vocab_size}")
+    )
+    return (
+        f"{a.hidden_size} × {a.num_layers}, {a.num_attention_heads} / {a.num_query_groups} × {a.head_dim}, "
+        f"{ffn}, {a.vocab_size}"
+    )
 
 
 def _docs_rows() -> list[list[str]]:
@@ -62,10 +67,17 @@ def test_docs_table_describes_every_preset():
 
 def test_documented_commands_name_presets():
     """Every `--model X` / `--preset X` in the docs, the README and the bench tools is a preset."""
-    files = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", *sorted(ROOT.glob("tools/bench_*.py")),
-             *sorted(ROOT.glob("megatron_rl/bench/*.py"))]
-    named = {(f.name, m) for f in files
-             for m in re.findall(r"--(?:model|preset)[ =]((?:tiny|cpu|gpu)-[\w-]+)", f.read_text())}
+    files = [
+        ROOT / "README.md",
+        ROOT / "docs" / "benchmarks.md",
+        *sorted(ROOT.glob("tools/bench_*.py")),
+        *sorted(ROOT.glob("megatron_rl/bench/*.py")),
+    ]
+    named = {
+        (f.name, m)
+        for f in files
+        for m in re.findall(r"--(?:model|preset)[ =]((?:tiny|cpu|gpu)-[\w-]+)", f.read_text())
+    }
     assert named, "the pattern found no command at all"
     assert {(f, m) for f, m in named if m not in PRESETS} == set()
     used = {m for _, m in named} | {"tiny-dense", "tiny-moe"}  # the tiny ones: tests
@@ -79,8 +91,11 @@ def test_every_bench_can_take_every_preset():
     for name, arch in PRESETS.items():
         config = hf_config(arch)
         assert config.num_hidden_layers == arch.num_layers, name
-        for layout in (ParallelConfig(tensor_model_parallel_size=2), ParallelConfig(pipeline_model_parallel_size=2),
-                       *([ParallelConfig(expert_model_parallel_size=2)] if arch.is_moe else [])):
+        for layout in (
+            ParallelConfig(tensor_model_parallel_size=2),
+            ParallelConfig(pipeline_model_parallel_size=2),
+            *([ParallelConfig(expert_model_parallel_size=2)] if arch.is_moe else []),
+        ):
             layout.validate(2, arch.shape())
 
 

@@ -58,18 +58,46 @@ def test_benchmark_reports_the_model_bytes_and_positive_figures(tmp_path):
 
     hf_dir = save_tiny_model(TINY_DENSE, tmp_path / "hf")
     out = tmp_path / "result.json"
-    proc = run_script(ROOT / "tools" / "bench_weight_sync.py", 2, [
-        "--hf", str(hf_dir), "--layouts", "tp2", "--bucket-mb", "1", "--iterations", "1", "--warmup", "0",
-        "--copy-repeats", "1", "--work-dir", str(tmp_path / "work"), "--json", str(out),
-    ])
+    proc = run_script(
+        ROOT / "tools" / "bench_weight_sync.py",
+        2,
+        [
+            "--hf",
+            str(hf_dir),
+            "--layouts",
+            "tp2",
+            "--bucket-mb",
+            "1",
+            "--iterations",
+            "1",
+            "--warmup",
+            "0",
+            "--copy-repeats",
+            "1",
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--json",
+            str(out),
+        ],
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     result = json.loads(out.read_text())
     assert result["world_size"] == 2 and result["model"]["family"] == "qwen3"
     (row,) = result["results"]
     assert row["layout"] == "tp2" and row["buckets"] == 1
     assert row["bytes"] == _checkpoint_bytes(hf_dir)
-    for key in ("sync_s", "gb_per_s", "gather_s", "load_s", "copy_s", "copy_all_ranks_s", "ratio_to_copy",
-                "sync_cpu_s", "peak_extra_mb", "gather_received_mb_max_rank"):
+    for key in (
+        "sync_s",
+        "gb_per_s",
+        "gather_s",
+        "load_s",
+        "copy_s",
+        "copy_all_ranks_s",
+        "ratio_to_copy",
+        "sync_cpu_s",
+        "peak_extra_mb",
+        "gather_received_mb_max_rank",
+    ):
         assert row[key] > 0, (key, row)
     assert abs(row["gb_per_s"] - row["bytes"] / row["sync_s"] / 1e9) < 1e-9
     assert "sync s" in proc.stdout and "x copy" in proc.stdout  # the printed table

@@ -16,8 +16,15 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 BIG = dict(
-    vocab_size=8192, hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
-    head_dim=64, num_experts=16, moe_intermediate_size=512, shared_expert_intermediate_size=1024,
+    vocab_size=8192,
+    hidden_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=64,
+    num_experts=16,
+    moe_intermediate_size=512,
+    shared_expert_intermediate_size=1024,
 )
 
 

@@ -28,7 +28,10 @@ def tensors(path: Path) -> dict:
 def hf_to_megatron(*args):
     return subprocess.run(
         [sys.executable, str(TOOLS / "convert_hf_to_megatron.py"), *map(str, args)],
-        env=ENV, capture_output=True, text=True, timeout=300,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 

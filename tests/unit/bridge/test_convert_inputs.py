@@ -19,8 +19,12 @@ from megatron_rl.checkpoint import format as fmt
 REPO = Path(__file__).resolve().parents[3]
 TOOLS = REPO / "tools"
 # the child imports this checkout's package, whatever the environment has installed
-ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
-           PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+ENV = dict(
+    os.environ,
+    HF_HUB_OFFLINE="1",
+    OMP_NUM_THREADS="1",
+    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+)
 
 
 def _one_line_error(capsys, *argv) -> str:
@@ -54,8 +58,13 @@ def hf_dir(tmp_path_factory):
 def converted(hf_dir, tmp_path_factory):
     """``hf_dir`` converted by the real CLI in its own process (it sets up torch.distributed)."""
     out = tmp_path_factory.mktemp("ckpt") / "ckpt"
-    proc = subprocess.run([sys.executable, str(TOOLS / "convert_hf_to_megatron.py"), "--hf", str(hf_dir),
-                           "--out", str(out)], env=ENV, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(TOOLS / "convert_hf_to_megatron.py"), "--hf", str(hf_dir), "--out", str(out)],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
@@ -126,8 +135,10 @@ def test_megatron_to_hf_copies_tokenizer_and_generation_config(tmp_path, capsys,
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (tmp_path / "hf" / name).read_bytes() == (hf_dir / name).read_bytes(), name
     text = "max of 3 7 Answer: 7"
-    assert AutoTokenizer.from_pretrained(tmp_path / "hf")(text)["input_ids"] == \
-        AutoTokenizer.from_pretrained(hf_dir)(text)["input_ids"]
+    assert (
+        AutoTokenizer.from_pretrained(tmp_path / "hf")(text)["input_ids"]
+        == AutoTokenizer.from_pretrained(hf_dir)(text)["input_ids"]
+    )
 
 
 def test_megatron_to_hf_says_in_one_line_when_the_output_has_no_tokenizer(tmp_path, capsys, hf_dir, converted):

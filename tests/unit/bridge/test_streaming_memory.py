@@ -14,7 +14,9 @@ ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
 
 
 def run(*args):
-    proc = subprocess.run([sys.executable, str(PROBE), *map(str, args)], env=ENV, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(PROBE), *map(str, args)], env=ENV, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 

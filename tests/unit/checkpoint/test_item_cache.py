@@ -13,6 +13,7 @@ def _build(model, calls):
         calls.append(1)
         w = model[0].weight
         return [Item("w", tuple(w.shape), (0, 0), w.data)]
+
     return build
 
 

@@ -91,7 +91,10 @@ def test_damaged_metadata_and_truncated_data_are_named(run):
     assert "step 3" in warnings[0] and "metadata.json: checksum mismatch" in warnings[0]
     assert "step 2" in warnings[1] and f"{data} is truncated" in warnings[1]
     assert sorted(p.name for p in run.iterdir() if p.name.startswith("step_")) == [
-        "step_1", "step_2.corrupt", "step_3.corrupt"]
+        "step_1",
+        "step_2.corrupt",
+        "step_3.corrupt",
+    ]
 
 
 def test_a_damaged_critic_step_sets_aside_both_roles(tmp_path):
@@ -151,10 +154,26 @@ def test_train_with_on_corrupt_fail_stops_before_building_anything(tmp_path):
     _save_steps(tmp_path / "run" / "checkpoints", [1, 2])
     _flip_byte(tmp_path / "run" / "checkpoints" / "step_2" / "data_0.bin", 9)
     repo = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-m", "megatron_rl", "train", f"trainer.run_dir={tmp_path / 'run'}",
-                           "checkpoint.on_corrupt=fail"], env=env, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "megatron_rl",
+            "train",
+            f"trainer.run_dir={tmp_path / 'run'}",
+            "checkpoint.on_corrupt=fail",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("megatron-rl: config error: checkpoint step 2 under") and "step_2/data_0.bin" in last

@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
+from megatron_rl.checkpoint import Checkpointer, cli, iter_model_tensors, latest_step, writer
 from megatron_rl.checkpoint import format as fmt
-from megatron_rl.checkpoint import Checkpointer, cli, latest_step, iter_model_tensors, writer
 from megatron_rl.checkpoint.items import Item
 from megatron_rl.checkpoint.reader import Reader
 
@@ -102,8 +102,15 @@ def test_deferred_snapshot_holds_the_optimizer_update_until_copied(tmp_path, ckp
     _hold_writer(ckpt, 0.5)
     waited_before = ckpt.snapshot_wait_seconds()
     start = time.perf_counter()
-    handle = _save(ckpt, tmp_path, 1, _items(weight.detach(), [(0, 32), (32, 64)]), async_save=True,
-                   snapshot="before_update", guard=[opt])
+    handle = _save(
+        ckpt,
+        tmp_path,
+        1,
+        _items(weight.detach(), [(0, 32), (32, 64)]),
+        async_save=True,
+        snapshot="before_update",
+        guard=[opt],
+    )
     returned = time.perf_counter() - start
     opt.step()  # the update must not run before the background thread has copied the weights
     waited = ckpt.snapshot_wait_seconds() - waited_before
@@ -112,8 +119,9 @@ def test_deferred_snapshot_holds_the_optimizer_update_until_copied(tmp_path, ckp
     assert dict(iter_model_tensors(tmp_path))["w"].equal(before)
     assert weight.detach().equal(before - 1.0)
     # An update after the copy does not wait at all.
-    _save(ckpt, tmp_path, 2, _items(weight.detach(), [(0, 64)]), async_save=True, snapshot="before_update",
-          guard=[opt]).wait()
+    _save(
+        ckpt, tmp_path, 2, _items(weight.detach(), [(0, 64)]), async_save=True, snapshot="before_update", guard=[opt]
+    ).wait()
     waited_before = ckpt.snapshot_wait_seconds()
     opt.step()
     assert ckpt.snapshot_wait_seconds() == waited_before
@@ -192,8 +200,15 @@ def test_two_checkpointers_share_no_state(tmp_path):
     with Checkpointer() as first, Checkpointer() as second:
         release = threading.Event()
         first._background().submit(lambda: release.wait(60))  # first's writer is busy until released
-        held = _save(first, tmp_path / "first", 1, _items(weight.detach(), [(0, 8)]), async_save=True,
-                     snapshot="before_update", guard=[opt])
+        held = _save(
+            first,
+            tmp_path / "first",
+            1,
+            _items(weight.detach(), [(0, 8)]),
+            async_save=True,
+            snapshot="before_update",
+            guard=[opt],
+        )
         _save(second, tmp_path / "second", 1, _items(torch.ones(4, 4), [(0, 4)]), async_save=True).wait()
         second.wait_pending()
         assert fmt.committed_steps(tmp_path / "second") == [1] and not held.done()
@@ -277,7 +292,9 @@ def test_uncommitted_steps_are_invisible_and_retention_keeps_last(tmp_path, ckpt
 
 
 def test_paths_in_metadata_are_confined(tmp_path):
-    meta = fmt.Metadata(1, {"w": fmt.TensorEntry("float32", [2], [fmt.Chunk([0], [2], "../../etc/passwd", 0, 8, [0])])}, {}, {}, {})
+    meta = fmt.Metadata(
+        1, {"w": fmt.TensorEntry("float32", [2], [fmt.Chunk([0], [2], "../../etc/passwd", 0, 8, [0])])}, {}, {}, {}
+    )
     with Reader(tmp_path, meta) as reader, pytest.raises(fmt.CheckpointError, match="only data_<rank>.bin"):
         reader.fill([Item("w", (2,), (0,), torch.zeros(2))])
 

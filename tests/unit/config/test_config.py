@@ -11,8 +11,15 @@ from megatron_rl.config import ConfigError, dump_yaml, load_config, validate
 def test_overrides_are_typed_and_applied(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text("trainer:\n  max_steps: 5\nparallel:\n  tensor_model_parallel_size: 2\n")
-    cfg = load_config(path, ["trainer.max_steps=7", "trainer.lr=0.5", "parallel.sequence_parallel=false",
-                             "parallel.virtual_pipeline_model_parallel_size=none"])
+    cfg = load_config(
+        path,
+        [
+            "trainer.max_steps=7",
+            "trainer.lr=0.5",
+            "parallel.sequence_parallel=false",
+            "parallel.virtual_pipeline_model_parallel_size=none",
+        ],
+    )
     assert cfg.trainer.max_steps == 7 and cfg.trainer.lr == 0.5
     assert cfg.parallel.tensor_model_parallel_size == 2 and cfg.parallel.sequence_parallel is False
     assert cfg.parallel.virtual_pipeline_model_parallel_size is None
@@ -81,11 +88,16 @@ def test_critic_layout_round_trips_and_is_checked(tmp_path):
     with pytest.raises(ConfigError, match="critic_parallel: expert_model_parallel_size=3 does not divide num_moe"):
         validate(load_config(None, ["critic_parallel.expert_model_parallel_size=3", "trainer.global_batch_size=6"]), 3)
     # A PPO step's rows split over the lcm of both DP sizes: 4 x 8 x 1 rows > 3 groups of 8.
-    rows = ["algorithm.recipe=ppo", "trainer.micro_batch_size=8",
-            "rollout.prompts_per_step=3", "parallel.tensor_model_parallel_size=2",
-            "critic_parallel.tensor_model_parallel_size=1"]
-    with pytest.raises(ConfigError, match="prompts_per_step=3 groups of rollout.n_samples=8 cannot fill one "
-                                          "training batch of 32 rows"):
+    rows = [
+        "algorithm.recipe=ppo",
+        "trainer.micro_batch_size=8",
+        "rollout.prompts_per_step=3",
+        "parallel.tensor_model_parallel_size=2",
+        "critic_parallel.tensor_model_parallel_size=1",
+    ]
+    with pytest.raises(
+        ConfigError, match="prompts_per_step=3 groups of rollout.n_samples=8 cannot fill one training batch of 32 rows"
+    ):
         validate(load_config(None, rows), 4)
     validate(load_config(None, rows[:-1] + ["critic_parallel.tensor_model_parallel_size=2"]), 4)  # 16 rows fit
     with pytest.raises(ConfigError, match="unknown config key 'critic_parallel.tp'"):
@@ -126,9 +138,15 @@ def test_cli_config_refuses_an_unknown_recipe(capsys):
 
 
 def test_cli_layout_prints_rank_map():
-    proc = _cli("layout", "--world-size", "8", "parallel.tensor_model_parallel_size=2",
-                "parallel.pipeline_model_parallel_size=2", "parallel.expert_model_parallel_size=4",
-                "parallel.expert_tensor_parallel_size=1")
+    proc = _cli(
+        "layout",
+        "--world-size",
+        "8",
+        "parallel.tensor_model_parallel_size=2",
+        "parallel.pipeline_model_parallel_size=2",
+        "parallel.expert_model_parallel_size=4",
+        "parallel.expert_tensor_parallel_size=1",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "dense TP2·CP1·DP2·PP2 | MoE ETP1·EP4·EDP1·PP2" in proc.stdout
     assert "    7 |  1  0  1  1 |   0  3   0" in proc.stdout

@@ -96,8 +96,10 @@ def test_first_rows_need_the_prompt_and_answer_keys(tmp_path):
     hf = f"model.hf_path={_hf_dir(tmp_path)}"
     with pytest.raises(ConfigError) as err:
         validate(load_config(None, [f"data.source={data}", hf]), 1)
-    assert str(err.value) == (f"data.source: {data}:1: field 'prompt' is missing (row keys: ['answer', 'question']); "
-                              "data.prompt_key='prompt', data.answer_key='answer'")
+    assert str(err.value) == (
+        f"data.source: {data}:1: field 'prompt' is missing (row keys: ['answer', 'question']); "
+        "data.prompt_key='prompt', data.answer_key='answer'"
+    )
     validate(load_config(None, [f"data.source={data}", hf, "data.prompt_key=question"]), 1)
 
 
@@ -125,11 +127,15 @@ def test_unknown_reward_lists_the_valid_ones():
 def test_tppo_refuses_dynamic_sampling_hapo_pieces_and_prompt_seeds():
     tppo = str(EXAMPLES / "tppo.yaml")
     validate(load_config(tppo, []), 1)
-    with pytest.raises(ConfigError, match="^algorithm: generation_window \\(tppo\\) cannot be combined with "
-                                          "dynamic_sampling: responses finish at different steps"):
+    with pytest.raises(
+        ConfigError,
+        match="^algorithm: generation_window \\(tppo\\) cannot be combined with "
+        "dynamic_sampling: responses finish at different steps",
+    ):
         validate(load_config(tppo, ["algorithm.overrides.dynamic_sampling=true"]), 1)
-    with pytest.raises(ConfigError, match="^algorithm: generation_window \\(tppo\\) cannot be combined with the "
-                                          "HAPO pieces"):
+    with pytest.raises(
+        ConfigError, match="^algorithm: generation_window \\(tppo\\) cannot be combined with the HAPO pieces"
+    ):
         validate(load_config(tppo, ["algorithm.overrides.temperature_tau=0.05"]), 1)
     with pytest.raises(ConfigError, match="^rollout.seed_per_prompt=true cannot be combined with generation_window"):
         validate(load_config(tppo, ["rollout.seed_per_prompt=true"]), 1)
@@ -140,12 +146,18 @@ def test_rows_per_step_must_fill_one_training_batch():
     # Padded rows, DAPO at DP8: 8 ranks x 8 rows x 2 mini-batches = 128 rows = 16 prompts x 8 samples.
     padded = "trainer.max_tokens_per_micro_batch=null"
     validate(load_config(DAPO, ["parallel.expert_model_parallel_size=8", padded]), 8)
-    with pytest.raises(ConfigError, match="^rollout.prompts_per_step=8 groups of rollout.n_samples=8 cannot fill "
-                                          "one training batch of 128 rows in whole groups"):
+    with pytest.raises(
+        ConfigError,
+        match="^rollout.prompts_per_step=8 groups of rollout.n_samples=8 cannot fill "
+        "one training batch of 128 rows in whole groups",
+    ):
         validate(load_config(DAPO, ["rollout.prompts_per_step=8", padded]), 8)
     # T-PPO trains any rows of its pool: the pool's own check, named after its config keys.
-    with pytest.raises(ConfigError, match="^window pool: capacity=64 rows cannot fill one training batch of 128 "
-                                          "rows .*raise rollout.prompts_per_step or rollout.n_samples"):
+    with pytest.raises(
+        ConfigError,
+        match="^window pool: capacity=64 rows cannot fill one training batch of 128 "
+        "rows .*raise rollout.prompts_per_step or rollout.n_samples",
+    ):
         validate(load_config(str(EXAMPLES / "tppo.yaml"), ["rollout.prompts_per_step=8", padded]), 8)
     # Packed (the examples' default): 8 ranks x 2 mini-batches = 16 rows; 8 prompts x 8 samples fill it.
     validate(load_config(DAPO, ["rollout.prompts_per_step=8"]), 8)
@@ -153,17 +165,22 @@ def test_rows_per_step_must_fill_one_training_batch():
 
 def test_token_budget_is_checked_against_seq_length_and_tp():
     validate(load_config(DAPO, ["trainer.max_tokens_per_micro_batch=96"]), 1)
-    with pytest.raises(ConfigError, match="^trainer.max_tokens_per_micro_batch=40 is smaller than "
-                                          "trainer.seq_length=48, the longest sequence a micro-batch must hold$"):
+    with pytest.raises(
+        ConfigError,
+        match="^trainer.max_tokens_per_micro_batch=40 is smaller than "
+        "trainer.seq_length=48, the longest sequence a micro-batch must hold$",
+    ):
         load_config(DAPO, ["trainer.max_tokens_per_micro_batch=40"])
-    with pytest.raises(ConfigError, match="^trainer.max_tokens_per_micro_batch=99 must be a multiple of "
-                                          "parallel.tensor_model_parallel_size=2 "):
-        validate(load_config(DAPO, ["trainer.max_tokens_per_micro_batch=99",
-                                    "parallel.tensor_model_parallel_size=2"]), 2)
+    with pytest.raises(
+        ConfigError,
+        match="^trainer.max_tokens_per_micro_batch=99 must be a multiple of parallel.tensor_model_parallel_size=2 ",
+    ):
+        validate(
+            load_config(DAPO, ["trainer.max_tokens_per_micro_batch=99", "parallel.tensor_model_parallel_size=2"]), 2
+        )
     # with packing a micro-batch holds any number of rows: 16 x 8 rows fill DP8 x 2 mini-batches
     # even with micro_batch_size=16 (padded rows would need 8 x 16 x 2 = 256)
-    overrides = ["parallel.expert_model_parallel_size=8", "trainer.micro_batch_size=16",
-                 "trainer.global_batch_size=16"]
+    overrides = ["parallel.expert_model_parallel_size=8", "trainer.micro_batch_size=16", "trainer.global_batch_size=16"]
     with pytest.raises(ConfigError, match="one training batch of 256 rows"):
         validate(load_config(DAPO, [*overrides, "trainer.max_tokens_per_micro_batch=null"]), 8)
     validate(load_config(DAPO, [*overrides, "trainer.max_tokens_per_micro_batch=96"]), 8)
@@ -174,7 +191,8 @@ def test_the_cli_refuses_a_budget_below_seq_length_in_one_line():
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         "megatron-rl: config error: trainer.max_tokens_per_micro_batch=40 is smaller than trainer.seq_length=48, "
-        "the longest sequence a micro-batch must hold"]
+        "the longest sequence a micro-batch must hold"
+    ]
 
 
 def test_disaggregated_rollouts_leave_a_training_world_the_layouts_fit():
@@ -183,12 +201,19 @@ def test_disaggregated_rollouts_leave_a_training_world_the_layouts_fit():
     validate(load_config(DAPO, [*disagg, "parallel.expert_model_parallel_size=2"]), 4)  # EP2 on 2 training ranks
     with pytest.raises(ConfigError, match=r"parallel: .*world.* 2"):  # EP4 needs 4 training ranks
         validate(load_config(DAPO, [*disagg, "parallel.expert_model_parallel_size=4"]), 4)
-    with pytest.raises(ConfigError, match=r"rollout.num_ranks=4 leaves no training rank in a launch of 4; "
-                                          r"allowed: 1..3"):
+    with pytest.raises(
+        ConfigError,
+        match=r"rollout.num_ranks=4 leaves no training rank in a launch of 4; "
+        r"allowed: 1..3",
+    ):
         validate(load_config(DAPO, ["rollout.placement=disaggregated", "rollout.num_ranks=4"]), 4)
     with pytest.raises(ConfigError, match="rollout.tensor_parallel_size=2 must divide the 3 ranks that run vLLM"):
-        validate(load_config(DAPO, ["rollout.placement=disaggregated", "rollout.num_ranks=3",
-                                    "rollout.tensor_parallel_size=2"]), 4)
+        validate(
+            load_config(
+                DAPO, ["rollout.placement=disaggregated", "rollout.num_ranks=3", "rollout.tensor_parallel_size=2"]
+            ),
+            4,
+        )
     tppo = ["algorithm.recipe=tppo", "algorithm.overrides={generation_window: 4}"]
     validate(load_config(DAPO, [*disagg, *tppo]), 4)  # windows continue on the rollout ranks
     with pytest.raises(ConfigError, match="rollout.max_staleness=1 cannot be combined with generation_window"):
@@ -196,8 +221,11 @@ def test_disaggregated_rollouts_leave_a_training_world_the_layouts_fit():
 
 
 def test_placement_and_rollout_ranks_are_checked_in_one_line():
-    with pytest.raises(ConfigError, match=r"rollout.placement='split' is not allowed; choose one of "
-                                          r"\['colocated', 'disaggregated'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"rollout.placement='split' is not allowed; choose one of "
+        r"\['colocated', 'disaggregated'\]",
+    ):
         load_config(DAPO, ["rollout.placement=split"])
     with pytest.raises(ConfigError, match="rollout.num_ranks=2 only applies to rollout.placement=disaggregated"):
         load_config(DAPO, ["rollout.num_ranks=2"])
@@ -211,8 +239,11 @@ def test_rollouts_ahead_need_their_own_ranks_and_a_rollout_correction():
     with pytest.raises(ConfigError, match="rollout.max_staleness=-1 must be >= 0"):
         load_config(DAPO, ["rollout.max_staleness=-1"])
     ahead = ["rollout.placement=disaggregated", "rollout.num_ranks=1", "rollout.max_staleness=1"]
-    with pytest.raises(ConfigError, match=r"rollout.max_staleness=1 trains on samples of an older policy: "
-                                          r"set algorithm.overrides.rollout_correction"):
+    with pytest.raises(
+        ConfigError,
+        match=r"rollout.max_staleness=1 trains on samples of an older policy: "
+        r"set algorithm.overrides.rollout_correction",
+    ):
         validate(load_config(DAPO, ahead), 2)
     validate(load_config(DAPO, [*ahead, "algorithm.overrides={rollout_correction: {kind: token_tis, cap: 2.0}}"]), 2)
 
@@ -224,8 +255,12 @@ def test_partial_rollouts_need_rollouts_running_ahead_on_their_own_ranks():
     disagg = ["rollout.placement=disaggregated", "rollout.num_ranks=1"]
     with pytest.raises(ConfigError, match=needs + r" \(got disaggregated, 0\)"):
         load_config(DAPO, [*disagg, "rollout.partial=true"])
-    ahead = [*disagg, "rollout.max_staleness=1", "rollout.partial=true",
-             "algorithm.overrides={rollout_correction: {kind: token_tis, cap: 2.0}}"]
+    ahead = [
+        *disagg,
+        "rollout.max_staleness=1",
+        "rollout.partial=true",
+        "algorithm.overrides={rollout_correction: {kind: token_tis, cap: 2.0}}",
+    ]
     with pytest.raises(ConfigError, match="rollout.partial_chunk_tokens=0 must be >= 1"):
         load_config(DAPO, [*ahead, "rollout.partial_chunk_tokens=0"])
     validate(load_config(DAPO, ahead), 2)

@@ -43,8 +43,9 @@ def test_resume_refuses_a_different_order():
 @pytest.fixture
 def dataset(tmp_path, tokenizer):
     path = tmp_path / "p.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"max of {'1 ' * (i + 1)}{i}", "answer": str(i)}) + "\n"
-                            for i in range(5)))
+    path.write_text(
+        "".join(json.dumps({"prompt": f"max of {'1 ' * (i + 1)}{i}", "answer": str(i)}) + "\n" for i in range(5))
+    )
     return PromptDataset(path, tokenizer, fields=PromptFields(answer="answer"))
 
 

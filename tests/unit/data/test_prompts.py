@@ -17,8 +17,12 @@ def write_jsonl(path, lines):
 
 
 def dapo_row(question, truth):
-    return {"data_source": "math", "prompt": [{"role": "user", "content": question}],
-            "ability": "MATH", "reward_model": {"ground_truth": truth, "style": "rule"}}
+    return {
+        "data_source": "math",
+        "prompt": [{"role": "user", "content": question}],
+        "ability": "MATH",
+        "reward_model": {"ground_truth": truth, "style": "rule"},
+    }
 
 
 def test_dapo_rows_are_chat_templated(tmp_path, tokenizer):
@@ -40,16 +44,19 @@ def test_string_prompts_with_custom_fields_template_and_system_prompt(tmp_path, 
 
 
 def test_malformed_jsonl_rows_are_reported_together_with_line_numbers(tmp_path, tokenizer):
-    path = write_jsonl(tmp_path / "bad.jsonl", [
-        dapo_row("ok", "1"),                                      # line 1: fine
-        "",                                                       # line 2: blank, skipped
-        {"prompt": "no answer here"},                             # line 3: answer missing
-        "{not json",                                              # line 4
-        dapo_row("ok", "2"),                                      # line 5: fine
-        {"prompt": [{"role": "user"}], "reward_model": {"ground_truth": "3"}},  # line 6
-        {"prompt": 5, "reward_model": {"ground_truth": "3"}},     # line 7
-        dapo_row("ok", ""),                                       # line 8: empty answer
-    ])
+    path = write_jsonl(
+        tmp_path / "bad.jsonl",
+        [
+            dapo_row("ok", "1"),  # line 1: fine
+            "",  # line 2: blank, skipped
+            {"prompt": "no answer here"},  # line 3: answer missing
+            "{not json",  # line 4
+            dapo_row("ok", "2"),  # line 5: fine
+            {"prompt": [{"role": "user"}], "reward_model": {"ground_truth": "3"}},  # line 6
+            {"prompt": 5, "reward_model": {"ground_truth": "3"}},  # line 7
+            dapo_row("ok", ""),  # line 8: empty answer
+        ],
+    )
     with pytest.raises(DatasetFormatError) as info:
         PromptDataset(path, tokenizer)
     message = str(info.value)
@@ -73,13 +80,17 @@ def test_parquet_rows_and_row_index_in_errors(tmp_path, tokenizer):
 
     bad = tmp_path / "bad.parquet"
     pq.write_table(pa.Table.from_pylist([{"question": "a", "solution": "1"}, {"question": None, "solution": "2"}]), bad)
-    with pytest.raises(DatasetFormatError, match=r"1 malformed row\(s\)[^\n]*\n  .*bad\.parquet row 1: field 'question' must be"):
+    with pytest.raises(
+        DatasetFormatError, match=r"1 malformed row\(s\)[^\n]*\n  .*bad\.parquet row 1: field 'question' must be"
+    ):
         PromptDataset(bad, tokenizer, fields=PromptFields(prompt="question", answer="solution"))
 
 
 def test_overlong_prompts_are_dropped_and_counted(tmp_path, tokenizer):
-    path = write_jsonl(tmp_path / "l.jsonl", [{"prompt": "max of 1", "answer": "1"},
-                                              {"prompt": "max of " + " ".join("9" * 40), "answer": "9"}])
+    path = write_jsonl(
+        tmp_path / "l.jsonl",
+        [{"prompt": "max of 1", "answer": "1"}, {"prompt": "max of " + " ".join("9" * 40), "answer": "9"}],
+    )
     ds = PromptDataset(path, tokenizer, fields=PromptFields(answer="answer"), max_prompt_tokens=20)
     assert (len(ds), ds.num_dropped_overlong) == (1, 1)
 

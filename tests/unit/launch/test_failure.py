@@ -48,11 +48,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("peer_dies, expected", [
-    (False, "megatron-rl: rank 0 on node-a failed: a collective waited longer than trainer.dist_timeout_s=2 "
-            "for a peer (node down or network cut?): "),
-    (True, "megatron-rl: rank 0 on node-a failed: lost the connection to peer 127.0.0.1 ("),
-])
+@pytest.mark.parametrize(
+    "peer_dies, expected",
+    [
+        (
+            False,
+            "megatron-rl: rank 0 on node-a failed: a collective waited longer than trainer.dist_timeout_s=2 "
+            "for a peer (node down or network cut?): ",
+        ),
+        (True, "megatron-rl: rank 0 on node-a failed: lost the connection to peer 127.0.0.1 ("),
+    ],
+)
 def test_names_rank_node_and_cause_of_a_gloo_failure(peer_dies, expected):
     ctx = mp.get_context("spawn")
     out, past_barrier, release = ctx.Queue(), ctx.Event(), ctx.Event()

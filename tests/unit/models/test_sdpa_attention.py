@@ -43,8 +43,16 @@ def world_of_one(tmp_path_factory):
 def attention_config(dtype=torch.float32, **overrides):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    fields = dict(num_layers=1, hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, num_query_groups=GROUPS,
-                  kv_channels=HEAD_DIM, attention_dropout=0.0, params_dtype=dtype, bf16=dtype == torch.bfloat16)
+    fields = dict(
+        num_layers=1,
+        hidden_size=HEADS * HEAD_DIM,
+        num_attention_heads=HEADS,
+        num_query_groups=GROUPS,
+        kv_channels=HEAD_DIM,
+        attention_dropout=0.0,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+    )
     with platform.megatron_scope():
         return TransformerConfig(**{**fields, **platform.transformer_config_overrides(), **overrides})
 
@@ -54,8 +62,15 @@ def both_attentions(config):
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.enums import AttnMaskType
 
-    kwargs = dict(config=config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self",
-                  cp_comm_type=None, softmax_scale=config.softmax_scale, pg_collection=None)
+    kwargs = dict(
+        config=config,
+        layer_number=1,
+        attn_mask_type=AttnMaskType.causal,
+        attention_type="self",
+        cp_comm_type=None,
+        softmax_scale=config.softmax_scale,
+        pg_collection=None,
+    )
     with platform.megatron_scope():
         return SdpaAttention(**kwargs), DotProductAttention(**kwargs)
 
@@ -86,17 +101,25 @@ def packed_params(lengths):
     from megatron.core.packed_seq_params import PackedSeqParams
 
     cu_seqlens = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
-                           max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
+    return PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_kv=cu_seqlens,
+        max_seqlen_q=max(lengths),
+        max_seqlen_kv=max(lengths),
+    )
 
 
 def per_sequence(attention, lengths):
     """Megatron's attention run on each sequence of a packed row as a batch of one, outputs concatenated."""
+
     def run(q, k, v):
         bounds = torch.tensor([0, *lengths]).cumsum(0).tolist()
-        rows = [attention(q[a:b, None], k[a:b, None], v[a:b, None], None)[:, 0]
-                for a, b in zip(bounds, bounds[1:]) if b > a]
+        rows = [
+            attention(q[a:b, None], k[a:b, None], v[a:b, None], None)[:, 0] for a, b in zip(bounds, bounds[1:]) if b > a
+        ]
         return torch.cat(rows)
+
     return run
 
 
@@ -129,8 +152,13 @@ def test_softmax_scale_and_query_key_layer_scaling_match_megatron(world_of_one):
     from megatron.core.transformer.enums import AttnMaskType
 
     config = attention_config(softmax_scale=0.7, apply_query_key_layer_scaling=True)
-    kwargs = dict(config=config, layer_number=3, attn_mask_type=AttnMaskType.causal, attention_type="self",
-                  softmax_scale=config.softmax_scale)
+    kwargs = dict(
+        config=config,
+        layer_number=3,
+        attn_mask_type=AttnMaskType.causal,
+        attention_type="self",
+        softmax_scale=config.softmax_scale,
+    )
     with platform.megatron_scope():
         sdpa, megatron = SdpaAttention(**kwargs), DotProductAttention(**kwargs)
     qkv = random_qkv((9, 2), torch.float32, seed=4)
@@ -175,8 +203,7 @@ def test_local_layer_spec_uses_sdpa_attention(world_of_one, monkeypatch):
     monkeypatch.setattr(layer_spec, "has_transformer_engine", lambda: False)
     config = transformer_config(TINY_DENSE, ParallelConfig(), BuildOptions())
     spec = layer_spec.block_spec(config, TINY_DENSE, vp_stage=None)
-    assert all(layer.submodules.self_attention.submodules.core_attention is SdpaAttention
-               for layer in spec.layer_specs)
+    assert all(layer.submodules.self_attention.submodules.core_attention is SdpaAttention for layer in spec.layer_specs)
     (model,) = build_model("actor", TINY_DENSE, ParallelConfig())
     built = [m for m in model.modules() if isinstance(m, SdpaAttention)]
     assert len(built) == TINY_DENSE.num_layers

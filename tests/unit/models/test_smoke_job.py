@@ -11,9 +11,18 @@ import pytest
 @pytest.mark.slow
 def test_smoke_job_learns_counting(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "megatron_rl", "train", "--config", "examples/smoke.yaml",
-         f"trainer.run_dir={tmp_path}"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "megatron_rl",
+            "train",
+            "--config",
+            "examples/smoke.yaml",
+            f"trainer.run_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

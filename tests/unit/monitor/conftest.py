@@ -10,8 +10,14 @@ from megatron_rl.monitor.windows import Grid
 METRICS = ["cpu_util", "gpu_duty_cycle", "gpu_power"]  # already in priority order
 
 
-def build_grid(machines: int = 16, duration: int = 600, seed: int = 0,
-               faults: tuple = (), metrics: list[str] = METRICS, noise: float = 1.0) -> Grid:
+def build_grid(
+    machines: int = 16,
+    duration: int = 600,
+    seed: int = 0,
+    faults: tuple = (),
+    metrics: list[str] = METRICS,
+    noise: float = 1.0,
+) -> Grid:
     """Common signal + per-machine Gaussian noise; each fault is
     (machine, metric, start_s, end_s, offset) added to that machine's metric."""
     rng = np.random.default_rng(seed)

@@ -4,8 +4,7 @@ import threading
 
 import pytest
 
-from megatron_rl.monitor.actions import (append_exclude, format_alerts, read_alerts, read_exclude,
-                                         write_alerts)
+from megatron_rl.monitor.actions import append_exclude, format_alerts, read_alerts, read_exclude, write_alerts
 from megatron_rl.monitor.detect import Alert
 
 

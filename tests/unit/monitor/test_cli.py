@@ -12,16 +12,40 @@ from megatron_rl.monitor.trace import Trace, write_trace
 
 def grid_to_csv(grid, path):
     k, i, t = np.nonzero(~np.isnan(grid.values))
-    write_trace(Trace(t.astype(float), i.astype(np.int32), k.astype(np.int32),
-                      grid.values[k, i, t].astype(float), grid.machines, grid.metrics), path)
+    write_trace(
+        Trace(
+            t.astype(float),
+            i.astype(np.int32),
+            k.astype(np.int32),
+            grid.values[k, i, t].astype(float),
+            grid.machines,
+            grid.metrics,
+        ),
+        path,
+    )
 
 
 def test_detect_finds_the_machine_and_writes_alerts(tmp_path, make_grid, capsys):
     trace = tmp_path / "trace.csv"
     grid_to_csv(make_grid(machines=8, duration=400, faults=[(6, "gpu_power", 50, 400, -9.0)]), trace)
     out, ex = tmp_path / "alerts.jsonl", tmp_path / "exclude.txt"
-    rc = main(["detect", "--trace", str(trace), "--out", str(out), "--model", "none",
-               "--continuity-s", "120", "--threshold", "5", "--exclude-file", str(ex)])
+    rc = main(
+        [
+            "detect",
+            "--trace",
+            str(trace),
+            "--out",
+            str(out),
+            "--model",
+            "none",
+            "--continuity-s",
+            "120",
+            "--threshold",
+            "5",
+            "--exclude-file",
+            str(ex),
+        ]
+    )
     assert rc == 0
     alerts = [json.loads(ln) for ln in out.read_text().splitlines()]
     assert [(a["machine"], a["metric"]) for a in alerts] == [("node06", "gpu_power")]
@@ -100,8 +124,24 @@ def test_subcommands_register_on_another_parser(tmp_path):
 
 def test_synth_writes_trace_and_labels(tmp_path):
     out = tmp_path / "s.csv"
-    assert main(["synth", "--out", str(out), "--machines", "4", "--fault", "cpu_spike", "--duration-s", "120",
-                 "--seed", "3"]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "--out",
+                str(out),
+                "--machines",
+                "4",
+                "--fault",
+                "cpu_spike",
+                "--duration-s",
+                "120",
+                "--seed",
+                "3",
+            ]
+        )
+        == 0
+    )
     labels = json.loads((tmp_path / "s.labels.json").read_text())
     assert labels[0]["kind"] == "cpu_spike" and labels[0]["machine"].startswith("node")
     assert main(["synth", "--out", str(out), "--fault", "meteor"]) == 2

@@ -7,12 +7,21 @@ import types
 
 import pytest
 
-from megatron_rl.monitor.collect import (Collector, NvmlSource, PsutilSource, StepTimeSource,
-                                         parse_pause_frames)
+from megatron_rl.monitor.collect import Collector, NvmlSource, PsutilSource, StepTimeSource, parse_pause_frames
 from megatron_rl.monitor.trace import read_trace
 
-GPU_NAMES = {"gpu_duty_cycle", "gpu_power", "gpu_mem_used", "gpu_graphics_activity", "gpu_tensor_activity",
-             "gpu_temperature", "gpu_ecc_errors", "nvlink_bandwidth", "pcie_tx_bytes", "pcie_rx_bytes"}
+GPU_NAMES = {
+    "gpu_duty_cycle",
+    "gpu_power",
+    "gpu_mem_used",
+    "gpu_graphics_activity",
+    "gpu_tensor_activity",
+    "gpu_temperature",
+    "gpu_ecc_errors",
+    "nvlink_bandwidth",
+    "pcie_tx_bytes",
+    "pcie_rx_bytes",
+}
 
 
 def test_cpu_machine_yields_psutil_metrics_and_no_gpu_metrics():
@@ -48,21 +57,37 @@ class _FakeNvml(types.ModuleType):
         super().__init__("pynvml")
         self.reads = 0
 
-    def nvmlInit(self): pass
-    def nvmlShutdown(self): pass
-    def nvmlDeviceGetCount(self): return 2
-    def nvmlDeviceGetHandleByIndex(self, i): return i
-    def nvmlDeviceGetUtilizationRates(self, h): return types.SimpleNamespace(gpu=[90, 70][h])
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return types.SimpleNamespace(gpu=[90, 70][h])
 
     def nvmlDeviceGetPowerUsage(self, h):
         if h == 1:
             raise RuntimeError("not supported")
         return 500_000  # mW
 
-    def nvmlDeviceGetMemoryInfo(self, h): return types.SimpleNamespace(used=[40, 60][h], total=100)
-    def nvmlDeviceGetTemperature(self, h, kind): return [60, 75][h]
-    def nvmlDeviceGetPcieThroughput(self, h, which): return 1  # KB/s
-    def nvmlDeviceGetTotalEccErrors(self, h, a, b): return [0, 2][h]
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return types.SimpleNamespace(used=[40, 60][h], total=100)
+
+    def nvmlDeviceGetTemperature(self, h, kind):
+        return [60, 75][h]
+
+    def nvmlDeviceGetPcieThroughput(self, h, which):
+        return 1  # KB/s
+
+    def nvmlDeviceGetTotalEccErrors(self, h, a, b):
+        return [0, 2][h]
 
     def nvmlDeviceGetFieldValues(self, h, ids):
         self.reads += 1
@@ -93,8 +118,10 @@ def test_nvml_aggregates_over_gpus_and_drops_what_fails(monkeypatch):
 
 
 def test_pause_frame_parsing():
-    out = "NIC statistics:\n     rx_packets: 10\n     tx_prio3_pause: 120\n     tx_prio4_pause: 5\n" \
-          "     tx_pause_ctrl_phy: 7\n     rx_prio3_pause: 99\n"
+    out = (
+        "NIC statistics:\n     rx_packets: 10\n     tx_prio3_pause: 120\n     tx_prio4_pause: 5\n"
+        "     tx_pause_ctrl_phy: 7\n     rx_prio3_pause: 99\n"
+    )
     assert parse_pause_frames(out) == 132
     assert parse_pause_frames("NIC statistics:\n rx_packets: 1\n") is None
 
@@ -108,8 +135,12 @@ def test_step_time_hook_is_absent_until_a_step_finishes():
 
 def test_a_failing_source_does_not_stop_the_others():
     class Broken:
-        def read(self): raise OSError("sensor gone")
-        def close(self): pass
+        def read(self):
+            raise OSError("sensor gone")
+
+        def close(self):
+            pass
+
     step = StepTimeSource()
     step.record(1.0)
     c = Collector(hostname="h", sources=[Broken(), step])
@@ -122,6 +153,7 @@ def test_background_thread_writes_a_readable_trace(tmp_path):
     def clock():  # one fake second per sample
         ticks.append(len(ticks))
         return float(ticks[-1])
+
     path = tmp_path / "h.csv"
     c = Collector(hostname="h", interval_s=0.02, sources=[PsutilSource()], trace_path=str(path), clock=clock)
     with c:
@@ -130,8 +162,9 @@ def test_background_thread_writes_a_readable_trace(tmp_path):
             time.sleep(0.02)
     tr = read_trace(path)
     assert tr.machines == ["h"] and "cpu_util" in tr.metrics
-    assert sorted(set(tr.timestamps[tr.metric_idx == tr.metrics.index("cpu_util")])) == \
-        [float(t) for t in ticks]  # every sample reached the file, once
+    assert sorted(set(tr.timestamps[tr.metric_idx == tr.metrics.index("cpu_util")])) == [
+        float(t) for t in ticks
+    ]  # every sample reached the file, once
 
 
 def test_interval_must_be_positive():
@@ -141,6 +174,7 @@ def test_interval_must_be_positive():
 
 def test_machines_are_named_as_slurm_knows_them(monkeypatch):
     from megatron_rl.monitor.collect import default_hostname
+
     monkeypatch.setenv("SLURMD_NODENAME", "gpu-node-17")
     assert Collector(sources=[]).hostname == "gpu-node-17"
     monkeypatch.delenv("SLURMD_NODENAME")

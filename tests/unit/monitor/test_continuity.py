@@ -62,8 +62,9 @@ def test_a_gpu_idle_half_of_every_minute_is_declared_by_the_peer_scores(make_gri
     # score (echo_s): declared when the score fires again, at the next off-period, 30 s later at most.
     joined = replace(DEFAULT, join_bursts=2)
     assert detect(grid, joined).alerts[0].declared_at <= 200 + DEFAULT.continuity_s + 30 + DEFAULT.window_s
-    assert detect(grid, replace(joined, echo_s=0.0)).alerts[0].declared_at <= \
-        200 + DEFAULT.continuity_s + DEFAULT.window_s
+    assert (
+        detect(grid, replace(joined, echo_s=0.0)).alerts[0].declared_at <= 200 + DEFAULT.continuity_s + DEFAULT.window_s
+    )
     # Without the peer scores and the recurrence rule nothing is declared; the recurrence
     # rule alone finds it, eight minutes into the fault at the latest.
     assert detect(grid, DetectConfig(peer_scores=False, recurrence_s=0)).alerts == []
@@ -95,8 +96,12 @@ def test_continuity_grows_by_thirty_seconds_per_doubling_above_128_machines():
     short_run = np.arange(0, 20)
     assert [a.machine for a in declare(_scores(short_run, n_windows=40, machines=128), DEFAULT).alerts] == ["m0"]
     assert declare(_scores(short_run, n_windows=40, machines=1024), DEFAULT).alerts == []
-    assert [a.machine for a in declare(_scores(short_run, n_windows=40, machines=1024),
-                                       replace(DEFAULT, continuity_per_doubling_s=0.0)).alerts] == ["m0"]
+    assert [
+        a.machine
+        for a in declare(
+            _scores(short_run, n_windows=40, machines=1024), replace(DEFAULT, continuity_per_doubling_s=0.0)
+        ).alerts
+    ] == ["m0"]
     for bad in ({"continuity_per_doubling_s": -1.0}, {"continuity_machines": 0}):
         with pytest.raises(ValueError, match="continuity_per_doubling_s must be >= 0 and continuity_machines >= 1"):
             DetectConfig(**bad)
@@ -137,8 +142,9 @@ def test_recurrence_declares_a_machine_that_is_the_candidate_every_other_window(
     scores = _scores(np.arange(0, 100, 2))
     assert DEFAULT.recurrence_s == 480.0 and DEFAULT.recurrence_fraction == 0.5
     alerts = declare(scores, DEFAULT).alerts
-    assert [(a.machine, a.metric, a.first_seen, a.declared_at, a.score) for a in alerts] == \
-        [("m0", "gpu_duty_cycle", 0.0, 59 * 8 + 7.0, 10.0)]
+    assert [(a.machine, a.metric, a.first_seen, a.declared_at, a.score) for a in alerts] == [
+        ("m0", "gpu_duty_cycle", 0.0, 59 * 8 + 7.0, 10.0)
+    ]
     assert declare(scores, DetectConfig(recurrence_s=0)).alerts == []
 
 

@@ -72,7 +72,7 @@ def test_link_half_runs_transfers_at_40_to_60_percent_of_comparable_peers():
         st = generate_coupled(CoupledConfig(machines=16, seed=seed, fault="link_half", distractors=False))
         m, start = _faulty(st)
         v = _series(st, "nvlink_bandwidth")
-        before, after = np.nanmax(v[:, :start], 1), np.nanmax(v[:, start + 5:], 1)
+        before, after = np.nanmax(v[:, :start], 1), np.nanmax(v[:, start + 5 :], 1)
         same_group = np.abs(before / before[m] - 1) < 0.05
         same_group[m] = False
         assert 0.38 <= after[m] / before[m] <= 0.7
@@ -83,7 +83,7 @@ def test_nic_degraded_halves_both_directions_during_transfers():
     st = generate_coupled(CoupledConfig(machines=12, seed=5, fault="nic_degraded", distractors=False))
     m, start = _faulty(st)
     for metric in ("net_rx_bytes", "net_tx_bytes"):
-        peak = np.nanmax(_series(st, metric)[:, start + 5:], 1)
+        peak = np.nanmax(_series(st, metric)[:, start + 5 :], 1)
         assert 0.38 <= peak[m] / np.median(np.delete(peak, m)) <= 0.62
 
 
@@ -117,10 +117,14 @@ def test_section_times_follow_the_synchronous_physics():
 
 
 def test_config_validation_names_the_field_and_what_is_allowed():
-    for kwargs, field in ((dict(machines=2), "machines"), (dict(machines=2000), "machines"),
-                          (dict(duration_s=10), "duration_s"), (dict(fault="meteor"), "fault"),
-                          (dict(step_period_s=(3.0, 9.0)), "step_period_s"),
-                          (dict(step_period_s=(12.0, 6.0)), "step_period_s")):
+    for kwargs, field in (
+        (dict(machines=2), "machines"),
+        (dict(machines=2000), "machines"),
+        (dict(duration_s=10), "duration_s"),
+        (dict(fault="meteor"), "fault"),
+        (dict(step_period_s=(3.0, 9.0)), "step_period_s"),
+        (dict(step_period_s=(12.0, 6.0)), "step_period_s"),
+    ):
         with pytest.raises(ValueError, match=rf"^{field}: .*allowed"):
             CoupledConfig(**kwargs)
 
@@ -140,9 +144,28 @@ def test_cli_rejects_an_unknown_generator_in_one_line(capsys):
 
 def test_cli_synth_writes_a_coupled_trace(tmp_path):
     import json
+
     out = tmp_path / "c.csv"
-    assert main(["synth", "--generator", "coupled", "--out", str(out), "--machines", "4", "--fault", "pfc_storm",
-                 "--duration-s", "300", "--seed", "1"]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "--generator",
+                "coupled",
+                "--out",
+                str(out),
+                "--machines",
+                "4",
+                "--fault",
+                "pfc_storm",
+                "--duration-s",
+                "300",
+                "--seed",
+                "1",
+            ]
+        )
+        == 0
+    )
     labels = json.loads((tmp_path / "c.labels.json").read_text())
     assert labels[0]["kind"] == "pfc_storm" and out.stat().st_size > 0
     assert main(["synth", "--generator", "coupled", "--out", str(out), "--fault", "gpu_drop"]) == 2
@@ -150,6 +173,7 @@ def test_cli_synth_writes_a_coupled_trace(tmp_path):
 
 def test_evaluation_builds_coupled_traces_and_tallies_their_kinds():
     from megatron_rl.monitor.evaluate import EvalConfig, Outcome, tally
+
     ec = EvalConfig(generator="coupled", machines=(4,), faulty_per_cell=1, fault_free_per_size=1)
     assert ec.kinds == COUPLED_FAULT_KINDS and EvalConfig().kinds != COUPLED_FAULT_KINDS
     scen = ec.scenarios()
@@ -160,4 +184,3 @@ def test_evaluation_builds_coupled_traces_and_tallies_their_kinds():
     st = generate_coupled(replace(cfg, duration_s=300))
     t = tally([Outcome(cfg, st.labels, {("m", 1.0): []})], "m", 1.0)
     assert t[cfg.fault].fn == 1
-

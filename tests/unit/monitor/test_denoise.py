@@ -4,8 +4,16 @@ import numpy as np
 import pytest
 import torch
 
-from megatron_rl.monitor.denoise import (DEFAULT_KEY, Denoiser, DenoiserConfig, LstmVae, WindowMedian,
-                                         default_model_dir, train_denoiser, train_vae)
+from megatron_rl.monitor.denoise import (
+    DEFAULT_KEY,
+    Denoiser,
+    DenoiserConfig,
+    LstmVae,
+    WindowMedian,
+    default_model_dir,
+    train_denoiser,
+    train_vae,
+)
 from megatron_rl.monitor.detect import DetectConfig, score_grid
 
 TINY = DenoiserConfig(steps=8, batch=32)
@@ -33,6 +41,7 @@ def test_weights_file_holds_no_pickle(tmp_path):
     raw = den.save(tmp_path).read_bytes()
     assert b"__reduce__" not in raw and not raw.startswith(b"\x80")  # a pickle starts with PROTO
     from safetensors import safe_open
+
     with safe_open(str(tmp_path / "denoiser.safetensors"), framework="pt") as f:
         assert sorted(f.keys())[0].startswith("m0.")
 
@@ -52,7 +61,7 @@ def test_a_windows_reconstruction_does_not_depend_on_the_batch_around_it():
     model = Denoiser.load(default_model_dir()).model_for("gpu_power")
     x = windows(1000, seed=3) * 4
     picked = (1, 2, 500, 997, 998)
-    alone = {i: model.reconstruct(x[i:i + 1])[0] for i in picked}
+    alone = {i: model.reconstruct(x[i : i + 1])[0] for i in picked}
     for start, stop, chunk in ((0, 1000, 16384), (0, 1000, 64), (1, 1000, 128), (2, 999, 16384)):
         got = model.reconstruct(np.ascontiguousarray(x[start:stop].T).T, chunk=chunk)
         for i in (i for i in picked if start <= i < stop):
@@ -63,8 +72,10 @@ def test_training_learns_to_keep_a_windows_level():
     # Windows = a random level + noise. An untrained VAE outputs about 0; a trained one
     # must reproduce the level, which is what the detector needs to keep.
     rng = np.random.default_rng(0)
+
     def data(n):
         return (rng.uniform(-5, 5, (n, 1)) + rng.normal(0, 0.3, (n, 8))).astype(np.float32)
+
     cfg = DenoiserConfig(steps=200, batch=64, lr=0.03, augment_level=0.0, augment_slope=0.0)
     trained, _ = train_vae(data(2000), cfg)
     torch.manual_seed(cfg.seed)

@@ -6,8 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from megatron_rl.monitor.detect import (Alert, DetectConfig, declare, detect, median_distance,
-                                        score_grid)
+from megatron_rl.monitor.detect import Alert, DetectConfig, declare, detect, median_distance, score_grid
 
 CFG = DetectConfig(threshold=5.0, continuity_s=120.0)
 
@@ -48,8 +47,7 @@ def test_strict_continuity_breaks_on_a_gap_tolerant_one_does_not(make_grid):
     grid = make_grid(faults=[(7, "gpu_duty_cycle", 200, 300, -8.0), (7, "gpu_duty_cycle", 316, 600, -8.0)])
     # Window-shape score only: the peer level score (32 s average) would bridge the hole.
     strict = DetectConfig(threshold=5.0, continuity_s=150.0, max_gap_s=0.0, min_fraction=1.0, peer_scores=False)
-    tolerant = DetectConfig(threshold=5.0, continuity_s=150.0, max_gap_s=24.0, min_fraction=0.75,
-                            peer_scores=False)
+    tolerant = DetectConfig(threshold=5.0, continuity_s=150.0, max_gap_s=24.0, min_fraction=0.75, peer_scores=False)
     first_strict = detect(grid, strict).alerts[0]
     first_tolerant = detect(grid, tolerant).alerts[0]
     assert first_strict.first_seen >= 300  # the run had to start again after the hole
@@ -126,14 +124,25 @@ def test_median_distance_matches_brute_force():
 
 def test_alert_json_has_exactly_the_spec_fields():
     a = Alert("node01", "gpu_power", 100.0, 348.0, 7.123456)
-    assert json.loads(a.to_json()) == {"machine": "node01", "metric": "gpu_power", "first_seen": 100.0,
-                                       "declared_at": 348.0, "score": 7.123}
+    assert json.loads(a.to_json()) == {
+        "machine": "node01",
+        "metric": "gpu_power",
+        "first_seen": 100.0,
+        "declared_at": 348.0,
+        "score": 7.123,
+    }
 
 
-@pytest.mark.parametrize("kwargs, word", [
-    ({"threshold": 0}, "threshold"), ({"min_fraction": 1.5}, "min_fraction"),
-    ({"mode": "best"}, "mode"), ({"window_s": 1.0}, "window_s"), ({"min_machines": 2}, "min_machines"),
-])
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        ({"threshold": 0}, "threshold"),
+        ({"min_fraction": 1.5}, "min_fraction"),
+        ({"mode": "best"}, "mode"),
+        ({"window_s": 1.0}, "window_s"),
+        ({"min_machines": 2}, "min_machines"),
+    ],
+)
 def test_config_errors_name_the_field(kwargs, word):
     with pytest.raises(ValueError, match=word):
         DetectConfig(**kwargs)

@@ -17,7 +17,7 @@ def _fault(kind, **kw):
 def test_link_partial_halves_one_links_bandwidth_relative_to_peers():
     g, i, start = _fault("link_partial")
     k = g.metrics.index("nvlink_bandwidth")
-    ratio = g.values[k, i, start + 30:].mean() / np.delete(g.values[k], i, 0)[:, start + 30:].mean()
+    ratio = g.values[k, i, start + 30 :].mean() / np.delete(g.values[k], i, 0)[:, start + 30 :].mean()
     assert 0.35 < ratio < 0.65
     for other in ("gpu_power", "cpu_util"):  # only the link moves
         ko = g.metrics.index(other)
@@ -30,7 +30,7 @@ def test_gpu_flap_idles_about_half_the_time_in_10_to_60_s_periods():
     k = g.metrics.index("gpu_power")
     smooth = lambda x: np.convolve(x, np.ones(5) / 5, mode="same")  # noqa: E731  over the step's phases
     peers = smooth(np.median(np.delete(g.values[k], i, 0), 0))
-    idle = (smooth(g.values[k, i]) < 0.5 * peers)[start + 5:-5]
+    idle = (smooth(g.values[k, i]) < 0.5 * peers)[start + 5 : -5]
     assert 0.3 < idle.mean() < 0.7
     edges = np.flatnonzero(np.diff(idle.astype(int)))
     assert len(edges) >= 4 and np.median(np.diff(edges)) >= 8

@@ -87,11 +87,14 @@ def score_arrays(scores):
     return arrays
 
 
-@pytest.mark.parametrize("spec", [
-    dict(fault="gpu_drop"),
-    dict(fault="flapping", distractors=True, step_metrics=True),
-    dict(fault="straggler", step_metrics=True, step_period_s=(40.0, 90.0)),
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        dict(fault="gpu_drop"),
+        dict(fault="flapping", distractors=True, step_metrics=True),
+        dict(fault="straggler", step_metrics=True, step_period_s=(40.0, 90.0)),
+    ],
+)
 def test_the_denoiser_on_a_second_thread_gives_the_same_bits(spec):
     den = Denoiser.load(default_model_dir())
     grid = generate(SynthConfig(machines=24, duration_s=600, seed=5, **spec)).grid

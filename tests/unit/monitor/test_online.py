@@ -29,8 +29,11 @@ class FakeCollector:
     def record_step_time(self, s, sections=None):
         self.step_times.append(s)
 
-    def start(self): pass
-    def stop(self): pass
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
 
 
 def monitor(tmp_path, grid, **kw):
@@ -66,9 +69,9 @@ def test_gather_is_called_on_schedule_and_only_the_detector_detects(tmp_path, ma
     def gather(samples):  # what rank 1 sees: it contributes its samples, gets nothing back
         calls.append(len(samples))
         return None
+
     cfg = OnlineConfig(detect_every_steps=5, detect=FAST, exclude_file=str(tmp_path / "ex.txt"))
-    mon = OnlineMonitor(cfg, tmp_path, is_detector=False, gather=gather,
-                        collector=FakeCollector(grid, per_drain=40))
+    mon = OnlineMonitor(cfg, tmp_path, is_detector=False, gather=gather, collector=FakeCollector(grid, per_drain=40))
     assert sum((mon.on_step() for _ in range(20)), []) == []
     assert len(calls) == 4 and all(n > 0 for n in calls)
     assert not (tmp_path / "ex.txt").exists()
@@ -84,11 +87,13 @@ def test_lookback_bounds_memory(tmp_path, make_grid):
 
 def test_samples_from_other_ranks_are_merged(tmp_path, make_grid):
     from megatron_rl.monitor.trace import Trace
+
     grid = make_grid(machines=10, duration=400, faults=[(7, "gpu_power", 0, 400, -9.0)])
     other_rank = FakeCollector(grid, per_drain=40, machines=range(5, 10))  # holds the faulty machine
 
     def gather(samples):  # rank 0's view of a 2-rank gather
         return [samples, Trace.from_rows(other_rank.drain())]
+
     cfg = OnlineConfig(detect_every_steps=3, lookback_s=120.0, detect=FAST)
     mon = OnlineMonitor(cfg, tmp_path, gather=gather, collector=FakeCollector(grid, 40, machines=range(5)))
     found = sum((mon.on_step() for _ in range(30)), [])
@@ -96,9 +101,12 @@ def test_samples_from_other_ranks_are_merged(tmp_path, make_grid):
 
 
 def test_history_grows_with_long_steps_to_hold_a_declarable_run(tmp_path, make_grid):
-    mon = OnlineMonitor(OnlineConfig(lookback_s=900.0, detect=DetectConfig()), tmp_path,
-                        collector=FakeCollector(make_grid(machines=5, duration=400, seed=1), per_drain=40),
-                        denoiser=None)
+    mon = OnlineMonitor(
+        OnlineConfig(lookback_s=900.0, detect=DetectConfig()),
+        tmp_path,
+        collector=FakeCollector(make_grid(machines=5, duration=400, seed=1), per_drain=40),
+        denoiser=None,
+    )
     assert mon.history_s() == 900.0  # no step seen yet
     mon._step_times.extend([10.0] * 5)  # short steps: 80 s peak + 110 s continuity + 10 s < 900 s
     assert mon.history_s() == 900.0
@@ -109,9 +117,12 @@ def test_history_grows_with_long_steps_to_hold_a_declarable_run(tmp_path, make_g
 
 
 def test_history_holds_the_longer_continuity_of_a_large_job(tmp_path, make_grid):
-    mon = OnlineMonitor(OnlineConfig(lookback_s=100.0, detect=DetectConfig()), tmp_path,
-                        collector=FakeCollector(make_grid(machines=5, duration=400, seed=1), per_drain=40),
-                        denoiser=None)
+    mon = OnlineMonitor(
+        OnlineConfig(lookback_s=100.0, detect=DetectConfig()),
+        tmp_path,
+        collector=FakeCollector(make_grid(machines=5, duration=400, seed=1), per_drain=40),
+        denoiser=None,
+    )
     mon._step_times.extend([10.0] * 5)  # the 80 s peak span, 110 s of continuity, a step
     assert mon.history_s() == mon.history_s(machines=128) == 80 + 110 + 10
     assert mon.history_s(machines=1024) == 80 + 200 + 10  # three doublings of 30 s
@@ -131,8 +142,12 @@ def test_long_steps_keep_the_longer_history(tmp_path, make_grid):
 def test_a_fault_in_a_job_with_4_minute_steps_is_declared_only_with_the_longer_history(tmp_path):
     from megatron_rl.monitor.coupled import CoupledConfig, generate_coupled
     from megatron_rl.monitor.replay import replay_online
-    st = generate_coupled(CoupledConfig(machines=8, duration_s=2400, seed=0, fault="cpu_saturation",
-                                        step_period_s=(240.0, 240.0), step_metrics=True))
+
+    st = generate_coupled(
+        CoupledConfig(
+            machines=8, duration_s=2400, seed=0, fault="cpu_saturation", step_period_s=(240.0, 240.0), step_metrics=True
+        )
+    )
     grown = replay_online(st.grid, 240.0, OnlineConfig(detect=DetectConfig()), tmp_path / "grown")
     assert [(d.at, d.alert.machine) for d in grown] == [(2400.0, st.labels[0].machine)]  # second detection
     # A fixed 900 s: 4 steps of peak span and 4 of continuity never fit, nothing is declared.

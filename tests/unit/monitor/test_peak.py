@@ -121,7 +121,9 @@ def _slow_link_grid(speed, machines=16, duration=600, start=200, seed=0):
     t = np.arange(duration)
     phase = (t + 0) % 10
     slow = np.where(phase < 2 / speed, 100.0 * speed, 1.0)
-    grid.values[0, 0, t >= start] = slow[t >= start] * np.random.default_rng(seed + 1).normal(1, 0.02, (t >= start).sum())
+    grid.values[0, 0, t >= start] = slow[t >= start] * np.random.default_rng(seed + 1).normal(
+        1, 0.02, (t >= start).sum()
+    )
     return grid
 
 
@@ -159,6 +161,7 @@ def test_a_link_at_six_tenths_counts_from_the_fault_too():
 
 def test_deep_peaks_need_a_capacity_and_enough_spans():
     from megatron_rl.monitor.detect import deep_peaks
+
     cfg = DetectConfig()
     short = np.full((2, 4, 60), 0.6, np.float32)  # every machine 60 % short (only the rule is tested)
     score = short / 0.05

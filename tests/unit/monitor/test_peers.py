@@ -3,8 +3,16 @@
 import numpy as np
 
 from megatron_rl.monitor.detect import DetectConfig, detect
-from megatron_rl.monitor.peers import (SPREAD_CAP, intermittency_scores, level_scores, peer_spread, robust_z,
-                                      trailing_mean, typical_spread, whole_step_span)
+from megatron_rl.monitor.peers import (
+    SPREAD_CAP,
+    intermittency_scores,
+    level_scores,
+    peer_spread,
+    robust_z,
+    trailing_mean,
+    typical_spread,
+    whole_step_span,
+)
 
 
 def test_trailing_mean_ignores_nans_and_starts_short():

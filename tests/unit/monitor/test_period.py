@@ -5,17 +5,22 @@ import pytest
 
 from megatron_rl.monitor.config import DetectConfig
 from megatron_rl.monitor.detect import detect
+from megatron_rl.monitor.period import (
+    autocorrelation_period,
+    average_span,
+    estimate_period,
+    step_average,
+    time_scales,
+    unchanged_for,
+    without_stale_steps,
+)
 from megatron_rl.monitor.trace import STEP_METRICS
-from megatron_rl.monitor.period import (autocorrelation_period, average_span, estimate_period, step_average,
-                                       unchanged_for, without_stale_steps,
-                                        time_scales)
 from megatron_rl.monitor.windows import Grid
 
 METRICS = ["cpu_util", "gpu_duty_cycle", "gpu_power"]
 
 
-def stepping_grid(period=60.0, machines=16, duration=900, duty=0.7, stages=1, noise=3.0, seed=0,
-                  jitter=0.05) -> Grid:
+def stepping_grid(period=60.0, machines=16, duration=900, duty=0.7, stages=1, noise=3.0, seed=0, jitter=0.05) -> Grid:
     """Machines running one compute/communicate step every `period` s (duty cycle `duty`),
     read once a second as the average over that second, split into `stages` pipeline
     stages that start the step 1/stages of a step apart; step lengths jitter together on
@@ -206,7 +211,7 @@ def _hung_steps(machines=16, steps_before=30, duration=600, step_s=8.0, slow_las
 def test_step_times_repeated_through_a_hang_are_stale_and_not_scored():
     grid = _hung_steps()  # step 29, the last, ends at 240 s and is repeated from then on
     kept = without_stale_steps(grid, 3.0).values  # stale after max(3 x 8 s, 30 s) = 30 s
-    assert np.isfinite(kept[:, :, 240 + 30]).all() and np.isnan(kept[:, :, 240 + 31:]).all()
+    assert np.isfinite(kept[:, :, 240 + 30]).all() and np.isnan(kept[:, :, 240 + 31 :]).all()
     assert np.isfinite(kept[:, :, 8:240]).all()  # steps still coming: nothing blanked
     np.testing.assert_array_equal(without_stale_steps(grid, 0.0).values, grid.values, strict=True)
     # The rank whose last step was slow: declared on stale values, not on fresh ones.

@@ -47,7 +47,10 @@ def _window_score(grid, skew_s):
 
 
 def test_a_machine_reading_bursts_two_seconds_early_is_no_outlier_with_skew_s_2():
-    z_plain, z_skew = _window_score(_bursty_grid(shift_machine=3), 0.0), _window_score(_bursty_grid(shift_machine=3), 2.0)
+    z_plain, z_skew = (
+        _window_score(_bursty_grid(shift_machine=3), 0.0),
+        _window_score(_bursty_grid(shift_machine=3), 2.0),
+    )
     assert np.nanmedian(z_plain[3]) > 6.5  # without the shift it is the outlier in most windows
     assert np.nanmax(z_skew[3]) < 6.5
 

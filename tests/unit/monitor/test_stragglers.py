@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from megatron_rl.monitor.collect import Collector
-from megatron_rl.monitor.coupled import CoupledConfig, generate_coupled
 from megatron_rl.monitor.config import DetectConfig, OnlineConfig
+from megatron_rl.monitor.coupled import CoupledConfig, generate_coupled
 from megatron_rl.monitor.detect import continuity, detect, score_grid, step_period
 from megatron_rl.monitor.online import OnlineMonitor
 from megatron_rl.monitor.stragglers import straggler_span, trailing_median
@@ -26,7 +26,7 @@ def step_grid(machines=16, duration=1200, step_s=60.0, slow=(), seed=0, noise=0.
     share = np.array([0.5, 0.4, 0.1])
     sec = share[:, None, None] * step_s * common * np.exp(rng.normal(0, noise, (3, machines, n_steps)))
     for i, first, last, factor in slow:
-        sec[:, i, first:last + 1] *= factor
+        sec[:, i, first : last + 1] *= factor
     steps = np.concatenate([sec.sum(0, keepdims=True), sec])  # step_time, then the sections
     last_done = np.floor(np.arange(duration) / step_s).astype(int) - 1  # finished step at each second
     values = np.where(last_done >= 0, steps[:, :, np.maximum(last_done, 0)], np.nan).astype(np.float32)
@@ -44,8 +44,7 @@ def test_collector_repeats_the_last_steps_times_at_every_sample():
 
 def test_online_monitor_hands_section_times_to_its_collector(tmp_path):
     col = Collector("h", sources=[], clock=iter(range(100)).__next__)
-    mon = OnlineMonitor(OnlineConfig(enabled=True, write_traces=False), tmp_path, collector=col,
-                        denoiser=None)
+    mon = OnlineMonitor(OnlineConfig(enabled=True, write_traces=False), tmp_path, collector=col, denoiser=None)
     mon.on_step(12.0, sections={"train_time": 4.0, "sync_time": 1.0})
     assert col.sample() == {"step_time": 12.0, "train_time": 4.0, "sync_time": 1.0}
 
@@ -81,8 +80,17 @@ def test_continuity_counts_steps_only_for_step_metrics():
 
 
 def test_synthetic_straggler_is_1_1_to_1_5x_its_peers_and_labelled_with_its_sections():
-    st = generate(SynthConfig(machines=16, duration_s=600, seed=3, fault="straggler", transient_rate=0.0,
-                              persistent_stragglers=0, fault_start=(100.0, 100.0)))
+    st = generate(
+        SynthConfig(
+            machines=16,
+            duration_s=600,
+            seed=3,
+            fault="straggler",
+            transient_rate=0.0,
+            persistent_stragglers=0,
+            fault_start=(100.0, 100.0),
+        )
+    )
     (lab,) = st.labels
     assert lab.metrics[0] == "step_time" and set(lab.metrics[1:]) <= set(STEP_METRICS[1:])
     g, i = st.grid, st.grid.machines.index(lab.machine)
@@ -148,7 +156,7 @@ def _channel(slow, noise=0.07, seed=0, **cfg):
 def test_a_rank_25_percent_slower_scores_above_the_threshold_once_its_median_moves():
     z = _channel([(5, 30, 120, 1.25)])  # slow from step 30: shown from 248 s, window 31
     th = DetectConfig().straggler_threshold
-    assert np.nanmin(z[1, 5, 31 + 12:]) > th  # rollout_time, once the slow steps are most of the span
+    assert np.nanmin(z[1, 5, 31 + 12 :]) > th  # rollout_time, once the slow steps are most of the span
     assert np.nanmax(np.delete(z, 5, 1)) < th
 
 

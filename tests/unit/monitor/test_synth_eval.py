@@ -14,15 +14,26 @@ from megatron_rl.monitor.windows import to_grid
 @pytest.mark.filterwarnings("ignore:All-NaN slice")  # step metrics before the first step ends
 @pytest.mark.parametrize("kind", FAULT_KINDS)
 def test_fault_moves_its_metrics_on_its_machine_after_its_start(kind):
-    st = generate(SynthConfig(machines=12, duration_s=600, seed=2, fault=kind, churn=False, drop_frac=0,
-                              nan_frac=0, transient_rate=0.0, persistent_stragglers=0))
+    st = generate(
+        SynthConfig(
+            machines=12,
+            duration_s=600,
+            seed=2,
+            fault=kind,
+            churn=False,
+            drop_frac=0,
+            nan_frac=0,
+            transient_rate=0.0,
+            persistent_stragglers=0,
+        )
+    )
     (lab,) = st.labels
     g = st.grid
     i, start = g.machines.index(lab.machine), int(lab.start)
     for metric in lab.metrics:
         k = g.metrics.index(metric)
         others = np.delete(g.values[k], i, axis=0)
-        gap_after = np.abs(np.nanmedian(g.values[k, i, start + 200:] - np.nanmedian(others[:, start + 200:], 0)))
+        gap_after = np.abs(np.nanmedian(g.values[k, i, start + 200 :] - np.nanmedian(others[:, start + 200 :], 0)))
         gap_before = np.abs(np.nanmedian(g.values[k, i, :start] - np.nanmedian(others[:, :start], 0)))
         assert gap_after > 3 * gap_before + 1e-6, (kind, metric)
 
@@ -46,9 +57,14 @@ def test_tally_matches_alerts_to_labels():
     st = generate(SynthConfig(machines=8, duration_s=600, seed=0, fault="cpu_spike"))
     (lab,) = st.labels
     t = Tally()
-    t.add([Alert(lab.machine, "cpu_util", lab.start, lab.start + 250, 9.0),  # true positive
-           Alert(lab.machine, "cpu_util", 0, lab.start - 1, 9.0),  # before the fault: false alarm
-           Alert("someone_else", "gpu_power", 0, 500, 9.0)], st.labels)  # false alarm
+    t.add(
+        [
+            Alert(lab.machine, "cpu_util", lab.start, lab.start + 250, 9.0),  # true positive
+            Alert(lab.machine, "cpu_util", 0, lab.start - 1, 9.0),  # before the fault: false alarm
+            Alert("someone_else", "gpu_power", 0, 500, 9.0),
+        ],
+        st.labels,
+    )  # false alarm
     assert (t.tp, t.fp, t.fn, t.delays, t.metric_right) == (1, 2, 0, [250.0], 1)
     assert t.prf() == pytest.approx((1 / 3, 1.0, 0.5))
     missed = Tally()
@@ -66,9 +82,9 @@ def test_baselines_score_an_outlier_highest(make_grid):
 
 
 def test_tuning_and_evaluation_run_end_to_end():
-    ec = EvalConfig(kinds=("cpu_spike",), machines=(8,), faulty_per_cell=1, fault_free_per_size=1,
-                    duration_s=600)
+    ec = EvalConfig(kinds=("cpu_spike",), machines=(8,), faulty_per_cell=1, fault_free_per_size=1, duration_s=600)
     from megatron_rl.monitor.detect import score_grid
+
     # The mechanics of tuning, on the per-metric scores: at threshold 4 the joint GPU
     # score (a robust z like any other, meant for 6.5) raises a healthy machine here.
     cfg = DetectConfig(continuity_s=120, gpu_joint=False)
@@ -83,6 +99,7 @@ def test_tuning_and_evaluation_run_end_to_end():
 
 def test_report_counts_found_faults_and_false_alarms_per_machine_day():
     from megatron_rl.monitor.evaluate import Outcome, report_rows
+
     ff = SynthConfig(machines=24, duration_s=3600, seed=1)
     bad = SynthConfig(machines=8, seed=1, fault="gpu_flap")
     lab = generate(SynthConfig(machines=8, duration_s=300, seed=1, fault="gpu_flap", fault_start=(10, 20))).labels

@@ -5,8 +5,17 @@ import math
 import numpy as np
 import pytest
 
-from megatron_rl.monitor.trace import (PRIORITY_METRICS, CsvTraceWriter, Trace, TraceError, check_strict,
-                                       metric_order, read_trace, validate, write_trace)
+from megatron_rl.monitor.trace import (
+    PRIORITY_METRICS,
+    CsvTraceWriter,
+    Trace,
+    TraceError,
+    check_strict,
+    metric_order,
+    read_trace,
+    validate,
+    write_trace,
+)
 
 HEADER = "timestamp,machine,metric,value\n"
 
@@ -42,14 +51,17 @@ def test_missing_column_names_it_and_the_allowed_columns(tmp_path):
     assert "missing column(s) 'value'" in msg and "timestamp, machine, metric, value" in msg
 
 
-@pytest.mark.parametrize("row, words", [
-    ("abc,a,cpu_util,1", ["row 3", "'timestamp'", "'abc'", "finite number"]),
-    ("inf,a,cpu_util,1", ["row 3", "'timestamp'", "'inf'"]),
-    ("1,,cpu_util,1", ["row 3", "'machine' is empty", "hostname"]),
-    ("1,a,,1", ["row 3", "'metric' is empty"]),
-    ("1,a,cpu_util,fast", ["row 3", "'value'", "'fast'", "empty or nan for missing"]),
-    ("1,a,cpu_util", ["row 3", "3 fields", "header has 4"]),
-])
+@pytest.mark.parametrize(
+    "row, words",
+    [
+        ("abc,a,cpu_util,1", ["row 3", "'timestamp'", "'abc'", "finite number"]),
+        ("inf,a,cpu_util,1", ["row 3", "'timestamp'", "'inf'"]),
+        ("1,,cpu_util,1", ["row 3", "'machine' is empty", "hostname"]),
+        ("1,a,,1", ["row 3", "'metric' is empty"]),
+        ("1,a,cpu_util,fast", ["row 3", "'value'", "'fast'", "empty or nan for missing"]),
+        ("1,a,cpu_util", ["row 3", "3 fields", "header has 4"]),
+    ],
+)
 def test_malformed_row_is_named(tmp_path, row, words):
     p = write(tmp_path, HEADER + "0,a,cpu_util,1\n" + row + "\n")
     with pytest.raises(TraceError) as e:
@@ -85,13 +97,20 @@ def test_parquet_needs_pyarrow_or_says_what_to_install(tmp_path):
 
 def test_validate_counts_every_defect(tmp_path):
     body = [
-        "0,a,cpu_util,1", "0,b,cpu_util,", "0,c,cpu_util,nan",  # 2 missing values
-        "0,a,gpu_power,300", "0,b,gpu_power,301",  # c never reports gpu_power
-        "2,a,cpu_util,1", "1,a,cpu_util,1",  # a goes back in time once
-        "2,b,cpu_util,2", "2,b,cpu_util,2",  # one duplicate
+        "0,a,cpu_util,1",
+        "0,b,cpu_util,",
+        "0,c,cpu_util,nan",  # 2 missing values
+        "0,a,gpu_power,300",
+        "0,b,gpu_power,301",  # c never reports gpu_power
+        "2,a,cpu_util,1",
+        "1,a,cpu_util,1",  # a goes back in time once
+        "2,b,cpu_util,2",
+        "2,b,cpu_util,2",  # one duplicate
         "2,a,my_custom,5",  # a non-canonical metric
-        "30,a,cpu_util,1", "30,b,cpu_util,1",  # c left after t=0
-        "12,d,cpu_util,1", "30,d,cpu_util,1",  # d joined at 12
+        "30,a,cpu_util,1",
+        "30,b,cpu_util,1",  # c left after t=0
+        "12,d,cpu_util,1",
+        "30,d,cpu_util,1",  # d joined at 12
     ]
     rep = validate(read_trace(write(tmp_path, HEADER + "\n".join(body) + "\n")))
     assert rep.rows == 14 and rep.machines == 4 and (rep.start, rep.end) == (0.0, 30.0)
@@ -113,8 +132,12 @@ def test_validate_rejects_an_empty_trace():
 
 
 def test_metric_order_puts_priority_first_and_unknown_last():
-    assert metric_order(["zzz", "gpu_power", "step_time", "pfc_tx_packets"]) == \
-        ["pfc_tx_packets", "gpu_power", "step_time", "zzz"]
+    assert metric_order(["zzz", "gpu_power", "step_time", "pfc_tx_packets"]) == [
+        "pfc_tx_packets",
+        "gpu_power",
+        "step_time",
+        "zzz",
+    ]
 
 
 def test_streaming_writer_appends_with_one_header(tmp_path):
@@ -142,8 +165,9 @@ def test_strict_refuses_an_unknown_metric_and_suggests_the_close_name(tmp_path):
     msg = str(e.value)
     assert msg.startswith("t.csv: unknown metric 'gpu_dutycycle' (did you mean gpu_duty_cycle?)")
     assert "allowed: pfc_tx_packets" in msg and "\n" not in msg
-    assert "non-canonical metrics (lowest priority): gpu_dutycycle (did you mean gpu_duty_cycle?)" \
-        in "\n".join(validate(tr).lines())
+    assert "non-canonical metrics (lowest priority): gpu_dutycycle (did you mean gpu_duty_cycle?)" in "\n".join(
+        validate(tr).lines()
+    )
 
 
 def test_strict_names_the_first_series_that_goes_back_in_time(tmp_path):

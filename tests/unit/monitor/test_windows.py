@@ -5,16 +5,31 @@ import warnings
 import numpy as np
 
 from megatron_rl.monitor.trace import Trace
-from megatron_rl.monitor.windows import (complete_trailing_mean, complete_trailing_mean_at, cut_windows, fill_gaps,
-                                         fill_gaps_from, nanmedian, nanquantile, normal_windows, normalise,
-                                         normalise_lagged, to_grid, window_times)
+from megatron_rl.monitor.windows import (
+    complete_trailing_mean,
+    complete_trailing_mean_at,
+    cut_windows,
+    fill_gaps,
+    fill_gaps_from,
+    nanmedian,
+    nanquantile,
+    normal_windows,
+    normalise,
+    normalise_lagged,
+    to_grid,
+    window_times,
+)
 
 
 def test_to_grid_bins_to_nearest_second_averages_duplicates_and_orders_metrics():
-    rows = [(10.0, "a", "gpu_power", 100.0), (10.9, "a", "gpu_power", 110.0),  # 10.9 -> second 11
-            (11.1, "a", "gpu_power", 130.0),  # also second 11: averaged with 110
-            (10.0, "b", "cpu_util", 5.0), (12.0, "b", "cpu_util", float("nan")),  # NaN = absent
-            (12.2, "a", "cpu_util", 7.0)]
+    rows = [
+        (10.0, "a", "gpu_power", 100.0),
+        (10.9, "a", "gpu_power", 110.0),  # 10.9 -> second 11
+        (11.1, "a", "gpu_power", 130.0),  # also second 11: averaged with 110
+        (10.0, "b", "cpu_util", 5.0),
+        (12.0, "b", "cpu_util", float("nan")),  # NaN = absent
+        (12.2, "a", "cpu_util", 7.0),
+    ]
     g = to_grid(Trace.from_rows(rows))
     assert g.metrics == ["cpu_util", "gpu_power"] and g.machines == ["a", "b"] and g.start == 10.0
     assert g.values.shape == (2, 2, 3)
@@ -35,9 +50,14 @@ def test_fill_gaps_fills_short_holes_only():
 
 def test_fill_gaps_from_fills_the_same_holes_with_the_median_at_that_second():
     nan = np.nan
-    x = np.array([[1, 100, nan, 1, 1, 1],   # a sample dropped right after a burst
-                  [1, 100, 3, 1, 1, 1],
-                  [1, 100, 5, nan, nan, nan]], np.float32)  # a run of 3 with a value before it
+    x = np.array(
+        [
+            [1, 100, nan, 1, 1, 1],  # a sample dropped right after a burst
+            [1, 100, 3, 1, 1, 1],
+            [1, 100, 5, nan, nan, nan],
+        ],
+        np.float32,
+    )  # a run of 3 with a value before it
     x = np.stack([x, 10 * x])  # a second metric: its own medians
     centre = nanmedian(x, axis=1, keepdims=True)  # second 2: median(3, 5) = 4; seconds 3-5: 1
     filled = fill_gaps_from(x, centre, 3)
@@ -112,6 +132,7 @@ def test_windows_align_to_the_end():
 
     class G:
         values, start, step_s = np.zeros((1, 1, 20)), 100.0, 1.0
+
     start, end = window_times(G, 8, 8)
     np.testing.assert_array_equal(start, [104.0, 112.0])
     np.testing.assert_array_equal(end, [111.0, 119.0])
@@ -145,6 +166,7 @@ def test_fill_gaps_matches_a_brute_force_reference():
 def test_nanmedian_of_nothing_is_nan_and_a_too_short_trace_declares_nothing():
     from megatron_rl.monitor.detect import detect
     from megatron_rl.monitor.windows import Grid
+
     assert np.isnan(nanmedian(np.empty((3, 0), np.float32), axis=1)).all()
     short = Grid(np.ones((2, 5, 4), np.float32), ["cpu_util", "gpu_power"], [f"m{i}" for i in range(5)], 0.0)
     assert detect(short).alerts == []  # 4 s: no 8 s window yet

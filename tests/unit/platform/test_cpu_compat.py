@@ -124,8 +124,16 @@ def test_synchronize_is_a_no_op_inside_scope_only():
 
 def _smoke_step(exclude: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, MEGATRON_RL_CPU_PATCHES_EXCLUDE=exclude, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "megatron_rl", "train", "--config", "examples/smoke.yaml",
-           "trainer.max_steps=1", "trainer.run_dir=/tmp/mrl-scope-test"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "megatron_rl",
+        "train",
+        "--config",
+        "examples/smoke.yaml",
+        "trainer.max_steps=1",
+        "trainer.run_dir=/tmp/mrl-scope-test",
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -49,8 +49,13 @@ def test_class_attribute_keeps_its_staticmethod(target_module):
 
 
 def test_inherited_attribute_is_wrapped_and_then_removed(target_module):
-    patch = Patch("p", target_module.__name__, "Target.inherited", "Target.inherited",
-                  lambda original: lambda self: "sub of " + original(self))
+    patch = Patch(
+        "p",
+        target_module.__name__,
+        "Target.inherited",
+        "Target.inherited",
+        lambda original: lambda self: "sub of " + original(self),
+    )
     patch.apply()
     assert _Target().inherited() == "sub of base"
     patch.revert()
@@ -58,8 +63,13 @@ def test_inherited_attribute_is_wrapped_and_then_removed(target_module):
 
 
 def test_scope_builds_the_replacement_from_the_callers_state(target_module):
-    patch = Patch("p", target_module.__name__, "function", "function",
-                  lambda original, calls: lambda: calls.append(original()) or len(calls))
+    patch = Patch(
+        "p",
+        target_module.__name__,
+        "function",
+        "function",
+        lambda original, calls: lambda: calls.append(original()) or len(calls),
+    )
     calls: list = []
     with patch.scope(calls):
         assert target_module.function() == 1 and target_module.function() == 2

@@ -73,8 +73,13 @@ _SHM_JOBS = textwrap.dedent(
 
 
 def _shm_jobs(mode: str) -> list:
-    proc = subprocess.run([sys.executable, "-c", _SHM_JOBS, mode], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        [sys.executable, "-c", _SHM_JOBS, mode],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -82,8 +87,10 @@ def _shm_jobs(mode: str) -> list:
 def test_shm_group_name_lets_two_jobs_share_a_host():
     shipped = _shm_jobs("shipped")
     if shipped == "no shared-memory communicator":
-        pytest.skip("this CPU's vLLM kernels (AVX2 build) have no shared-memory communicator: "
-                    "vLLM's CPU groups use torch.distributed, and there is no segment to name")
+        pytest.skip(
+            "this CPU's vLLM kernels (AVX2 build) have no shared-memory communicator: "
+            "vLLM's CPU groups use torch.distributed, and there is no segment to name"
+        )
     (first, made), (second, clash) = shipped
     assert first == second and made == "created" and "errno: 17" in clash
     (first, made), (second, also) = _shm_jobs("patched")
@@ -171,8 +178,7 @@ def test_tied_params_memo_walks_the_model_once():
 def probe(tmp_path_factory):
     work = tmp_path_factory.mktemp("vllm_compat")
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(PROBE), str(work)], env=env, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run([sys.executable, str(PROBE), str(work)], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -180,8 +186,11 @@ def probe(tmp_path_factory):
 @pytest.mark.slow
 def test_engine_installs_the_global_patches(probe):
     assert probe["installed"] == [p.name for p in vllm_compat.PATCHES]
-    assert probe["built_lm_head_plain"] and probe["patched"] == {"moved": 0.0, "lm_head_plain": True,
-                                                                 "synced_head_vs_reload": 0.0}
+    assert probe["built_lm_head_plain"] and probe["patched"] == {
+        "moved": 0.0,
+        "lm_head_plain": True,
+        "synced_head_vs_reload": 0.0,
+    }
 
 
 @pytest.mark.slow

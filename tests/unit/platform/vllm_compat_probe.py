@@ -24,8 +24,9 @@ work = Path(sys.argv[1])
 path = work / "moe"
 if not path.exists():
     save_tiny_model(TINY_QWEN3_MOE, path, seed=5)
-engine = RolloutEngine(path, EngineConfig(max_model_len=64, load_tokenizer=False, cpu_linear="plain",
-                                          cache_dir=str(work / "cache")))
+engine = RolloutEngine(
+    path, EngineConfig(max_model_len=64, load_tokenizer=False, cpu_linear="plain", cache_dir=str(work / "cache"))
+)
 weights = {}
 for f in sorted(path.glob("*.safetensors")):
     weights.update(load_file(f))
@@ -60,9 +61,11 @@ def synced_head_served() -> float:
 
 
 built = engine.prompt_logprobs(sequences)
-out = {"installed": [p.name for p in vllm_compat.PATCHES if p.applied],
-       "built_lm_head_plain": engine.llm.collective_rpc(_lm_head_is_plain)[0],
-       "patched": reload()}
+out = {
+    "installed": [p.name for p in vllm_compat.PATCHES if p.applied],
+    "built_lm_head_plain": engine.llm.collective_rpc(_lm_head_is_plain)[0],
+    "patched": reload(),
+}
 out["patched"]["synced_head_vs_reload"] = synced_head_served()
 for patch in (vllm_compat.MOE_RELOAD_REPACK, vllm_compat.PLAIN_GEMM_DISPATCH):
     patch.revert()

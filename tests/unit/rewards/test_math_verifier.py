@@ -23,17 +23,21 @@ def test_batch_scores_and_stats(verifier):
         ["\\boxed{1/2}", "Answer: 3", "no answer", "\\boxed{5}"], ["0.5", "\\frac{6}{2}", "3", "4"]
     )
     assert scores == [1.0, 1.0, 0.0, 0.0]
-    assert stats == {"total": 4, "correct": 2, "timeouts": 0, "answer_parse_failures": 0,
-                     "response_parse_failures": 1, "errors": 0}
+    assert stats == {
+        "total": 4,
+        "correct": 2,
+        "timeouts": 0,
+        "answer_parse_failures": 0,
+        "response_parse_failures": 1,
+        "errors": 0,
+    }
 
 
 def test_hanging_item_scores_zero_within_the_timeout_and_is_counted(verifier):
     verifier.score_batch(["\\boxed{1}"], ["1"])  # workers started: only scoring is timed
     before = dict(verifier.totals)
     started = time.monotonic()
-    scores, stats = verifier.score_batch(
-        ["\\boxed{2}", HANGING_RESPONSE, "Answer: 0.25"], ["2", "5", "1/4"]
-    )
+    scores, stats = verifier.score_batch(["\\boxed{2}", HANGING_RESPONSE, "Answer: 0.25"], ["2", "5", "1/4"])
     elapsed = time.monotonic() - started
     assert scores == [1.0, 0.0, 1.0]
     assert stats["timeouts"] == 1 and stats["correct"] == 2

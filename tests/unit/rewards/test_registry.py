@@ -7,7 +7,9 @@ def test_names_and_one_signature():
     assert set(REWARDS) == {"math", "digits"}
     with build_verifier("digits") as v:
         assert v.score_batch(["Answer: 3", "Answer: 4"], ["3", "3"]) == (
-            [1.0, 0.0], {"total": 2, "correct": 1, "format_failures": 0})
+            [1.0, 0.0],
+            {"total": 2, "correct": 1, "format_failures": 0},
+        )
 
 
 def test_unknown_name_lists_the_valid_ones():

@@ -26,8 +26,12 @@ dtype = sys.argv[3] if len(sys.argv) > 3 else "float32"
 path = work / "moe"
 if not path.exists():
     save_tiny_model(TINY_QWEN3_MOE, path, seed=5)
-engine = RolloutEngine(path, EngineConfig(max_model_len=64, load_tokenizer=False, cpu_linear=cpu_linear, dtype=dtype,
-                                          cache_dir=str(work / "cache")))
+engine = RolloutEngine(
+    path,
+    EngineConfig(
+        max_model_len=64, load_tokenizer=False, cpu_linear=cpu_linear, dtype=dtype, cache_dir=str(work / "cache")
+    ),
+)
 from safetensors.torch import load_file  # noqa: E402
 
 source = {}
@@ -75,11 +79,16 @@ for step in range(2):
     slow_paths = push(new, "reload")
     slow = engine.prompt_logprobs(sequences)
     slow_check = engine.check_weights(list(new.items()))
-    out["steps"].append({"paths": fast_paths + slow_paths, "fast_vs_reload": max_diff(fast, slow),
-                         "moved": max_diff(fast, before),
-                         "checked": [fast_check.compared_elements, slow_check.compared_elements],
-                         "check_problems": [m.name for c in (fast_check, slow_check) for m in c.mismatches]
-                         + list(fast_check.unsupported + slow_check.unsupported)})
+    out["steps"].append(
+        {
+            "paths": fast_paths + slow_paths,
+            "fast_vs_reload": max_diff(fast, slow),
+            "moved": max_diff(fast, before),
+            "checked": [fast_check.compared_elements, slow_check.compared_elements],
+            "check_problems": [m.name for c in (fast_check, slow_check) for m in c.mismatches]
+            + list(fast_check.unsupported + slow_check.unsupported),
+        }
+    )
     before = fast
 
 # Buckets split inside decoder layers at module boundaries (attention, then the rest):

@@ -19,8 +19,9 @@ from megatron_rl.testing.tiny import TINY_QWEN3_MOE
 work = Path(sys.argv[1])
 path = work / "moe"
 save_tiny_model(TINY_QWEN3_MOE, path, seed=5)
-engine = RolloutEngine(path, EngineConfig(max_model_len=64, load_tokenizer=False, cache_dir=str(work / "cache"),
-                                          record_routes=True))
+engine = RolloutEngine(
+    path, EngineConfig(max_model_len=64, load_tokenizer=False, cache_dir=str(work / "cache"), record_routes=True)
+)
 hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 prompts = [[5, 9, 17, 33, 2, 8, 40, 41, 42, 7], [3, 4, 5, 6]]
 
@@ -36,7 +37,9 @@ def compare(samples) -> dict:
         with torch.no_grad():
             router_logits = hf(torch.tensor([inputs]), output_router_logits=True).router_logits
         for layer, logits in enumerate(router_logits):
-            expected = logits.reshape(len(inputs), -1).topk(TINY_QWEN3_MOE.moe_router_topk, dim=-1).indices.sort(-1).values
+            expected = (
+                logits.reshape(len(inputs), -1).topk(TINY_QWEN3_MOE.moe_router_topk, dim=-1).indices.sort(-1).values
+            )
             agreed += int((s.routes[:, layer].long().sort(-1).values == expected).all(-1).sum())
             total += len(inputs)
     return {"agreed": agreed, "total": total, "missing": missing, "shapes_ok": shapes_ok}
@@ -46,5 +49,12 @@ generated = [s for group in engine.generate(prompts, Sampling(n=3, max_tokens=6)
 windows = [g[0] for g in engine.generate(prompts, Sampling(n=1, max_tokens=8, window=3))]
 continued = engine.continue_(windows, Sampling(n=1, max_tokens=8, window=3))
 plain = engine.prompt_logprobs([prompts[0]])  # not recorded: no routes kept for it
-print(json.dumps({"generated": compare(generated), "continued": compare(continued),
-                  "continued_lengths": [len(s.token_ids) for s in continued]}))
+print(
+    json.dumps(
+        {
+            "generated": compare(generated),
+            "continued": compare(continued),
+            "continued_lengths": [len(s.token_ids) for s in continued],
+        }
+    )
+)

@@ -14,7 +14,10 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402
 
 from megatron_rl.rollout.adaptive_temperature import (  # noqa: E402
-    EXTRA_ARGS_KEY, AdaptiveTemperatureProcessor, extra_args)
+    EXTRA_ARGS_KEY,
+    AdaptiveTemperatureProcessor,
+    extra_args,
+)
 
 INF = float("inf")
 # ĥ = clamp(log H) with these stats (pivot 0, scale 1, maxima 1).
@@ -44,8 +47,7 @@ def expected(row, k, tau):
 def test_scales_opted_in_rows_and_leaves_the_others_untouched():
     proc = AdaptiveTemperatureProcessor(None, torch.device("cpu"), False)
     assert proc.is_argmax_invariant()
-    proc.update_state(update(3, added=[(0, params(0.5), [1], []), (1, params(), [1], []),
-                                       (2, params(0.2), [1], [])]))
+    proc.update_state(update(3, added=[(0, params(0.5), [1], []), (1, params(), [1], []), (2, params(0.2), [1], [])]))
     logits = torch.stack([uniform_row(4), uniform_row(3), uniform_row(2)])
     original = logits.clone()
     out = proc.apply(logits)
@@ -57,8 +59,7 @@ def test_scales_opted_in_rows_and_leaves_the_others_untouched():
 
 def test_follows_requests_when_the_batch_is_reordered():
     proc = AdaptiveTemperatureProcessor(None, torch.device("cpu"), False)
-    proc.update_state(update(3, added=[(0, params(0.5), None, []), (1, params(), None, []),
-                                       (2, params(), None, [])]))
+    proc.update_state(update(3, added=[(0, params(0.5), None, []), (1, params(), None, []), (2, params(), None, [])]))
     proc.update_state(update(3, moved=[(0, 2, MoveDirectionality.SWAP)]))  # now at row 2
     rows = torch.stack([uniform_row(4)] * 3)
     out = proc.apply(rows.clone())

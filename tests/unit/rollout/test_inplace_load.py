@@ -15,8 +15,9 @@ PROBE = Path(__file__).with_name("inplace_load_probe.py")
 
 def _probe(work: Path, cpu_linear: str, dtype: str) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(PROBE), str(work), cpu_linear, dtype], env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(PROBE), str(work), cpu_linear, dtype], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -75,8 +76,12 @@ def test_weight_check_reads_back_every_kind_of_layer(probes, kind):
         assert step["checked"] == [TINY_MOE_ELEMENTS[kind]] * 2, step
         assert step["check_problems"] == [], step
     wrong = out["wrong"]
-    assert set(wrong) == {"model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
-                          "model.layers.0.self_attn.qkv_proj.weight", "model.layers.1.mlp.experts.routed_experts.w2_weight"}
+    assert set(wrong) == {
+        "model.embed_tokens.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.self_attn.qkv_proj.weight",
+        "model.layers.1.mlp.experts.routed_experts.w2_weight",
+    }
     assert wrong["model.layers.1.mlp.experts.routed_experts.w2_weight"][0] == 1  # the one element
     assert wrong["model.layers.0.input_layernorm.weight"][0] > 0
     assert 0 < wrong["model.layers.0.self_attn.qkv_proj.weight"][0] <= 128 * 64  # only q's rows

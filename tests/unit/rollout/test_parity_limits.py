@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from megatron_rl.rollout.parity import PARITY_LIMITS, ParityError, ParityLimits, ParityReport, judge, parity_limits, parity_report
+from megatron_rl.rollout.parity import (
+    PARITY_LIMITS,
+    ParityError,
+    ParityLimits,
+    ParityReport,
+    judge,
+    parity_limits,
+    parity_report,
+)
 
 
 def test_report_statistics_by_hand():

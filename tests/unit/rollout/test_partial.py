@@ -12,8 +12,13 @@ from megatron_rl.trainer.sources import staleness_metrics
 
 
 def _sample(tokens, reason="window", versions=None):
-    return Sample(prompt_ids=[1, 2], token_ids=list(tokens), logprobs=[-0.5] * len(tokens),
-                  finish_reason=reason, versions=versions)
+    return Sample(
+        prompt_ids=[1, 2],
+        token_ids=list(tokens),
+        logprobs=[-0.5] * len(tokens),
+        finish_reason=reason,
+        versions=versions,
+    )
 
 
 def test_each_chunk_stamps_only_its_new_tokens():
@@ -40,14 +45,23 @@ def test_a_continuation_must_extend_its_sample():
 def test_rows_and_step_metrics_follow_the_token_versions():
     # Trainer at version 5. Group A was submitted at 4: one sample finished under 4, one was
     # continued under 5 after its third token. Group B is a whole-version batch of version 5.
-    a = Group([1], "x", [_sample([1, 2], "stop", [4, 4]), _sample([1, 2, 3, 4, 5], "stop", [4, 4, 4, 5, 5])],
-              [1.0, 0.0], [1.0, 0.0], version=4)
+    a = Group(
+        [1],
+        "x",
+        [_sample([1, 2], "stop", [4, 4]), _sample([1, 2, 3, 4, 5], "stop", [4, 4, 4, 5, 5])],
+        [1.0, 0.0],
+        [1.0, 0.0],
+        version=4,
+    )
     b = Group([2], "y", [_sample([6, 7, 8], "stop"), _sample([9], "stop")], [0.0, 1.0], [0.0, 1.0], version=5)
     rows = TrainRows.from_groups([a, b], version=5)
     assert rows.fresh_start == [2, 3, 0, 0]  # tokens of version 4 are not fresh, the rest are
     assert rows.group_index == [0, 0, 1, 1]
     assert staleness_metrics([a, b], version=5) == {
-        "rollout/staleness_mean": 0.5, "rollout/staleness_max": 1, "rollout/partial_samples": 1}
+        "rollout/staleness_mean": 0.5,
+        "rollout/staleness_max": 1,
+        "rollout/partial_samples": 1,
+    }
     # A whole-version group of an older version has no fresh token, as before.
     old = Group([3], "z", [_sample([1, 2, 3], "stop")], [0.0], [0.0], version=4)
     assert TrainRows.from_groups([old], version=5).fresh_start == [3]

@@ -26,8 +26,9 @@ def test_request_ids_map_to_request_and_sample_index():
 @pytest.mark.slow
 def test_recorded_routes_equal_transformers_router(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(PROBE), str(tmp_path)], env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(PROBE), str(tmp_path)], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     for part in ("generated", "continued"):

@@ -19,10 +19,13 @@ def test_seeds_follow_the_prompts_not_their_batch():
     assert prompt_seeds(7, [1, 0], [4, 4], n=8) == [batch[2], batch[0]]
 
 
-@pytest.mark.parametrize("args,match", [
-    ((7, [0], [1], MAX_SAMPLES + 1), "exceed the 4096"),
-    ((7, [0, 0], [1], 4), "2 epochs for 1 prompts"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        ((7, [0], [1], MAX_SAMPLES + 1), "exceed the 4096"),
+        ((7, [0, 0], [1], 4), "2 epochs for 1 prompts"),
+    ],
+)
 def test_bad_requests_are_refused(args, match):
     with pytest.raises(ValueError, match=match):
         prompt_seeds(*args)

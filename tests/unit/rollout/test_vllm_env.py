@@ -38,8 +38,9 @@ def test_stale_segments_are_removed_and_mapped_ones_kept(tmp_path):
 
 def test_a_process_unlinks_the_segments_it_maps_and_no_others():
     """What a training process does in place of vLLM's shutdown (launch.process_exit)."""
-    own, unmapped, plain = (vllm_env.SHM_DIR / f"mrl-test-{os.getpid()}-{kind}" for kind in
-                            ("own-cpushm_0", "unmapped-cpushm_0", "plain"))
+    own, unmapped, plain = (
+        vllm_env.SHM_DIR / f"mrl-test-{os.getpid()}-{kind}" for kind in ("own-cpushm_0", "unmapped-cpushm_0", "plain")
+    )
     for path in (own, unmapped, plain):
         path.write_bytes(b"\0" * 4096)
     try:
@@ -71,8 +72,11 @@ def test_log_level_is_set_from_the_config_value(monkeypatch):
 
 
 def test_a_bad_log_level_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"rollout.log_level='loud' is not allowed; choose one of "
-                                          r"\['debug', 'error', 'info', 'warning'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"rollout.log_level='loud' is not allowed; choose one of "
+        r"\['debug', 'error', 'info', 'warning'\]",
+    ):
         load_config(None, ["rollout.log_level=loud"])
     with pytest.raises(ConfigError, match="rollout.log_level='WARNING' is not allowed"):
         load_config(None, ["rollout.log_level=WARNING"])
@@ -96,7 +100,8 @@ def test_vllm_itself_logs_at_the_configured_level():
     repo = Path(__file__).resolve().parents[3]
     env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-c", VLLM_LEVELS, "warning"], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", VLLM_LEVELS, "warning"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == [str(logging.WARNING)] * 2 + [str(logging.ERROR)] * 2

@@ -10,8 +10,7 @@ def test_pack_aligns_loss_mask_with_the_predicted_response_tokens():
     tokens, mask = pack_sequences([[5, 6], [1]], [[7, 8, 9], [2]], seq_length=6, pad_token_id=0)
     assert tokens.tolist() == [[5, 6, 7, 8, 9, 0], [1, 2, 0, 0, 0, 0]]
     # position t predicts token t + 1: row 0 predicts 7, 8, 9 from positions 1, 2, 3
-    assert mask.tolist() == [[False, True, True, True, False, False],
-                             [True, False, False, False, False, False]]
+    assert mask.tolist() == [[False, True, True, True, False, False], [True, False, False, False, False, False]]
     batch = TrainBatch(tokens=tokens, loss_mask=mask)
     assert batch.labels[0][mask[0]].tolist() == [7, 8, 9]
     assert batch.labels[1][mask[1]].tolist() == [2]
@@ -31,8 +30,7 @@ def _batch(n=8, s=5):
     tokens = torch.arange(n * s).reshape(n, s)
     mask = torch.zeros(n, s, dtype=torch.bool)
     mask[:, 1:3] = True
-    return TrainBatch(tokens=tokens, loss_mask=mask, advantages=torch.randn(n, s),
-                      is_positive=torch.arange(n) % 2 == 0)
+    return TrainBatch(tokens=tokens, loss_mask=mask, advantages=torch.randn(n, s), is_positive=torch.arange(n) % 2 == 0)
 
 
 def test_padded_placement_is_contiguous_dp_slices_and_microbatches():
@@ -57,8 +55,14 @@ def test_padded_placement_is_contiguous_dp_slices_and_microbatches():
         (lambda b: b.require("old_logprobs", "advantages"), r"needs batch fields \['old_logprobs'\]"),
         (lambda b: TrainBatch(tokens=b.tokens, loss_mask=b.loss_mask[:, :4]), "loss_mask must have the shape"),
         (lambda b: TrainBatch(tokens=b.tokens.float(), loss_mask=b.loss_mask), "int64"),
-        (lambda b: TrainBatch(tokens=b.tokens, loss_mask=torch.ones_like(b.loss_mask)), r"loss_mask\[:, -1\] must be 0"),
-        (lambda b: TrainBatch(tokens=b.tokens, loss_mask=b.loss_mask, is_positive=torch.ones(3)), "is_positive must be"),
+        (
+            lambda b: TrainBatch(tokens=b.tokens, loss_mask=torch.ones_like(b.loss_mask)),
+            r"loss_mask\[:, -1\] must be 0",
+        ),
+        (
+            lambda b: TrainBatch(tokens=b.tokens, loss_mask=b.loss_mask, is_positive=torch.ones(3)),
+            "is_positive must be",
+        ),
         (lambda b: pack_sequences([[1, 2]], [[3, 4, 5]], seq_length=4), "fit seq_length=4"),
         (lambda b: pack_sequences([[]], [[3]], seq_length=4), "non-empty"),
     ],

@@ -27,18 +27,22 @@ def _batch(seed=0):
     positions = torch.arange(S)
     mask = (positions >= 1) & (positions < 1 + lengths.unsqueeze(1))
     old = -torch.rand(N, S, generator=g) * 3
-    return TrainBatch(
-        tokens=torch.randint(0, 10, (N, S), generator=g),
-        loss_mask=mask,
-        old_logprobs=old,
-        ref_logprobs=old + 0.1 * torch.randn(N, S, generator=g),
-        advantages=torch.randn(N, 1, generator=g) * (1 + 0.2 * torch.randn(N, S, generator=g)),
-        returns=torch.randn(N, S, generator=g),
-        old_values=torch.randn(N, S, generator=g),
-        h_hat=2 * torch.rand(N, S, generator=g) - 1,
-        is_positive=torch.rand(N, generator=g) > 0.5,
-        is_weights=torch.rand(N, S, generator=g) * 2,
-    ), old + 0.3 * torch.randn(N, S, generator=g), torch.rand(N, S, generator=g) * 4
+    return (
+        TrainBatch(
+            tokens=torch.randint(0, 10, (N, S), generator=g),
+            loss_mask=mask,
+            old_logprobs=old,
+            ref_logprobs=old + 0.1 * torch.randn(N, S, generator=g),
+            advantages=torch.randn(N, 1, generator=g) * (1 + 0.2 * torch.randn(N, S, generator=g)),
+            returns=torch.randn(N, S, generator=g),
+            old_values=torch.randn(N, S, generator=g),
+            h_hat=2 * torch.rand(N, S, generator=g) - 1,
+            is_positive=torch.rand(N, generator=g) > 0.5,
+            is_weights=torch.rand(N, S, generator=g) * 2,
+        ),
+        old + 0.3 * torch.randn(N, S, generator=g),
+        torch.rand(N, S, generator=g) * 4,
+    )
 
 
 def _split_sum(loss, batch, per_part, fn):
@@ -63,8 +67,8 @@ def test_actor_microbatch_shares_add_up_to_the_whole_batch_loss(recipe, per_part
     whole.loss.backward()
     split_logp = logp_value.clone().requires_grad_()
     total, sums, maxes = _split_sum(
-        loss, batch, per_part,
-        lambda part, rows, norms: loss.objective(split_logp[rows], entropy[rows], part, norms))
+        loss, batch, per_part, lambda part, rows, norms: loss.objective(split_logp[rows], entropy[rows], part, norms)
+    )
     total.backward()
     torch.testing.assert_close(total, whole.loss, atol=1e-6, rtol=0)
     torch.testing.assert_close(split_logp.grad, whole_logp.grad, atol=1e-7, rtol=0)
@@ -100,7 +104,12 @@ def test_actor_loss_reads_vocab_parallel_logits():
 def test_actor_required_fields_follow_the_recipe():
     assert ActorLoss(RECIPES["dapo"], 10).required_fields() == ("old_logprobs", "advantages")
     assert set(ActorLoss(RECIPES["hapo_kl_nll"], 10).required_fields()) == {
-        "old_logprobs", "advantages", "ref_logprobs", "is_positive", "h_hat"}
+        "old_logprobs",
+        "advantages",
+        "ref_logprobs",
+        "is_positive",
+        "h_hat",
+    }
 
 
 @pytest.mark.parametrize("value_clip", [None, 0.2])
@@ -113,7 +122,8 @@ def test_critic_microbatch_shares_add_up(value_clip, per_part):
     whole.loss.backward()
     split_values = values.clone().requires_grad_()
     total, sums, _ = _split_sum(
-        loss, batch, per_part, lambda part, rows, norms: loss.objective(split_values[rows], part, norms))
+        loss, batch, per_part, lambda part, rows, norms: loss.objective(split_values[rows], part, norms)
+    )
     total.backward()
     torch.testing.assert_close(total, whole.loss, atol=1e-6, rtol=0)
     torch.testing.assert_close(split_values.grad, whole_values.grad, atol=1e-7, rtol=0)

@@ -13,8 +13,9 @@ def batch_of(lengths, seq=8):
     prompts = [[10 * n] for n in range(len(lengths))]
     responses = [[10 * n + t for t in range(1, length)] for n, length in enumerate(lengths)]
     tokens, mask = pack_sequences(prompts, responses, seq)
-    return TrainBatch(tokens=tokens, loss_mask=mask, lengths=torch.tensor(lengths),
-                      temperature=torch.full((len(lengths), seq), 0.5))
+    return TrainBatch(
+        tokens=tokens, loss_mask=mask, lengths=torch.tensor(lengths), temperature=torch.full((len(lengths), seq), 0.5)
+    )
 
 
 def test_balanced_partition_equal_sizes_and_loads():
@@ -108,12 +109,20 @@ def test_cost_counts_padding_and_empty_micro_batches():
     batch = batch_of([8, 1, 2, 7, 3, 3])  # 24 real tokens; ranks hold [8, 1, 3] and [2, 7, 3]
     packed = Microbatching(max_tokens=8, multiple=2)
     # rank 0: [8], [3+1 -> 4]; rank 1: [7 -> 8], [3+2 -> 6]: 26 computed tokens
-    assert packed.cost(batch, 2) == {"real_tokens": 24, "computed_tokens": 26, "micro_batches": 2,
-                                     "tokens_per_micro_batch_max": 8}
+    assert packed.cost(batch, 2) == {
+        "real_tokens": 24,
+        "computed_tokens": 26,
+        "micro_batches": 2,
+        "tokens_per_micro_batch_max": 8,
+    }
     # the interleaved schedule pads every row of the call to the longest (8): 4 x 8
     uniform = Microbatching(max_tokens=8).for_layout(2, interleaved=True)
     assert uniform == Microbatching(max_tokens=8, multiple=2, uniform_length=True)
     assert uniform.cost(batch, 2)["computed_tokens"] == 32
     padded = Microbatching(micro_batch_size=1)
-    assert padded.cost(batch, 2) == {"real_tokens": 24, "computed_tokens": 48, "micro_batches": 3,
-                                     "tokens_per_micro_batch_max": 8}
+    assert padded.cost(batch, 2) == {
+        "real_tokens": 24,
+        "computed_tokens": 48,
+        "micro_batches": 3,
+        "tokens_per_micro_batch_max": 8,
+    }

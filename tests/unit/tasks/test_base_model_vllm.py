@@ -23,8 +23,14 @@ def test_build_cache_and_vllm_agrees_with_transformers(tmp_path):
     assert report["sampled_format_rate_after_warmup"] >= 0.9  # the format is learned ...
     assert report["sampled_accuracy_after_warmup"] <= 0.35  # ... the task is not
     assert 0.5e6 < report["num_parameters"] < 5e6
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja",
-                 "train.jsonl", "eval.jsonl"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "chat_template.jinja",
+        "train.jsonl",
+        "eval.jsonl",
+    ):
         assert (out / name).is_file(), name
 
     started = time.perf_counter()
@@ -32,8 +38,12 @@ def test_build_cache_and_vllm_agrees_with_transformers(tmp_path):
     assert again["cached"] and time.perf_counter() - started < 1.0
     assert again["accuracy_after_warmup"] == report["accuracy_after_warmup"]
 
-    result = subprocess.run([sys.executable, "-m", "megatron_rl.tasks.engine_check", str(out), "6"],
-                            capture_output=True, text=True, timeout=540)
+    result = subprocess.run(
+        [sys.executable, "-m", "megatron_rl.tasks.engine_check", str(out), "6"],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     line = [l for l in result.stdout.splitlines() if l.startswith("ENGINE_CHECK ")]
     assert line, result.stderr[-3000:]
     check = json.loads(line[0].split(" ", 1)[1])

@@ -51,8 +51,16 @@ def test_bad_settings_name_what_is_allowed():
 
 @pytest.mark.parametrize(
     "response, given",
-    [("Answer: 7", "7"), ("3 7 7 Answer: 7", "7"), ("Answer: 7 ", "7"), ("Answer:7", "7"),
-     ("Answer: 7 and more", None), ("7", None), ("", None), ("NoAnswer: 7", None)],
+    [
+        ("Answer: 7", "7"),
+        ("3 7 7 Answer: 7", "7"),
+        ("Answer: 7 ", "7"),
+        ("Answer:7", "7"),
+        ("Answer: 7 and more", None),
+        ("7", None),
+        ("", None),
+        ("NoAnswer: 7", None),
+    ],
 )
 def test_final_answer_must_end_the_response(response, given):
     assert final_answer(response) == given

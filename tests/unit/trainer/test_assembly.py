@@ -10,22 +10,37 @@ from megatron_rl.trainer.rollouts import TrainRows
 def _rows():
     # Row 0: prompt (5, 6), response (1, 2, 3) finished and correct, its first token trained earlier.
     # Row 1: prompt (7,), response (4, 8) cut off by the window, sampled before this step up to token 1.
-    samples = [Sample(prompt_ids=[5, 6], token_ids=[1, 2, 3], logprobs=[-0.1, -0.2, -0.3], finish_reason="stop"),
-               Sample(prompt_ids=[7], token_ids=[4, 8], logprobs=[-0.4, -0.5], finish_reason="window")]
-    return TrainRows(samples, rewards=[1.0, 0.0], correct=[1.0, 0.0], group_index=[0, 1], loss_start=[1, 0],
-                     fresh_start=[0, 1], truncated=[False, True])
+    samples = [
+        Sample(prompt_ids=[5, 6], token_ids=[1, 2, 3], logprobs=[-0.1, -0.2, -0.3], finish_reason="stop"),
+        Sample(prompt_ids=[7], token_ids=[4, 8], logprobs=[-0.4, -0.5], finish_reason="window"),
+    ]
+    return TrainRows(
+        samples,
+        rewards=[1.0, 0.0],
+        correct=[1.0, 0.0],
+        group_index=[0, 1],
+        loss_start=[1, 0],
+        fresh_start=[0, 1],
+        truncated=[False, True],
+    )
 
 
 def test_masks_follow_the_prediction_aligned_layout():
     batch = assemble(_rows(), seq_length=6, pad_token_id=0, temperature=0.7)
     assert batch.tokens.tolist() == [[5, 6, 1, 2, 3, 0], [7, 4, 8, 0, 0, 0]]
     # Position t predicts token t + 1: row 0's response tokens are predicted at 1, 2, 3.
-    assert batch.response_mask.tolist() == [[False, True, True, True, False, False],
-                                            [True, True, False, False, False, False]]
-    assert batch.loss_mask.tolist() == [[False, False, True, True, False, False],
-                                        [True, True, False, False, False, False]]
-    assert batch.fresh_mask.tolist() == [[False, True, True, True, False, False],
-                                         [False, True, False, False, False, False]]
+    assert batch.response_mask.tolist() == [
+        [False, True, True, True, False, False],
+        [True, True, False, False, False, False],
+    ]
+    assert batch.loss_mask.tolist() == [
+        [False, False, True, True, False, False],
+        [True, True, False, False, False, False],
+    ]
+    assert batch.fresh_mask.tolist() == [
+        [False, True, True, True, False, False],
+        [False, True, False, False, False, False],
+    ]
     # The cut-off row has no outcome yet: no critic tokens.
     assert batch.critic_mask.tolist() == [[False, True, True, True, False, False], [False] * 6]
     assert torch.equal(batch.temperature, torch.full((2, 6), 0.7))
@@ -42,4 +57,3 @@ def test_scatter_and_gather_are_inverse_and_the_batches_carry_the_fields():
     assert actor.is_positive.tolist() == [True, False]
     assert torch.equal(actor.loss_mask, batch.loss_mask) and torch.equal(critic.loss_mask, batch.critic_mask)
     assert torch.equal(critic.advantages, actor.advantages)
-

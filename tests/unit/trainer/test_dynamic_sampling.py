@@ -21,11 +21,11 @@ from megatron_rl.trainer.rollouts import collect_rollouts, lockstep_draw
 # Each prompt is one token; each response's single token says whether it is correct.
 CORRECT, WRONG = 1, 0
 SCRIPT = {  # prompt token -> the 4 responses generated for it
-    10: [CORRECT] * 4,                          # all correct: no spread, dropped
-    11: [CORRECT, WRONG, WRONG, CORRECT],       # kept
-    12: [WRONG] * 4,                            # all wrong: dropped
-    13: [WRONG, CORRECT, WRONG, WRONG],         # kept
-    14: [CORRECT, WRONG, CORRECT, CORRECT],     # would be kept, but the batch is full by then
+    10: [CORRECT] * 4,  # all correct: no spread, dropped
+    11: [CORRECT, WRONG, WRONG, CORRECT],  # kept
+    12: [WRONG] * 4,  # all wrong: dropped
+    13: [WRONG, CORRECT, WRONG, WRONG],  # kept
+    14: [CORRECT, WRONG, CORRECT, CORRECT],  # would be kept, but the batch is full by then
 }
 
 
@@ -37,8 +37,10 @@ class ScriptedGeneration:
 
     def generate(self, prompts, sampling, seeds=None):
         self.calls.append([p[0] for p in prompts])
-        return [[Sample(prompt_ids=list(p), token_ids=[t], logprobs=[-0.5], finish_reason="stop")
-                 for t in SCRIPT[p[0]]] for p in prompts]
+        return [
+            [Sample(prompt_ids=list(p), token_ids=[t], logprobs=[-0.5], finish_reason="stop") for t in SCRIPT[p[0]]]
+            for p in prompts
+        ]
 
 
 @pytest.fixture
@@ -49,9 +51,16 @@ def one_rank_group(tmp_path):
 
 
 def _batches(*tokens_per_batch):
-    queue = [PromptBatch(prompt_ids=[[t] for t in tokens], answers=["1"] * len(tokens),
-                         dataset_indices=list(tokens), epochs=[0] * len(tokens), group_ids=list(range(len(tokens))))
-             for tokens in tokens_per_batch]
+    queue = [
+        PromptBatch(
+            prompt_ids=[[t] for t in tokens],
+            answers=["1"] * len(tokens),
+            dataset_indices=list(tokens),
+            epochs=[0] * len(tokens),
+            group_ids=list(range(len(tokens))),
+        )
+        for tokens in tokens_per_batch
+    ]
     return lambda: queue.pop(0)
 
 

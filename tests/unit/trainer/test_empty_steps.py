@@ -63,8 +63,13 @@ def test_the_cli_prints_the_stop_in_one_line_and_exits_2(monkeypatch, capsys, tm
     import megatron_rl.trainer as trainer_pkg
     from megatron_rl import cli
 
-    summary = {"run_dir": str(tmp_path), "steps": 3, "last_step": 3, "exit_code": exit_codes.CONFIG_ERROR,
-               "error": "3 steps in a row (the last: step 3) kept no trainable group"}
+    summary = {
+        "run_dir": str(tmp_path),
+        "steps": 3,
+        "last_step": 3,
+        "exit_code": exit_codes.CONFIG_ERROR,
+        "error": "3 steps in a row (the last: step 3) kept no trainable group",
+    }
     monkeypatch.setattr(trainer_pkg, "train", lambda cfg: summary)
     assert cli.main(["train", f"trainer.run_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err

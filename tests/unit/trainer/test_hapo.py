@@ -42,8 +42,7 @@ def test_token_fields_by_hand():
     assert got == pytest.approx((2.0, root2, root2, root2), abs=1e-6)
     assert all(type(v) is float for v in got)  # ready for the next rollout's Sampling
     # Temperatures use the PREVIOUS stats: h = log H − 2, clamped to [−1, 1].
-    torch.testing.assert_close(fields.temperature,
-                               torch.tensor([[1.0, 0.95, 0.95, 1.0, 1.05, 1.05]]))
+    torch.testing.assert_close(fields.temperature, torch.tensor([[1.0, 0.95, 0.95, 1.0, 1.05, 1.05]]))
 
 
 def test_bad_input_raises():

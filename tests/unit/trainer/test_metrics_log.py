@@ -6,8 +6,13 @@ from megatron_rl.trainer.metrics import MetricsLog
 
 
 def _row(step):
-    return {"step": step, "reward/mean": 0.5, "response_length/mean": 4.0,
-            "throughput/tokens_per_s": 1.0, "timing/step_s": 1.0}
+    return {
+        "step": step,
+        "reward/mean": 0.5,
+        "response_length/mean": 4.0,
+        "throughput/tokens_per_s": 1.0,
+        "timing/step_s": 1.0,
+    }
 
 
 def test_resume_keeps_saved_steps_and_appends(tmp_path):

@@ -21,8 +21,9 @@ def built(monkeypatch):
 
 @pytest.mark.parametrize("preset, family", [("tiny-moe", "qwen3_moe"), ("tiny-dense", "qwen3")])
 def test_task_runs_build_the_base_validation_checked(built, tmp_path, preset, family):
-    cfg = load_config(None, [f"model.preset={preset}", "data.source=task:digits_sum", "trainer.seed=7",
-                             f"trainer.run_dir={tmp_path}"])
+    cfg = load_config(
+        None, [f"model.preset={preset}", "data.source=task:digits_sum", "trainer.seed=7", f"trainer.run_dir={tmp_path}"]
+    )
     directory = setup.base_model_dir(cfg, rank=0)
     assert built == [(tmp_path / "base_model", base_settings(cfg))]
     assert built[0][1] == BaseModelSettings(task="digits_sum", family=family, seed=7)

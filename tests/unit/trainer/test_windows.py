@@ -14,8 +14,7 @@ PROMPT = [7, 8]
 
 
 def _sample(tokens, reason, prompt=PROMPT):
-    return Sample(prompt_ids=list(prompt), token_ids=list(tokens), logprobs=[-0.5] * len(tokens),
-                  finish_reason=reason)
+    return Sample(prompt_ids=list(prompt), token_ids=list(tokens), logprobs=[-0.5] * len(tokens), finish_reason=reason)
 
 
 def _extend(sample, more, reason):
@@ -138,13 +137,21 @@ def test_window_masks_and_egae_advantages_by_hand():
     from megatron_rl.trainer.assembly import aligned_span
 
     # Row 0 finished (reward 1, 3 tokens, the first 2 trained earlier); row 1 cut off (2 tokens).
-    rows = TrainRows([_sample([1, 2, 3], "stop"), _sample([4, 5], "window", prompt=[7, 8, 9])],
-                     rewards=[1.0, 0.0], correct=[1.0, 0.0], group_index=[0, 1], loss_start=[2, 0],
-                     fresh_start=[2, 0], truncated=[False, True])
+    rows = TrainRows(
+        [_sample([1, 2, 3], "stop"), _sample([4, 5], "window", prompt=[7, 8, 9])],
+        rewards=[1.0, 0.0],
+        correct=[1.0, 0.0],
+        group_index=[0, 1],
+        loss_start=[2, 0],
+        fresh_start=[2, 0],
+        truncated=[False, True],
+    )
     mask = aligned_span([2, 3], [3, 2], rows.loss_start, seq_length=7)
     # Prediction-aligned: response token i of a row with prompt p is predicted at position p - 1 + i.
-    assert mask.tolist() == [[False, False, False, True, False, False, False],
-                             [False, False, True, True, False, False, False]]
+    assert mask.tolist() == [
+        [False, False, False, True, False, False, False],
+        [False, False, True, True, False, False, False],
+    ]
     values = [torch.tensor([0.5, 0.5, 0.5]), torch.tensor([0.2, 0.4])]
     adv, ret = estimate_advantages(get_recipe("tppo", generation_window=4), rows, 3, values)
     # Finished, λ = 0.95: δ = (0, 0, 0.5) -> A = (0.95² · 0.5, 0.95 · 0.5, 0.5); λ_critic = 1: returns = R = 1.

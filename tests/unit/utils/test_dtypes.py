@@ -9,7 +9,11 @@ import torch
 from megatron_rl.utils import dtypes
 
 # Written out here, independently of the module: (config name, vLLM / HF string, torch dtype).
-EXPECTED = [("fp32", "float32", torch.float32), ("bf16", "bfloat16", torch.bfloat16), ("fp16", "float16", torch.float16)]
+EXPECTED = [
+    ("fp32", "float32", torch.float32),
+    ("bf16", "bfloat16", torch.bfloat16),
+    ("fp16", "float16", torch.float16),
+]
 
 
 @pytest.mark.parametrize("short, long, torch_dtype", EXPECTED)

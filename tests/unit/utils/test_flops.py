@@ -14,15 +14,30 @@ from megatron_rl.utils.flops import forward_flops, gemm_shape, training_flops, t
 # The numbers the hand arithmetic below uses (the shape of testing.tiny's archs, copied here so
 # that the expectations stay tied to the numbers they were computed from).
 _SMALL = dict(
-    vocab_size=96, hidden_size=64, num_layers=4, num_attention_heads=4, num_query_groups=2,
-    head_dim=32, ffn_hidden_size=128, norm_epsilon=1e-6, rope_theta=10000.0,
-    max_position_embeddings=128, tie_word_embeddings=False,
+    vocab_size=96,
+    hidden_size=64,
+    num_layers=4,
+    num_attention_heads=4,
+    num_query_groups=2,
+    head_dim=32,
+    ffn_hidden_size=128,
+    norm_epsilon=1e-6,
+    rope_theta=10000.0,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
 )
 TINY_DENSE = ModelArch(family="qwen3", qkv_bias=False, qk_layernorm=True, **_SMALL)
 TINY_MOE = ModelArch(
-    family="qwen2_moe", qkv_bias=True, qk_layernorm=False, num_moe_experts=4, moe_router_topk=2,
-    moe_ffn_hidden_size=32, moe_shared_expert_intermediate_size=64, moe_shared_expert_gate=True,
-    moe_router_pre_softmax=True, **_SMALL,
+    family="qwen2_moe",
+    qkv_bias=True,
+    qk_layernorm=False,
+    num_moe_experts=4,
+    moe_router_topk=2,
+    moe_ffn_hidden_size=32,
+    moe_shared_expert_intermediate_size=64,
+    moe_shared_expert_gate=True,
+    moe_router_pre_softmax=True,
+    **_SMALL,
 )
 
 
@@ -66,8 +81,13 @@ def test_moe_training_flops_by_hand():
 def test_moe_without_shared_expert_counts_only_routed_experts():
     # Qwen3-MoE style: 8 experts top-2, expert ffn 48, no shared expert (so no gate).
     arch = dataclasses.replace(
-        TINY_MOE, family="qwen3_moe", num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=48,
-        moe_shared_expert_intermediate_size=None, moe_shared_expert_gate=False,
+        TINY_MOE,
+        family="qwen3_moe",
+        num_moe_experts=8,
+        moe_router_topk=2,
+        moe_ffn_hidden_size=48,
+        moe_shared_expert_intermediate_size=None,
+        moe_shared_expert_gate=False,
     )
     shape = gemm_shape(arch)
     assert shape.mlp == 2 * 3 * 64 * 48  # 18432
@@ -107,10 +127,14 @@ def _megatron_lm_reference(arch: ModelArch, batch: int, seq: int, vocab: int) ->
     forward_backward_expansion_factor, fma_expansion_factor, ffn_expansion_factor = 3, 2, 3
     query_projection_size = arch.head_dim * arch.num_attention_heads
     key_projection_size = value_projection_size = arch.head_dim * arch.num_query_groups
-    self_attn_term = forward_backward_expansion_factor * fma_expansion_factor * (
-        arch.hidden_size * (query_projection_size + key_projection_size + value_projection_size)
-        + query_projection_size * seq / 2 * 2
-        + query_projection_size * arch.hidden_size
+    self_attn_term = (
+        forward_backward_expansion_factor
+        * fma_expansion_factor
+        * (
+            arch.hidden_size * (query_projection_size + key_projection_size + value_projection_size)
+            + query_projection_size * seq / 2 * 2
+            + query_projection_size * arch.hidden_size
+        )
     )
     if arch.is_moe:
         num_dense_layers, num_moe_layers, routed = 0, arch.num_layers, arch.moe_router_topk
@@ -118,27 +142,58 @@ def _megatron_lm_reference(arch: ModelArch, batch: int, seq: int, vocab: int) ->
         num_dense_layers, num_moe_layers, routed = arch.num_layers, 0, 0
     moe_ffn = arch.moe_ffn_hidden_size or arch.ffn_hidden_size
     shared = arch.moe_shared_expert_intermediate_size or 0
-    return batch * seq * (
-        forward_backward_expansion_factor * fma_expansion_factor * arch.hidden_size * (
-            arch.ffn_hidden_size * ffn_expansion_factor * num_dense_layers
-            + moe_ffn * routed * ffn_expansion_factor * num_moe_layers
-            + shared * ffn_expansion_factor * num_moe_layers
+    return (
+        batch
+        * seq
+        * (
+            forward_backward_expansion_factor
+            * fma_expansion_factor
+            * arch.hidden_size
+            * (
+                arch.ffn_hidden_size * ffn_expansion_factor * num_dense_layers
+                + moe_ffn * routed * ffn_expansion_factor * num_moe_layers
+                + shared * ffn_expansion_factor * num_moe_layers
+            )
+            + self_attn_term * arch.num_layers
+            + forward_backward_expansion_factor * fma_expansion_factor * arch.hidden_size * vocab  # logit
         )
-        + self_attn_term * arch.num_layers
-        + forward_backward_expansion_factor * fma_expansion_factor * arch.hidden_size * vocab  # logit
     )
 
 
 QWEN3_30B_A3B = ModelArch(  # published config numbers of Qwen3-30B-A3B
-    family="qwen3_moe", vocab_size=151936, hidden_size=2048, num_layers=48, num_attention_heads=32,
-    num_query_groups=4, head_dim=128, ffn_hidden_size=6144, norm_epsilon=1e-6, rope_theta=1e6,
-    max_position_embeddings=40960, tie_word_embeddings=False, qkv_bias=False, qk_layernorm=True,
-    num_moe_experts=128, moe_router_topk=8, moe_ffn_hidden_size=768,
+    family="qwen3_moe",
+    vocab_size=151936,
+    hidden_size=2048,
+    num_layers=48,
+    num_attention_heads=32,
+    num_query_groups=4,
+    head_dim=128,
+    ffn_hidden_size=6144,
+    norm_epsilon=1e-6,
+    rope_theta=1e6,
+    max_position_embeddings=40960,
+    tie_word_embeddings=False,
+    qkv_bias=False,
+    qk_layernorm=True,
+    num_moe_experts=128,
+    moe_router_topk=8,
+    moe_ffn_hidden_size=768,
 )
 LLAMA3_8B = ModelArch(
-    family="llama", vocab_size=128256, hidden_size=4096, num_layers=32, num_attention_heads=32,
-    num_query_groups=8, head_dim=128, ffn_hidden_size=14336, norm_epsilon=1e-5, rope_theta=5e5,
-    max_position_embeddings=8192, tie_word_embeddings=False, qkv_bias=False, qk_layernorm=False,
+    family="llama",
+    vocab_size=128256,
+    hidden_size=4096,
+    num_layers=32,
+    num_attention_heads=32,
+    num_query_groups=8,
+    head_dim=128,
+    ffn_hidden_size=14336,
+    norm_epsilon=1e-5,
+    rope_theta=5e5,
+    max_position_embeddings=8192,
+    tie_word_embeddings=False,
+    qkv_bias=False,
+    qk_layernorm=False,
 )
 
 
@@ -157,8 +212,14 @@ def test_dense_matches_narayanan_2021():
     # 6 * q * s^2 * l * B with q = h.
     h, l, s, B, V = 3072, 24, 2048, 4, 50304
     arch = dataclasses.replace(
-        LLAMA3_8B, hidden_size=h, num_layers=l, num_attention_heads=24, num_query_groups=24,
-        head_dim=128, ffn_hidden_size=8 * h // 3, vocab_size=V,
+        LLAMA3_8B,
+        hidden_size=h,
+        num_layers=l,
+        num_attention_heads=24,
+        num_query_groups=24,
+        head_dim=128,
+        ffn_hidden_size=8 * h // 3,
+        vocab_size=V,
     )
     paper = 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
     ours = training_flops(arch, [s] * B).total
