@@ -9,7 +9,7 @@ HERE = Path(__file__).parent
 
 def requirements(name: str) -> list[str]:
     lines = (HERE / "requirements" / name).read_text().splitlines()
-    return [l.strip() for l in lines if l.strip() and not l.startswith(("#", "-r"))]
+    return [line.strip() for line in lines if line.strip() and not line.startswith(("#", "-r"))]
 
 
 setup(

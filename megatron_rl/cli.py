@@ -25,7 +25,8 @@ examples:
   megatron-rl plot runs/dapo --keys reward/mean,actor/entropy
 
 Overrides are dotted key=value pairs over the config tree (sections: model, parallel,
-trainer, algorithm, rollout, data, checkpoint, monitor); unknown keys and bad values fail at once, naming the key and what is allowed.
+trainer, algorithm, rollout, data, checkpoint, monitor); unknown keys and bad values fail at once,
+naming the key and what is allowed.
 """
 
 

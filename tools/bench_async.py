@@ -42,7 +42,8 @@ def print_table(result: dict) -> None:
         m, world = result["modes"][mode], result["runs"][mode]["world"]
         curve = m["reward_curve"]
         print(
-            f"| {mode} | {world} | {m['tokens_per_s']:.0f} | {_fmt(m['samples_per_s'], '.1f')} | {m['step_s']:.2f} | {m['train_s']:.2f} | "
+            f"| {mode} | {world} | {m['tokens_per_s']:.0f} | {_fmt(m['samples_per_s'], '.1f')} | "
+            f"{m['step_s']:.2f} | {m['train_s']:.2f} | "
             f"{m['rollout_s']:.2f} | {_fmt(m['generation_s'], '.2f')} | {_fmt(m['overlap_fraction'], '.2f')} | "
             f"{_fmt(m['rollout_busy_fraction'], '.2f')} | "
             f"{_fmt(m['train_idle_s'], '.2f')} | {_fmt(m['rollout_idle_s'], '.2f')} | "

@@ -200,7 +200,10 @@ def print_report(r: dict) -> None:
     for key, value in r["ratios"].items():
         if value is not None:
             print(f"  {key}: {value:.1f}x")
-    show = lambda xs: " ".join(f"{x:.3f}" for x in xs)
+
+    def show(xs):
+        return " ".join(f"{x:.3f}" for x in xs)
+
     print(
         f"  async blocking samples s: {show(r['ours_async_blocking_samples_s'])}; "
         f"DCP save samples s: {show(r['dcp_save_samples_s'])}"

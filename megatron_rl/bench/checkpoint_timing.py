@@ -152,7 +152,7 @@ def _our_saves(store: _Store, repeats: int) -> dict:
     handle.wait()
     samples = []
     for step in range(3, 3 + repeats):  # steady state: items, plan and host buffers reused
-        blocking, handle = _timed(lambda: store.save(step, async_save=True))
+        blocking, handle = _timed(lambda step=step: store.save(step, async_save=True))
         handle.wait()
         samples.append(blocking)
     r["ours_async_blocking_samples_s"], r["ours_async_blocking_s"] = samples, statistics.median(samples)

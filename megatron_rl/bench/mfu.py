@@ -67,7 +67,7 @@ def run_case(arch: ModelArch, settings: MfuSettings, case: Case, peak_tflops: fl
     peak_memory = hardware.max_over_ranks([float(hardware.peak_memory_bytes(cuda))])[0]
     everyone = [None] * world
     dist.all_gather_object(everyone, losses[-1])
-    last_loss = next((l for l in everyone if l is not None), None)
+    last_loss = next((loss for loss in everyone if loss is not None), None)
     del chunks, optimizer, micro
     destroy()
     gc.collect()

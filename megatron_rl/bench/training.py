@@ -35,13 +35,14 @@ def _forward_step(role: str, data_iterator, model):
     positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
     if role == "actor":
         output = model(tokens, positions, None, labels=labels)  # per-token cross-entropy [b, s]
-        loss_of = lambda out: out.float().mean()
     else:
         output = model(tokens, positions, None)  # values [b, s, 1]
-        loss_of = lambda out: (out.float().squeeze(-1) - targets).pow(2).mean()
 
     def loss_func(out):
-        loss = loss_of(out)
+        if role == "actor":
+            loss = out.float().mean()
+        else:
+            loss = (out.float().squeeze(-1) - targets).pow(2).mean()
         return loss, {"loss": loss.detach().clone()}  # the schedule divides `loss` in place
 
     return output, loss_func
@@ -96,4 +97,4 @@ def train_step(chunks, optimizer, micro: list, role: str) -> Optional[float]:
             forward_only=False,
         )
         optimizer.step()
-    return sum(float(l["loss"]) for l in losses) / len(losses) if losses else None
+    return sum(float(m["loss"]) for m in losses) / len(losses) if losses else None

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import gc
 import math
 import os
@@ -405,12 +406,12 @@ def bench_bucket(chunks, arch: ModelArch, engine, plan: Plan, bucket_bytes: int)
     gather = _repeat(gather_only, plan.iterations)
     gathered = list(iter_hf_tensors(chunks, arch, dtype=dtype, plans=weight_sync.plans))
 
-    def load_only():
-        for bucket in buckets(gathered, bucket_bytes):
+    def load_only(tensors):  # an argument, not a closure: the `del gathered` below frees the list
+        for bucket in buckets(tensors, bucket_bytes):
             engine.load_weights(bucket)
         engine.finish_weight_update()
 
-    load = _repeat(load_only, plan.iterations)
+    load = _repeat(functools.partial(load_only, gathered), plan.iterations)
     copy = _plain_copy([t for _, t in gathered], plan.copy_repeats)
     del gathered
     return {

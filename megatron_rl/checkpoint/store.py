@@ -335,7 +335,8 @@ class Checkpointer:
             rng.restore(metadata.rng[str(rank)])
         else:
             warnings.warn(
-                f"checkpoint layout {metadata.layout} differs from {layout_of(model)}: RNG states not restored"
+                f"checkpoint layout {metadata.layout} differs from {layout_of(model)}: RNG states not restored",
+                stacklevel=2,  # the caller of load()
             )
         return json.loads(json.dumps(metadata.extra))
 
@@ -345,7 +346,8 @@ def _from_snapshot(snapshot: dict, mine: list[Item]) -> list[torch.Tensor]:
     if missing:  # only when other ranks' lists changed while this one's did not
         raise fmt.CheckpointError(
             f"the save plan changed on other ranks after this rank copied its usual share; {len(missing)} chunk(s) "
-            f"to write were not copied (first: {missing[0].name} at {list(missing[0].offsets)}). Save again: the new plan is cached now"
+            f"to write were not copied (first: {missing[0].name} at {list(missing[0].offsets)}). "
+            "Save again: the new plan is cached now"
         )
     return [snapshot[i.key] for i in mine]
 

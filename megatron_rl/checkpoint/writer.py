@@ -1,14 +1,15 @@
 """Writing one step: host snapshot, background write, and the atomic commit.
 
-The training loop is blocked only while this rank's share of the chunks is copied into
-host buffers (reused across saves; pinned on GPU), or, with a deferred snapshot, not at all
-until its next optimizer update (``update_gate``). The rest runs on the checkpointer's
-long-lived, lower-priority background thread (:class:`BackgroundWriter`): raw bytes into ``data_<rank>.bin`` with a crc32 per 1 MiB
-block, fsync, then a small ``rank_<r>.json`` listing what was written. Rank 0's thread waits
-for every rank's list, writes ``metadata.json`` and the ``COMMIT`` marker, renames
-``.tmp_step_<N>`` to ``step_<N>``, updates ``latest`` and prunes. The commit needs no
-collective (so a background thread can do it while the training loop uses the process
-groups): ranks meet through the checkpoint directory, which a multi-node job must share anyway.
+The training loop is blocked only while this rank's share of the chunks is copied into host
+buffers (reused across saves; pinned on GPU), or, with a deferred snapshot, not at all until
+its next optimizer update (``update_gate``). The rest runs on the checkpointer's long-lived,
+lower-priority background thread (:class:`BackgroundWriter`): raw bytes into
+``data_<rank>.bin`` with a crc32 per 1 MiB block, fsync, then a small ``rank_<r>.json``
+listing what was written. Rank 0's thread waits for every rank's list, writes
+``metadata.json`` and the ``COMMIT`` marker, renames ``.tmp_step_<N>`` to ``step_<N>``,
+updates ``latest`` and prunes. The commit needs no collective (so a background thread can do
+it while the training loop uses the process groups): ranks meet through the checkpoint
+directory, which a multi-node job must share anyway.
 Tensors that alias a model tensor's bytes (fp32 main params) are not written: rank 0 lists
 that tensor's chunks for them in the metadata.
 """

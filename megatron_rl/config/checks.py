@@ -213,5 +213,6 @@ def _check_rows_per_step(config: Config, world_size: int, recipe) -> None:
         raise ConfigError(
             f"rollout.prompts_per_step={groups} groups of rollout.n_samples={group_size} cannot fill one "
             f"training batch of {multiple} rows in whole groups (data-parallel size x trainer.micro_batch_size "
-            "(without a token budget) x algorithm.mini_batches_per_step); raise rollout.prompts_per_step or lower the others"
+            "(without a token budget) x algorithm.mini_batches_per_step); "
+            "raise rollout.prompts_per_step or lower the others"
         )

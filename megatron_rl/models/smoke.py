@@ -195,7 +195,7 @@ def _resume(ckpt: checkpoint.Checkpointer, root: Path, chunks, optimizer) -> tup
 
 
 def _mean_over_last_stage(losses, world: int) -> float:
-    local = sum(float(l["lm_loss"]) for l in losses) / len(losses) if losses else None
+    local = sum(float(m["lm_loss"]) for m in losses) / len(losses) if losses else None
     everyone = [None] * world
     dist.all_gather_object(everyone, local)
     values = [v for v in everyone if v is not None]

@@ -185,8 +185,10 @@ class LstmVae(nn.Module):
         for i in range(0, width, chunk):
             h = _lstm_inference(xt[:, i : i + chunk], None, *enc, steps)
             mu = torch.addmm(self.mu_b[:, None], self.mu_w, h)
-            o = out[:, i : i + chunk]
-            emit = lambda t, h_t: torch.addmm(self.out_b[:, None], self.out_w, h_t, out=o[t : t + 1])  # noqa: E731
+
+            def emit(t, h_t, o=out[:, i : i + chunk]):  # this chunk's output columns, bound now
+                torch.addmm(self.out_b[:, None], self.out_w, h_t, out=o[t : t + 1])
+
             _lstm_inference(None, dec[0] @ mu, *dec, steps, emit)
         return out.numpy()[:, :n].T
 

@@ -1,9 +1,10 @@
 """Layout-free views of a sharded Megatron model: gather full tensors, scatter them back.
 
 Every local shard has a canonical, parallelism-free name, global shape and offset
-(:mod:`.shards`, from Megatron's ``sharded_state_dict()``). With that metadata a model in any TP/PP/VPP/EP/ETP layout can be
-gathered into {key: full tensor} and loaded from it. The same dict from two layouts is
-directly comparable, which is how layouts are tested against the single-rank model.
+(:mod:`.shards`, from Megatron's ``sharded_state_dict()``). With that metadata a model in
+any TP/PP/VPP/EP/ETP layout can be gathered into {key: full tensor} and loaded from it. The
+same dict from two layouts is directly comparable, which is how layouts are tested against
+the single-rank model.
 
 This is a small-model tool (the gather goes through ``all_gather_object``); the
 checkpoint store and the weight sync move data without materialising everything.

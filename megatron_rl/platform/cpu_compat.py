@@ -145,7 +145,9 @@ PATCHES: list[Patch] = [
         "rng_get_state",
         "megatron.core.tensor_parallel.random",
         "_get_cuda_rng_state",
-        "tensor_parallel.random._get_all_rng_states (activation recompute, checkpoints); the matching _set_cuda_rng_state is a silent no-op on the CPU build and the CPU state is restored beside it, so it needs no patch",
+        "tensor_parallel.random._get_all_rng_states (activation recompute, checkpoints); the matching"
+        " _set_cuda_rng_state is a silent no-op on the CPU build and the CPU state is restored beside it,"
+        " so it needs no patch",
         _cpu_get_rng_state,
     ),
     Patch(

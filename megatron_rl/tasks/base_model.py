@@ -298,7 +298,7 @@ def main(argv: list[str]) -> int:
         result = subprocess.run(
             [sys.executable, "-m", "megatron_rl.tasks.engine_check", str(out)], capture_output=True, text=True
         )
-        line = next((l for l in result.stdout.splitlines() if l.startswith("ENGINE_CHECK ")), None)
+        line = next((out for out in result.stdout.splitlines() if out.startswith("ENGINE_CHECK ")), None)
         if line is None:
             print(result.stderr[-4000:], file=sys.stderr)
             return 1

@@ -29,7 +29,7 @@ def compare_greedy(directory: str | Path, num_prompts: int = 8) -> dict:
     from megatron_rl.tasks.base_model import read_report
 
     directory = Path(directory)
-    rows = [json.loads(l) for l in (directory / "eval.jsonl").read_text().splitlines()[:num_prompts]]
+    rows = [json.loads(row) for row in (directory / "eval.jsonl").read_text().splitlines()[:num_prompts]]
     messages = [[{"role": "user", "content": r["prompt"]}] for r in rows]
     max_new_tokens = read_report(directory)["report"]["max_new_tokens"]
 

@@ -123,7 +123,7 @@ class TrainingRun:
                         full[param] = flat
         out = {}
         for key, full in per_key.items():
-            with params_as(self.chunks, lambda p: full[p].view_as(p.data)):
+            with params_as(self.chunks, lambda p, full=full: full[p].view_as(p.data)):
                 for name, tensor in gather_full(self.chunks).items():
                     out[f"{key}.{name}"] = tensor
         return out

@@ -52,7 +52,7 @@ class RolloutSource(abc.ABC):
     def collect(self, sampling: Sampling) -> Rollout:
         """This step's scored, filtered rows (the same on every rank)."""
 
-    def trained(self) -> None:
+    def trained(self) -> None:  # noqa: B027 - an optional hook, a no-op unless a source needs it
         """Called after the update on the rows of the last ``collect``."""
 
     @abc.abstractmethod

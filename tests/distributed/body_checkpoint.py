@@ -111,7 +111,10 @@ def _fp32_params_storage(root, step):
     from megatron_rl.checkpoint import format as fmt
 
     tensors = fmt.read_metadata(root, step).tensors
-    spans = lambda entry: {(c.file, c.byte_offset, c.nbytes) for c in entry.chunks}
+
+    def spans(entry):
+        return {(c.file, c.byte_offset, c.nbytes) for c in entry.chunks}
+
     fp32 = [n for n in tensors if n.startswith("optimizer.fp32_param.")]
     same = [spans(tensors[n]) == spans(tensors[n.removeprefix("optimizer.fp32_param.")]) for n in fp32]
     if fp32 and all(same):

@@ -36,13 +36,14 @@ def forward_step(role, data_iterator, model):
     positions = torch.arange(SEQ).unsqueeze(0).expand_as(tokens)
     if role == "actor":
         out = model(tokens, positions, None, labels=labels)  # per-token CE, vocab-parallel
-        loss_of = lambda o: o.float().mean()
     else:
         out = model(tokens, positions, None)  # values [b, s, 1]
-        loss_of = lambda o: (o.float().squeeze(-1) - targets).pow(2).mean()
 
     def loss_func(output):
-        loss = loss_of(output)
+        if role == "actor":
+            loss = output.float().mean()
+        else:
+            loss = (output.float().squeeze(-1) - targets).pow(2).mean()
         return loss, {"loss": loss.detach().clone()}
 
     return out, loss_func
@@ -85,10 +86,10 @@ def run(role, arch, parallel, weights=None, micro_batch_size=1):
             micro_batch_size=micro_batch_size,
             forward_only=False,
         )
-    local = sum(float(l["loss"]) for l in losses) / len(micro) if losses else None
+    local = sum(float(m["loss"]) for m in losses) / len(micro) if losses else None
     everyone = [None] * ctx.world_size
     dist.all_gather_object(everyone, local)
-    stage_losses = [l for l in everyone if l is not None]
+    stage_losses = [loss for loss in everyone if loss is not None]
     loss = sum(stage_losses) / len(stage_losses)
     full_weights = gather_full(chunks)
     with params_as(chunks, main_grad):

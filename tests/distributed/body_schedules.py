@@ -108,7 +108,10 @@ def reference(kind, role):
     if role == "actor":
         logp, entropy = plain_logprobs(model, batch, arch.vocab_size)
         logp, entropy = logp.detach(), entropy.detach()
-        noise = lambda scale: scale * torch.randn(GLOBAL_BATCH, SEQ, generator=g)
+
+        def noise(scale):
+            return scale * torch.randn(GLOBAL_BATCH, SEQ, generator=g)
+
         batch = dataclasses.replace(batch, old_logprobs=logp + noise(0.2), ref_logprobs=logp + noise(0.1))
         runs = {}
         for name, recipe in RECIPES.items():

@@ -78,8 +78,8 @@ def test_aggregate_rejects_non_positive_norm():
 
 def reference_whole_batch(loss, mask, mode):
     """Per-element reference of the whole-batch aggregation, on Python lists."""
-    rows = [[(l, m) for l, m in zip(lr, mr)] for lr, mr in zip(loss.tolist(), mask.tolist())]
-    sums = [sum(l for l, m in row if m) for row in rows]
+    rows = [[(v, m) for v, m in zip(lr, mr)] for lr, mr in zip(loss.tolist(), mask.tolist())]
+    sums = [sum(v for v, m in row if m) for row in rows]
     counts = [sum(1 for _, m in row if m) for row in rows]
     nonempty = [i for i, c in enumerate(counts) if c > 0]
     if mode == "token-mean":

@@ -33,7 +33,11 @@ def test_reused_while_unchanged_rebuilt_when_a_tensor_is_replaced():
 
 def test_views_of_other_tensors_are_never_cached():
     model, calls, cache = [torch.nn.Linear(4, 3)], [], ItemCache()
-    computed = lambda: calls.append(1) or [Item("w", (3, 4), (0, 0), model[0].weight.detach() * 2)]
+
+    def computed():
+        calls.append(1)
+        return [Item("w", (3, 4), (0, 0), model[0].weight.detach() * 2)]
+
     cache.get(model, None, computed)
     cache.get(model, None, computed)
     assert len(calls) == 2

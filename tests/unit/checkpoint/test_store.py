@@ -157,7 +157,7 @@ def test_deferred_saves_queue_without_waiting_for_each_other(tmp_path, ckpt):
     _hold_writer(ckpt, 0.4)
     start = time.perf_counter()
     critic = _save(ckpt, tmp_path / "critic", 1, _items(critic_w.detach(), [(0, 32)]), guard=[critic_opt], **deferred)
-    actor = _save(ckpt, tmp_path / "actor", 1, _items(actor_w.detach(), [(0, 16)]), guard=[actor_opt], **deferred)
+    _actor = _save(ckpt, tmp_path / "actor", 1, _items(actor_w.detach(), [(0, 16)]), guard=[actor_opt], **deferred)
     assert time.perf_counter() - start < 0.2  # the actor's save did not wait for the critic's write
     assert not critic.done()
     critic_opt.step()  # waits for the critic's copy (behind the held writer), not for the actor's

@@ -12,7 +12,7 @@ from megatron_rl.data import DatasetFormatError, PromptDataset, PromptFields
 
 
 def write_jsonl(path, lines):
-    path.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n" for l in lines))
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
     return path
 
 

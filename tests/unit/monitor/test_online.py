@@ -45,7 +45,7 @@ def test_detects_writes_alert_and_exclude_file(tmp_path, make_grid):
     grid = make_grid(machines=10, duration=400, faults=[(4, "gpu_power", 80, 400, -9.0)])
     mon = monitor(tmp_path, grid, stop_on_alert=True).start()
     found = []
-    for step in range(30):
+    for _ in range(30):
         found += mon.on_step(step_time_s=1.0)
     mon.stop()
     assert [a.machine for a in found] == ["node04"]  # declared once, not again on later runs

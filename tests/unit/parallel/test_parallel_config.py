@@ -1,5 +1,7 @@
 """ParallelConfig: derived sizes, one-sentence errors, rank map (no process group)."""
 
+import dataclasses
+
 import pytest
 
 from megatron_rl.parallel import LayoutError, ModelShape, ParallelConfig, rank_map
@@ -97,5 +99,5 @@ def test_rank_map_tp2_pp2_ep4_world8_by_hand():
 
 
 def test_config_is_frozen():
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         ParallelConfig().tensor_model_parallel_size = 2

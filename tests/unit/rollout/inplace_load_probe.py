@@ -71,7 +71,7 @@ out_gemms = engine.llm.collective_rpc(_count_linear)[0][0]
 
 before = engine.prompt_logprobs(sequences)
 out = {"steps": [], "initial": before, "gemm_layers": out_gemms, "plain_linear_layers": plain_linear_layers()}
-for step in range(2):
+for _ in range(2):
     new = {k: (v.float() + 0.05 * torch.randn(v.shape, generator=g)).to(v.dtype) for k, v in source.items()}
     fast_paths = push(new, "inplace")
     fast = engine.prompt_logprobs(sequences)

@@ -44,7 +44,7 @@ def test_build_cache_and_vllm_agrees_with_transformers(tmp_path):
         text=True,
         timeout=540,
     )
-    line = [l for l in result.stdout.splitlines() if l.startswith("ENGINE_CHECK ")]
+    line = [out for out in result.stdout.splitlines() if out.startswith("ENGINE_CHECK ")]
     assert line, result.stderr[-3000:]
     check = json.loads(line[0].split(" ", 1)[1])
     assert check["vllm"] == check["transformers"], check

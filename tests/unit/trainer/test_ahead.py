@@ -41,7 +41,7 @@ def test_depth_one_keeps_the_next_batch_in_flight_one_version_old(loader):
     ahead = AheadGeneration(ranks, loader, depth=1)
     first = ahead.draw(Sampling())
     assert first.version == 0 and len(ranks.submitted) == 2  # the next batch went out before training
-    for step in range(2, 5):
+    for _ in range(2, 5):
         ranks.version += 1  # the step's update is sent after the batch in flight
         drawn = ahead.draw(Sampling())
         assert ranks.version - drawn.version == 1 and len(ahead.queue) == 1

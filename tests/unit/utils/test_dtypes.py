@@ -28,7 +28,7 @@ def test_every_spelling_maps_to_every_other(short, long, torch_dtype):
 
 def test_the_allowed_names():
     assert dtypes.SHORT_NAMES == tuple(s for s, _, _ in EXPECTED)
-    assert dtypes.LONG_NAMES == tuple(l for _, l, _ in EXPECTED)
+    assert dtypes.LONG_NAMES == tuple(long for _, long, _ in EXPECTED)
 
 
 @pytest.mark.parametrize("bad", ["fp8", "float64", torch.float64, torch.int32, "FP32", ""])

@@ -210,7 +210,7 @@ def test_dense_matches_narayanan_2021():
     # width 8h/3 has the same 8h^2 weights; the paper counts the whole s x s score matrix
     # where the causal count takes half, so the paper's number is ours plus that half:
     # 6 * q * s^2 * l * B with q = h.
-    h, l, s, B, V = 3072, 24, 2048, 4, 50304
+    h, l, s, B, V = 3072, 24, 2048, 4, 50304  # noqa: E741 - the paper's symbols, as in its formula above
     arch = dataclasses.replace(
         LLAMA3_8B,
         hidden_size=h,
