@@ -387,8 +387,8 @@ def _build_layout(plan: Plan, layout: ParallelConfig, hf_dir: Path):
 def bench_bucket(chunks, arch: ModelArch, engine, plan: Plan, bucket_bytes: int) -> dict:
     """Time sync / gather alone / load alone / plain copy for one bucket size (collective)."""
 
-    from megatron_rl.bridge import PER_EXPERT, iter_hf_buckets, iter_hf_tensors
-    from megatron_rl.rollout.sync import WeightSync, buckets
+    from megatron_rl.bridge import PER_EXPERT, iter_hf_buckets
+    from megatron_rl.rollout.sync import WeightSync
 
     dtype = dtypes.to_torch(plan.dtype)
     weight_sync = WeightSync(chunks, arch, engine, bucket_bytes)
@@ -404,15 +404,19 @@ def bench_bucket(chunks, arch: ModelArch, engine, plan: Plan, bucket_bytes: int)
             pass
 
     gather = _repeat(gather_only, plan.iterations)
-    gathered = list(iter_hf_tensors(chunks, arch, dtype=dtype, plans=weight_sync.plans))
+    # The sync's own buckets, copied out of the reused bucket buffer: the load alone of what the sync loads.
+    gathered = [
+        [(n, t.clone()) for n, t in bucket]
+        for bucket in iter_hf_buckets(chunks, arch, bucket_bytes, dtype=dtype, plans=weight_sync.plans)
+    ]
 
-    def load_only(tensors):  # an argument, not a closure: the `del gathered` below frees the list
-        for bucket in buckets(tensors, bucket_bytes):
+    def load_only(buckets):  # an argument, not a closure: the `del gathered` below frees the list
+        for bucket in buckets:
             engine.load_weights(bucket)
         engine.finish_weight_update()
 
     load = _repeat(functools.partial(load_only, gathered), plan.iterations)
-    copy = _plain_copy([t for _, t in gathered], plan.copy_repeats)
+    copy = _plain_copy([t for bucket in gathered for _, t in bucket], plan.copy_repeats)
     del gathered
     return {
         "bucket_mb": bucket_bytes / _MB,

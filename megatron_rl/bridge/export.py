@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import weakref
 from typing import Iterator, Optional, Sequence
 
@@ -29,10 +28,12 @@ from megatron_rl import platform
 from megatron_rl.bridge import host_arena
 from megatron_rl.bridge.families import PER_EXPERT, canonical, rules_for
 from megatron_rl.bridge.hf_files import write_checkpoint
+from megatron_rl.bridge.layer_names import megatron_layer_index
 from megatron_rl.bridge.mapping import BridgeError, TensorMap, expand
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.shards import local_shards
 from megatron_rl.utils import dtypes
+from megatron_rl.utils.alignment import CACHE_LINE_ALIGN, align_up
 
 DEFAULT_MAX_FILE_BYTES = 2 * 1024**3
 
@@ -224,9 +225,9 @@ def _components(tmap: TensorMap) -> list[list[str]]:
 
 def _order_key(first: str, position: int) -> tuple:
     """Embeddings first, then layer by layer, then the final norm and LM head."""
-    match = re.match(r"decoder\.layers\.(\d+)\.", first)
-    if match:
-        return (1, int(match.group(1)), position)
+    layer = megatron_layer_index(first)
+    if layer is not None:
+        return (1, layer, position)
     return (0 if first.startswith("embedding.") else 2, 0, position)
 
 
@@ -440,7 +441,7 @@ class GatherPlan:
         batches: list[list[Unit]] = []
         last_key = None
         for unit in plan.units:
-            key = (_layer_of(unit), unit.dtype)
+            key = (megatron_layer_index(unit.megatron[0]), unit.dtype)
             if by_layer and batches and key == last_key and key[0] is not None:
                 batches[-1].append(unit)
             else:
@@ -479,33 +480,48 @@ class GatherPlan:
         """Groups packed into buckets of at most ``bucket_bytes`` (or one group, if larger)."""
         key = (bucket_bytes, dtype)
         if key not in self._layouts:
-            buckets, current, size, largest = [], [], 0, 0
-            for group in self.groups:
-                dt = dtype or group.dtype
-                group_bytes = sum(_aligned(math.prod(shape) * dt.itemsize) for _, shape in group.hf)
-                if current and size + group_bytes > bucket_bytes:
-                    buckets.append(tuple(current))
-                    current, size = [], 0
-                placed = []
-                for h, shape in group.hf:
-                    nbytes = math.prod(shape) * dt.itemsize
-                    placed.append((h, shape, dt, size, nbytes))
-                    size += _aligned(nbytes)  # 64-byte aligned views
-                current.append((group, tuple(placed)))
-                largest = max(largest, size)
-            if current:
-                buckets.append(tuple(current))
-            self._layouts[key] = BucketLayout(tuple(buckets), largest)
+            self._layouts[key] = self._bucket_layout(bucket_bytes, dtype)
         return self._layouts[key]
 
+    def _bucket_layout(self, bucket_bytes: int, dtype: Optional[torch.dtype]) -> BucketLayout:
+        hf_bytes = [[math.prod(shape) * (dtype or g.dtype).itemsize for _, shape in g.hf] for g in self.groups]
+        packed, largest = pack_buckets(hf_bytes, bucket_bytes)
+        buckets = []
+        for bucket in packed:
+            pairs = []
+            for index, offsets in bucket:
+                group, dt = self.groups[index], dtype or self.groups[index].dtype
+                hf = zip(group.hf, offsets, hf_bytes[index])
+                pairs.append((group, tuple((h, shape, dt, offset, n) for (h, shape), offset, n in hf)))
+            buckets.append(tuple(pairs))
+        return BucketLayout(tuple(buckets), largest)
 
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // 64) * 64
 
+def pack_buckets(groups: Sequence[Sequence[int]], bucket_bytes: int) -> tuple[list[list[tuple[int, list[int]]]], int]:
+    """The weight sync's bucketing rule, over the byte sizes of each group's tensors.
 
-def _layer_of(unit: Unit) -> Optional[int]:
-    match = re.match(r"decoder\.layers\.(\d+)\.", unit.megatron[0])
-    return int(match.group(1)) if match else None
+    Returns, per bucket, (group index, byte offset of each of its tensors) pairs, and the
+    largest bucket's size. Groups stay whole and in order (a group is a decoder layer or
+    one unit: a consumer may need a whole layer at once); a bucket closes before the group
+    that would take it past ``bucket_bytes``, so a larger group makes a bucket of its own.
+    Each tensor starts at a multiple of :data:`CACHE_LINE_ALIGN`.
+    """
+    buckets: list[list[tuple[int, list[int]]]] = []
+    current: list[tuple[int, list[int]]] = []
+    size = largest = 0
+    for index, sizes in enumerate(groups):
+        if current and size + sum(align_up(n, CACHE_LINE_ALIGN) for n in sizes) > bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+        offsets = []
+        for n in sizes:
+            offsets.append(size)
+            size += align_up(n, CACHE_LINE_ALIGN)
+        current.append((index, offsets))
+        largest = max(largest, size)
+    if current:
+        buckets.append(current)
+    return buckets, largest
 
 
 def _group(units: Sequence[Unit], tmap: TensorMap) -> Group:

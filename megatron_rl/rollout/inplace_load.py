@@ -30,26 +30,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from typing import Iterable, Optional, Sequence
 
 import torch
 
+from megatron_rl.bridge.layer_names import hf_layer_prefix
 from megatron_rl.platform.vllm_compat import PLAIN_LINEAR_ATTR, tied_params_memo
 
-_LAYER = re.compile(r"^(.*?layers\.\d+)\.")
 MODE_ENV = "MEGATRON_RL_WEIGHT_LOAD"
 """``inplace`` (default: this loader where supported, else vLLM's reload) or ``reload``."""
 
 
 class InplaceLoadError(RuntimeError):
     """A bucket cannot be loaded in place (a split layer, an unknown module)."""
-
-
-def layer_prefix(name: str) -> Optional[str]:
-    """``model.layers.3`` for any tensor of decoder layer 3 (HF and vLLM names agree)."""
-    match = _LAYER.match(name)
-    return match.group(1) if match else None
 
 
 @dataclasses.dataclass
@@ -139,7 +132,7 @@ class InplaceLoader:
         return _Staged(name, module, "moe", {p: meta[p] for p in ("w13_weight", "w2_weight")}, isa=experts.isa)
 
     def _add(self, staged: _Staged) -> None:
-        self.by_layer.setdefault(layer_prefix(staged.name + "."), []).append(staged)
+        self.by_layer.setdefault(hf_layer_prefix(staged.name + "."), []).append(staged)
 
     # -- loading ------------------------------------------------------------------
 
@@ -180,7 +173,7 @@ class InplaceLoader:
     def _stage(self, s: _Staged) -> dict[str, torch.nn.Parameter]:
         """Swap checkpoint-format staging parameters in; return the live ones."""
         live = {p: s.module._parameters[p] for p in s.meta}
-        relative = s.name.split(layer_prefix(s.name + ".") or "\0", 1)[-1]
+        relative = s.name.split(hf_layer_prefix(s.name + ".") or "\0", 1)[-1]
         for p, meta in s.meta.items():
             key = (relative, p, tuple(meta.shape), meta.dtype)
             if key not in self._buffers:
@@ -277,7 +270,7 @@ def layer_groups(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterable[
     group: list = []
     key: Optional[str] = "\0"
     for name, tensor in named_tensors:
-        k = layer_prefix(name)
+        k = hf_layer_prefix(name)
         if group and k != key:
             yield key, group
             group = []

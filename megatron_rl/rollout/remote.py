@@ -40,6 +40,7 @@ import torch
 from megatron_rl.data import PromptBatch
 from megatron_rl.rollout.channel import ROLLOUT_LEADER, TRAINER, Channel, Inbox
 from megatron_rl.rollout.engine import EngineConfig, Sample, Sampling
+from megatron_rl.utils.alignment import DTYPE_VIEW_ALIGN, align_up
 
 
 class RolloutRankError(RuntimeError):
@@ -83,17 +84,13 @@ class TensorSpec:
     dtype: torch.dtype
 
 
-ALIGN = 8
-"""Every tensor starts at a multiple of this many bytes, so each can be viewed in its dtype."""
-
-
 def _layout(specs: Sequence[TensorSpec]) -> tuple[list[tuple[int, int]], int]:
     """(offset, bytes) of every tensor in the byte buffer, and the buffer's size."""
     slots, offset = [], 0
     for spec in specs:
         size = int(torch.Size(spec.shape).numel()) * torch.empty(0, dtype=spec.dtype).element_size()
         slots.append((offset, size))
-        offset += -(-size // ALIGN) * ALIGN
+        offset += align_up(size, DTYPE_VIEW_ALIGN)  # so each can be viewed in its dtype
     return slots, offset
 
 

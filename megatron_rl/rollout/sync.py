@@ -20,9 +20,8 @@ packing defect) shows nowhere else.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
-from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
@@ -34,8 +33,6 @@ from megatron_rl.utils import dtypes
 
 if TYPE_CHECKING:
     from megatron_rl.rollout.weight_check import WeightCheckResult
-
-_LAYER = re.compile(r"^(model\.layers\.\d+)\.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,38 +50,6 @@ class SyncStats:
     @property
     def gb_per_s(self) -> float:
         return self.bytes / max(self.seconds, 1e-9) / 1e9
-
-
-def layer_key(hf_name: str) -> str:
-    """Tensors with the same key must travel in the same bucket (one decoder layer)."""
-    match = _LAYER.match(hf_name)
-    return match.group(1) if match else hf_name
-
-
-def buckets(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Group a (name, tensor) stream into buckets of at most ``bucket_bytes`` (one layer, if
-    larger), never splitting a layer. Same rule as :func:`megatron_rl.bridge.iter_hf_buckets`."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    layer: list[tuple[str, torch.Tensor]] = []
-    size = layer_size = 0
-    key = None
-    for name, tensor in named_tensors:
-        k = layer_key(name)
-        if layer and k != key:
-            if bucket and size + layer_size > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket, size, layer, layer_size = bucket + layer, size + layer_size, [], 0
-        layer.append((name, tensor))
-        layer_size += tensor.numel() * tensor.element_size()
-        key = k
-    if bucket and size + layer_size > bucket_bytes:
-        yield bucket
-        bucket = []
-    if bucket + layer:
-        yield bucket + layer
 
 
 class WeightSync:

@@ -32,8 +32,9 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
+from megatron_rl.bridge.layer_names import hf_layer_prefix
 from megatron_rl.platform.vllm_compat import tied_params_memo
-from megatron_rl.rollout.inplace_load import InplaceLoader, dressed_like, layer_groups, layer_prefix, worker_loader
+from megatron_rl.rollout.inplace_load import InplaceLoader, dressed_like, layer_groups, worker_loader
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +115,7 @@ class WeightChecker:
         for mname, module in self.model.named_modules():
             for pname, param in module.named_parameters(recurse=False):
                 name = f"{mname}.{pname}" if mname else pname
-                if layer_prefix(name) == prefix:
+                if hf_layer_prefix(name) == prefix:
                     owners[name] = (module, pname, param)
         return owners
 
