@@ -37,30 +37,13 @@ def test_the_gpu_tests_collect_and_skip_with_their_reason_without_cuda(tmp_path)
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the kit runs these tests for real")
-    xml = tmp_path / "gpu.xml"
+    kit = _kit()
+    (part,) = [p for p in kit.parts(tmp_path) if p.name == "tests"]  # the kit's own command
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "tests/gpu",
-            "-m",
-            "gpu",
-            "-q",
-            "-rs",
-            "-p",
-            "no:cacheprovider",
-            "--junitxml",
-            str(xml),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        part.argv, cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1")
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    summary = _kit().junit_summary(xml)
+    summary = kit.junit_summary(tmp_path / "tests.xml")
     assert summary["counts"]["skipped"] >= 3 and summary["counts"]["skipped"] == len(summary["tests"]), summary
     assert all("needs a CUDA device" in t["message"] for t in summary["tests"]), summary["tests"]
 
