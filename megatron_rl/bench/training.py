@@ -53,29 +53,10 @@ def build_trainable(role: str, arch: ModelArch, parallel: ParallelConfig, option
 
     The layout's process groups must be initialised (:func:`megatron_rl.parallel.initialize`).
     """
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-    from megatron_rl.models.builder import build_model
+    from megatron_rl.models.builder import build_model, wrap_for_training
 
     chunks = build_model(role, arch, parallel, options)
-    config = chunks[0].config
-    with platform.megatron_scope():
-        ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=False)
-        chunks = [DistributedDataParallel(config, ddp, c) for c in chunks]
-        optimizer = get_megatron_optimizer(
-            OptimizerConfig(
-                optimizer="adam",
-                lr=1e-5,
-                bf16=options.dtype == "bf16",
-                use_distributed_optimizer=True,
-                clip_grad=1.0,
-                weight_decay=0.0,
-            ),
-            chunks,
-        )
-    config.finalize_model_grads_func = finalize_model_grads
-    return chunks, optimizer
+    return wrap_for_training(chunks, dtype=options.dtype, lr=1e-5, clip_grad=1.0)
 
 
 def train_step(chunks, optimizer, micro: list, role: str) -> Optional[float]:

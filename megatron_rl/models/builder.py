@@ -153,3 +153,31 @@ def _build_chunk(role, arch, parallel, options, config, pre_process, post_proces
         vp_stage=vp_stage,
         **kwargs,
     )
+
+
+def wrap_for_training(
+    chunks: list[torch.nn.Module], *, dtype: str, lr: float, clip_grad: float, weight_decay: float = 0.0
+):
+    """``chunks`` (weights already in place) in Megatron DDP with the distributed optimizer
+    (Adam; fp32 main params under bf16), as every training path uses them: the optimizer
+    copies its main params from the weights here, so load them before, not after."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    config = chunks[0].config
+    with platform.megatron_scope():
+        ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=False)
+        chunks = [DistributedDataParallel(config, ddp, c) for c in chunks]
+        optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam",
+                lr=lr,
+                bf16=dtype == "bf16",
+                use_distributed_optimizer=True,
+                clip_grad=clip_grad,
+                weight_decay=weight_decay,
+            ),
+            chunks,
+        )
+    config.finalize_model_grads_func = finalize_model_grads
+    return chunks, optimizer

@@ -31,7 +31,7 @@ from megatron_rl.launch.resume import continue_metrics
 from megatron_rl.launch.signals import StopSignals
 from megatron_rl.launch.slurm_env import SlurmEnv
 from megatron_rl.launch.status import write_status
-from megatron_rl.models.builder import BuildOptions, build_model
+from megatron_rl.models.builder import BuildOptions, build_model, wrap_for_training
 from megatron_rl.parallel import initialize
 
 
@@ -65,9 +65,6 @@ def run(cfg: Config) -> dict:
 
 
 def _train(cfg: Config, stop: StopSignals) -> dict:
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
     platform.init_distributed(cfg.trainer.dist_timeout_s)
     world = dist.get_world_size()
     validate(cfg, world)
@@ -75,22 +72,7 @@ def _train(cfg: Config, stop: StopSignals) -> dict:
     ctx = initialize(cfg.parallel, seed=cfg.trainer.seed, model=arch.shape(), timeout_s=cfg.trainer.dist_timeout_s)
     options = BuildOptions(dtype=cfg.model.dtype, moe_token_dispatcher_type=cfg.model.moe_token_dispatcher_type)
     chunks = build_model("actor", arch, cfg.parallel, options)
-    config = chunks[0].config
-    with platform.megatron_scope():
-        ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=False)
-        chunks = [DistributedDataParallel(config, ddp, c) for c in chunks]
-        optimizer = get_megatron_optimizer(
-            OptimizerConfig(
-                optimizer="adam",
-                lr=cfg.trainer.lr,
-                bf16=cfg.model.dtype == "bf16",
-                use_distributed_optimizer=True,
-                clip_grad=1.0,
-                weight_decay=0.0,
-            ),
-            chunks,
-        )
-    config.finalize_model_grads_func = finalize_model_grads
+    chunks, optimizer = wrap_for_training(chunks, dtype=cfg.model.dtype, lr=cfg.trainer.lr, clip_grad=1.0)
     dp = cfg.parallel.dp(world)
     per_rank = cfg.trainer.global_batch_size // dp
     rank_slice = slice(ctx.coords.dp * per_rank, (ctx.coords.dp + 1) * per_rank)

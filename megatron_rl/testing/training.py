@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from megatron_rl import platform
 from megatron_rl.models import build_model
-from megatron_rl.models.builder import BuildOptions
+from megatron_rl.models.builder import BuildOptions, wrap_for_training
 from megatron_rl.parallel import ParallelConfig, initialize
 from megatron_rl.parallel.full_tensors import gather_full, params_as
 from megatron_rl.testing.tiny import TINY_ARCHS
@@ -32,33 +32,11 @@ class TrainingRun:
     same data."""
 
     def __init__(self, kind: str, layout: dict, seed: int = 7, data: str = "step", dtype: str = "fp32"):
-        from megatron.core.distributed import (
-            DistributedDataParallel,
-            DistributedDataParallelConfig,
-            finalize_model_grads,
-        )
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
         self.arch, self.parallel, self.data = TINY_ARCHS[kind], ParallelConfig(**layout), data
         self.mbs = 1 if self.parallel.virtual_pipeline_model_parallel_size else MBS  # interleaving needs M >= PP
         self.ctx = initialize(self.parallel, seed=seed, model=self.arch.shape())
         chunks = build_model("actor", self.arch, self.parallel, BuildOptions(dtype=dtype))
-        config = chunks[0].config
-        with platform.megatron_scope():
-            ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=False)
-            self.chunks = [DistributedDataParallel(config, ddp, c) for c in chunks]
-            self.optimizer = get_megatron_optimizer(
-                OptimizerConfig(
-                    optimizer="adam",
-                    lr=1e-2,
-                    use_distributed_optimizer=True,
-                    clip_grad=1.0,
-                    weight_decay=0.01,
-                    bf16=dtype == "bf16",
-                ),
-                self.chunks,
-            )
-        config.finalize_model_grads_func = finalize_model_grads
+        self.chunks, self.optimizer = wrap_for_training(chunks, dtype=dtype, lr=1e-2, clip_grad=1.0, weight_decay=0.01)
 
     def batch(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's (tokens, labels) micro-batches of ``step``, on the platform's device."""

@@ -13,10 +13,9 @@ from typing import Optional
 
 import torch
 
-from megatron_rl import platform
 from megatron_rl.config import Config
 from megatron_rl.config.sources import base_settings, prompt_file, task_name
-from megatron_rl.models.builder import BuildOptions, build_model
+from megatron_rl.models.builder import BuildOptions, build_model, wrap_for_training
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import ParallelConfig
 from megatron_rl.parallel.state import ParallelContext
@@ -90,29 +89,9 @@ def _build_wrapped(
     hf_dir: Optional[Path],
     clip_grad: float,
 ):
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
     from megatron_rl.bridge import load_hf
 
     chunks = build_model(role, arch, parallel, options)
     if hf_dir is not None:  # the critic starts from the actor's backbone and a fresh value head
         load_hf(chunks, hf_dir, arch, backbone_only=role == "critic")
-    config = chunks[0].config
-    with platform.megatron_scope():
-        ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=False)
-        chunks = [DistributedDataParallel(config, ddp, c) for c in chunks]
-        optimizer = get_megatron_optimizer(
-            OptimizerConfig(
-                optimizer="adam",
-                lr=lr,
-                bf16=options.dtype == "bf16",
-                use_distributed_optimizer=True,
-                clip_grad=clip_grad,
-                weight_decay=0.0,
-                adam_beta2=0.999,
-            ),
-            chunks,
-        )
-    config.finalize_model_grads_func = finalize_model_grads
-    return chunks, optimizer
+    return wrap_for_training(chunks, dtype=options.dtype, lr=lr, clip_grad=clip_grad)

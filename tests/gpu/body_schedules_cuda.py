@@ -29,7 +29,7 @@ import torch
 
 from megatron_rl import platform
 from megatron_rl.algorithms import get_recipe
-from megatron_rl.models.builder import BuildOptions, build_model
+from megatron_rl.models.builder import BuildOptions, build_model, wrap_for_training
 from megatron_rl.models.route_replay import RouteReplay
 from megatron_rl.parallel import ParallelConfig, initialize
 from megatron_rl.parallel.full_tensors import gather_full, load_full, main_grad, params_as
@@ -92,28 +92,10 @@ def random_routes(g: torch.Generator, arch) -> torch.Tensor:
 def build(role: str, arch, dtype: str, replay: bool):
     """``role`` with seeded weights, in DDP with the trainer's optimizer (Adam, distributed,
     fp32 main params under bf16; no clipping), and a router replay when ``replay``."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
     options = dataclasses.replace(OPTIONS, dtype=dtype)
     chunks = build_model(role, arch, ParallelConfig(), options)
     load_full(chunks, seeded_weights(chunks, seed=7 if role == "actor" else 8))
-    config = chunks[0].config
-    with platform.megatron_scope():
-        ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=False)
-        chunks = [DistributedDataParallel(config, ddp, c) for c in chunks]
-        optimizer = get_megatron_optimizer(
-            OptimizerConfig(
-                optimizer="adam",
-                lr=LR,
-                bf16=dtype == "bf16",
-                use_distributed_optimizer=True,
-                clip_grad=CLIP_GRAD,
-                weight_decay=0.0,
-            ),
-            chunks,
-        )
-    config.finalize_model_grads_func = finalize_model_grads
+    chunks, optimizer = wrap_for_training(chunks, dtype=dtype, lr=LR, clip_grad=CLIP_GRAD)
     if replay:
         RouteReplay(chunks)
     return chunks, optimizer
