@@ -84,12 +84,14 @@ class Part:
 def parts(out: Path) -> list[Part]:
     """Every part, in the order they run (the headline number first). The time limits add up
     to 10 minutes, the longest command a lent machine runs. Measured on one H200: mfu-dense
-    35 s, mfu-moe 44 s, checkpoint 63 s; the GPU test modules 246 s together before their
-    setup was shared across cases, so the tests get the largest share."""
+    35 s, mfu-moe 44 s, checkpoint 63 s, the GPU test modules up to 246 s together, so the
+    tests get the largest share."""
     bench = (sys.executable, "-m", "megatron_rl", "bench")
-    mfu = lambda name, model, limit, *extra: Part(  # noqa: E731
-        name, (*bench, "mfu", "--model", model, *MFU_SHAPE, *extra, "--json", str(out / f"{name}.json")), limit
-    )
+
+    def mfu(name: str, model: str, limit: int, *extra: str) -> Part:
+        json_path = str(out / f"{name}.json")
+        return Part(name, (*bench, "mfu", "--model", model, *MFU_SHAPE, *extra, "--json", json_path), limit)
+
     return [
         mfu("mfu-dense", "gpu-dense-1b", 75, "--profile"),
         Part(
