@@ -32,7 +32,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # Ruff's settings are in pyproject.toml (tool config only; setup.py still builds the package).
-LINT_PATHS := megatron_rl tests tools setup.py
+LINT_PATHS := megatron_rl megatron_rl_lab tests tools setup.py
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS) && $(VENV)/bin/ruff format --check $(LINT_PATHS)
 

@@ -19,7 +19,7 @@ setup(
     long_description=(HERE / "README.md").read_text() if (HERE / "README.md").exists() else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.11,<3.13",  # 3.12: the CUDA machines of tools/gpu_check.py
-    packages=find_packages(include=["megatron_rl", "megatron_rl.*"]),
+    packages=find_packages(include=["megatron_rl", "megatron_rl.*", "megatron_rl_lab", "megatron_rl_lab.*"]),
     package_data={"megatron_rl.monitor": ["weights/*.safetensors"]},
     install_requires=requirements("base.txt"),
     extras_require={
@@ -28,5 +28,10 @@ setup(
         "gpu": ["vllm", "transformer-engine[pytorch]", "nvidia-ml-py"],
         "test": requirements("test.txt"),
     },
-    entry_points={"console_scripts": ["megatron-rl=megatron_rl.cli:entry"]},
+    entry_points={
+        "console_scripts": ["megatron-rl=megatron_rl.cli:entry"],
+        # The lab's subcommands (megatron_rl.commands reads this group; the runtime never
+        # imports megatron_rl_lab by name).
+        "megatron_rl.commands": ["bench=megatron_rl_lab.commands:BENCH"],
+    },
 )

@@ -11,6 +11,8 @@ import argparse
 import sys
 from typing import NoReturn, Optional, Sequence
 
+from megatron_rl.commands import Subcommand, installed
+
 EPILOG = """\
 examples:
   megatron-rl train --config examples/dapo.yaml trainer.max_steps=5
@@ -30,31 +32,12 @@ naming the key and what is allowed.
 """
 
 
-#: subcommand -> (module whose main(argv) runs it, help line)
-OWN_PARSERS = {
-    "convert": (
-        "megatron_rl.bridge.cli",
-        "HF <-> Megatron checkpoints: hf-to-megatron, megatron-to-hf; see `convert --help`",
-    ),
-    "ckpt": ("megatron_rl.checkpoint.cli", "inspect and verify checkpoints; see `ckpt --help`"),
-    "bench": (
-        "megatron_rl.bench.cli",
-        "benchmarks: mfu | weight-sync | checkpoint | mismatch | packing | async; see `bench --help`",
-    ),
-    "plot": ("megatron_rl.trainer.plot", "draw a run's reward/length/entropy curves to RUN_DIR/curves.png"),
-    "monitor": (
-        "megatron_rl.monitor.cli",
-        "faulty-machine detection (Minder): detect, eval, train-denoiser, synth; see `monitor --help`",
-    ),
-}
-
-
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML recipe (see examples/)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. trainer.max_steps=3")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(own_parsers: dict[str, Subcommand]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="megatron-rl",
         description="RL for reasoning LLMs (dense and MoE) on Megatron-Core, with vLLM rollouts.",
@@ -79,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(layout)
     layout.add_argument("--world-size", type=int, required=True, help="number of ranks")
     # Subcommands with their own parsers (loaded only when used: they import torch).
-    for name, text in OWN_PARSERS.items():
-        sub.add_parser(name, add_help=False, help=text[1])
+    for name, command in own_parsers.items():
+        sub.add_parser(name, add_help=False, help=command.help)
     return parser
 
 
@@ -103,11 +86,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from megatron_rl.config import ConfigError
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] and argv[0] in OWN_PARSERS:
-        import importlib
-
-        return importlib.import_module(OWN_PARSERS[argv[0]][0]).main(argv[1:])
-    parser = build_parser()
+    own_parsers = installed()
+    if argv[:1] and argv[0] in own_parsers:
+        return own_parsers[argv[0]].run(argv[1:])
+    parser = build_parser(own_parsers)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
