@@ -155,8 +155,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def entry() -> NoReturn:
     """The process entry (``megatron-rl``, ``python -m megatron_rl``). A ``train`` that
     returned ends its process at once, without the interpreter's teardown
-    (launch.process_exit); one that raised, and every other command, exit as usual."""
-    code = main()
+    (launch.process_exit); one that raised, and every other command, exit as usual. Ctrl-C
+    outside the training loop is one line and the shell's status for SIGINT, no traceback."""
+    try:
+        code = main()
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop (which saves and stops instead)
+        from megatron_rl.launch.signals import INTERRUPTED
+
+        print("megatron-rl: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED)
     if sys.argv[1:2] == ["train"]:
         from megatron_rl.launch.process_exit import end_process
 

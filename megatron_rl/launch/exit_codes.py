@@ -14,7 +14,8 @@ CONFIG_ERROR = 2
 """Bad config or layout; requeueing would fail the same way."""
 STOPPED = 75
 """Stopped on a signal after committing a checkpoint at the current step: requeue me
-(SIGUSR1), or stop here (SIGTERM: cancel / time limit); the status file says which."""
+(SIGUSR1), or stop here (SIGTERM: cancel / time limit; SIGINT: Ctrl-C); the status file
+says which."""
 
 _NAMES = {DONE: "done", FAILED: "failed", CONFIG_ERROR: "config error", STOPPED: "stopped after a checkpoint"}
 

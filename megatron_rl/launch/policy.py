@@ -3,7 +3,8 @@
   done     the trainer finished (exit 0)
   requeue  it stopped on SIGUSR1 after checkpointing (exit 75), or it failed and the job
            has been restarted fewer than ``max_restarts`` times (SLURM_RESTART_COUNT)
-  stop     it stopped on SIGTERM (cancel / time limit): saved, but not to be requeued
+  stop     it stopped on SIGTERM (cancel / time limit) or SIGINT (Ctrl-C): saved, but not
+           to be requeued
   fail     config error (a requeue would repeat it) or the restart limit is used up
 
 This attempt's status file, when present, overrides the exit code (torchrun turns every
@@ -40,8 +41,9 @@ def decide(rc: int, status: Optional[dict], env: SlurmEnv, max_restarts: int) ->
     if code == DONE:
         return Decision("done", f"{where}: done")
     if code == STOPPED:
-        if mine and status.get("signal") == "SIGTERM":
-            return Decision("stop", f"{where}: stopped on SIGTERM (cancel or time limit), not requeued")
+        if mine and status.get("signal") in ("SIGTERM", "SIGINT"):
+            why = "cancel or time limit" if status["signal"] == "SIGTERM" else "Ctrl-C"
+            return Decision("stop", f"{where}: stopped on {status['signal']} ({why}), not requeued")
         return Decision("requeue", f"{where}: stopped after a checkpoint, requeue")
     if code == CONFIG_ERROR:
         return Decision("fail", f"{where}: config error, a requeue would repeat it")

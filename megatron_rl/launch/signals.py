@@ -7,18 +7,26 @@ answer at the same step, checkpoints together and exits together.
 
 SIGUSR1 means "save and get requeued" (`sbatch --signal=B:USR1@N`, `scancel --signal=USR1`,
 or this node listed in the exclude file: an :class:`~megatron_rl.launch.exclude.ExcludeWatch`);
-SIGTERM means "save and stop" (scancel, time limit, torchrun shutting workers down). When
-ranks saw different signals, SIGTERM wins: a cancel must not turn into a requeue.
+SIGTERM means "save and stop" (scancel, time limit, torchrun shutting workers down). SIGINT
+(Ctrl-C at a terminal) means the same, said by a person: the step finishes, a checkpoint is
+committed, one line says how to resume; a second Ctrl-C ends the process at once (the last
+committed checkpoint stays, an unfinished save is never read back). When ranks saw different
+signals, the strongest wins (SIGINT over SIGTERM over SIGUSR1): a cancel must not turn into
+a requeue.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 from typing import Optional
 
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 # Ranked so that MAX over ranks picks the strongest request.
-_RANK = {0: 0, int(signal.SIGUSR1): 1, int(signal.SIGTERM): 2}
+_RANK = {0: 0, int(signal.SIGUSR1): 1, int(signal.SIGTERM): 2, int(signal.SIGINT): 3}
+INTERRUPTED = 128 + int(signal.SIGINT)
+"""The exit status of a second Ctrl-C, as a shell reports a process ended by SIGINT."""
 _BY_RANK = {v: k for k, v in _RANK.items()}
 
 
@@ -34,6 +42,8 @@ class StopSignals:
 
     def _handle(self, signum, frame) -> None:
         sig = signal.Signals(signum)
+        if sig == signal.SIGINT and self.received == signal.SIGINT:
+            _stop_at_once()
         if self.received is None or _RANK[int(sig)] > _RANK[int(self.received)]:
             self.received = sig
 
@@ -70,3 +80,27 @@ class StopSignals:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
             local = int(flag.item())
         return signal.Signals(_BY_RANK[local]) if local else None
+
+
+_WHY = {signal.SIGUSR1: "a requeue", signal.SIGTERM: "cancel or time limit", signal.SIGINT: "Ctrl-C"}
+
+
+def stop_line(sig: signal.Signals, step: int, checkpoint_dir) -> str:
+    """The one line a run stopped by ``sig`` ends with: why, where its checkpoint is, and how
+    to go on (the same command resumes from the newest committed checkpoint of the run dir)."""
+    return (
+        f"stopped on {sig.name} after step {step} ({_WHY[sig]}); checkpoint saved in {checkpoint_dir}; "
+        "the same command resumes from it"
+    )
+
+
+def _stop_at_once() -> None:
+    """The second Ctrl-C: no step end, no save, no traceback. Committed checkpoints are
+    whole files behind a commit marker, so an interrupted save only leaves a step that
+    resuming skips."""
+    print(
+        "megatron-rl: second Ctrl-C: stopping now, without a checkpoint of this step",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(INTERRUPTED)

@@ -28,7 +28,7 @@ from megatron_rl.config import Config, dump_yaml, model_arch, validate
 from megatron_rl.launch import exit_codes
 from megatron_rl.launch.exclude import ExcludeWatch
 from megatron_rl.launch.resume import continue_metrics
-from megatron_rl.launch.signals import StopSignals
+from megatron_rl.launch.signals import StopSignals, stop_line
 from megatron_rl.launch.slurm_env import SlurmEnv
 from megatron_rl.launch.status import write_status
 from megatron_rl.models.builder import BuildOptions, build_model, wrap_for_training
@@ -133,7 +133,7 @@ def _train(cfg: Config, stop: StopSignals) -> dict:
         metrics.close()
         write_status(run_dir, code, step, None if stop_signal is None else stop_signal.name, slurm)
         if not done:
-            print(f"stopped on {stop_signal.name} after step {step}; checkpoint committed in {ckpt_root}", flush=True)
+            print(stop_line(stop_signal, step, ckpt_root), flush=True)
     return {
         "first_loss": extra.get("first_loss", history[0]["lm_loss"] if history else math.nan),
         "last_loss": extra.get("last_loss", math.nan),

@@ -35,7 +35,7 @@ from megatron_rl.config import Config, ConfigError, dump_yaml, validate
 from megatron_rl.launch import exit_codes
 from megatron_rl.launch.exclude import ExcludeWatch
 from megatron_rl.launch.roles import ROLLOUT, RoleWorld, init_roles
-from megatron_rl.launch.signals import StopSignals
+from megatron_rl.launch.signals import StopSignals, stop_line
 from megatron_rl.launch.slurm_env import SlurmEnv
 from megatron_rl.launch.status import write_status
 from megatron_rl.models.builder import BuildOptions
@@ -588,10 +588,7 @@ class RLTrainer:
                 flush=True,
             )
         if self.stop_signal is not None:
-            print(
-                f"stopped on {self.stop_signal.name} after step {step}; checkpoint saved in {self.run_checkpoint.root}",
-                flush=True,
-            )
+            print(stop_line(self.stop_signal, step, self.run_checkpoint.root), flush=True)
 
     # ---- helpers and the end of the run -------------------------------------------------
 
@@ -670,7 +667,7 @@ def _agree(flag: bool) -> bool:
 def train(cfg: Config) -> dict:
     """Run ``trainer.max_steps`` RL steps; returns a summary (rank 0 writes the run dir).
 
-    SIGUSR1 / SIGTERM (Slurm preemption, scancel) stop the run after the current step with
+    SIGUSR1 / SIGTERM / SIGINT (Slurm preemption, scancel, Ctrl-C) stop the run after the current step with
     a committed checkpoint; the summary's ``exit_code`` then says "requeue me" (launch.exit_codes).
     The handlers go in first, so that a signal during start-up is not fatal either.
     With disaggregated rollouts the launch is split first; its rollout ranks serve the

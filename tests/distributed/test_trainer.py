@@ -631,3 +631,69 @@ def test_a_hung_rollout_rank_ends_the_run_with_its_name_within_the_timeout(tmp_p
     ), line
     assert 15 <= ended_after < 120, ended_after
     assert intact is not None and 2 <= intact <= logged, (intact, logged)
+
+
+def _world1_dapo(run_dir, base, steps: int) -> list[str]:
+    """`megatron-rl train` alone (world 1, no torchrun): how a person runs it at a terminal."""
+    return [
+        sys.executable,
+        "-m",
+        "megatron_rl",
+        "train",
+        "--config",
+        "examples/dapo.yaml",
+        f"trainer.run_dir={run_dir}",
+        f"model.hf_path={base}",
+        f"data.source={base}/train.jsonl",
+        "data.reward=digits",
+        f"trainer.max_steps={steps}",
+        "rollout.prompts_per_step=4",
+        "rollout.n_samples=4",
+        "trainer.micro_batch_size=2",
+    ]
+
+
+def test_ctrl_c_finishes_the_step_saves_it_and_the_same_run_dir_resumes(tmp_path, bases):
+    """Ctrl-C at a terminal reaches the whole foreground process group: SIGINT to the group
+    once step 2 is logged. The step in progress finishes, its checkpoint is committed, one
+    line says so and how to go on, exit 75 (stopped after a checkpoint) without a
+    traceback; a rerun on the same run dir resumes after that step."""
+    import signal
+    import subprocess
+    import time
+
+    from megatron_rl.checkpoint.recovery import newest_intact_step
+
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen(
+        _world1_dapo(run_dir, bases["qwen3"], 50),
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 600
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before step 2"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        kill_tree(proc.pid)
+    stopped_at = len(metrics.read_text().splitlines())
+    assert proc.returncode == 75, (out + err)[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert f"stopped on SIGINT after step {stopped_at} (Ctrl-C); checkpoint saved in " in out, out[-2000:]
+    assert newest_intact_step([run_dir / "checkpoints"], "fail") == stopped_at
+    resumed, out = _train_world1(run_dir, bases["qwen3"], stopped_at + 1, env)
+    assert "resumed from" in out and [r["step"] for r in resumed] == list(range(1, stopped_at + 2)), out[-2000:]
+
+
+def _train_world1(run_dir, base, steps, env):
+    proc = run_process_group(_world1_dapo(run_dir, base, steps), env, timeout_s=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()], proc.stdout

@@ -38,6 +38,7 @@ def _status(code, signal_name=None, attempt="42.1", step=7):
         (1, _status(75, "SIGUSR1"), 3, "requeue"),  # torchrun turns it into 1: the status file says
         (0, _status(75, "SIGUSR1"), 0, "requeue"),  # a stop is not a failure: no limit
         (1, _status(75, "SIGTERM"), 3, "stop"),  # cancel / time limit: saved, not requeued
+        (1, _status(75, "SIGINT"), 3, "stop"),  # Ctrl-C: saved, not requeued
         (137, _status(75, "SIGUSR1", attempt="42.0"), 3, "requeue"),  # the earlier attempt's file is ignored...
         (137, _status(75, "SIGUSR1", attempt="42.0"), 1, "fail"),  # ...so this is a failure, over the limit
         (2, None, 3, "fail"),  # config error: a requeue would repeat it
