@@ -26,6 +26,7 @@ setup(
         "cpu": requirements("cpu.txt"),
         # CUDA clusters: vLLM's CUDA build and Transformer Engine (CP>1, fused kernels).
         "gpu": ["vllm", "transformer-engine[pytorch]", "nvidia-ml-py"],
+        "loggers": ["wandb==0.31.0", "mlflow-skinny==3.17.2"],  # trainer.loggers beyond TensorBoard
         "test": requirements("test.txt"),
     },
     entry_points={

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 
 from megatron_rl.config import sources
+from megatron_rl.config.loggers import check_loggers
 from megatron_rl.config.schema import Config, ConfigError
 from megatron_rl.parallel.config import LayoutError, ModelShape
 
@@ -21,6 +22,7 @@ FIRST_ROWS = 8
 
 def validate(config: Config, world_size: int) -> Config:
     """Check that ``config`` can run on a launch of ``world_size`` ranks; return it unchanged."""
+    check_loggers(config.trainer.loggers)
     shape = sources.model_shape(config)  # the model the job builds (file data without hf_path fails here)
     vllm_ranks = _check_placement(config, world_size)
     world_size = training_world_size(config, world_size)  # what the layouts get

@@ -40,6 +40,13 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             return None
         return _coerce(key, value, options[0])
+    if origin is tuple:  # tuple[X, ...]: a YAML list, or one comma-separated string on the command line
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}={value!r} must be a list")
+        (item,) = {a for a in typing.get_args(tp) if a is not Ellipsis}
+        return tuple(_coerce(f"{key}[{i}]", v, item) for i, v in enumerate(value))
     try:
         if tp is bool:
             if isinstance(value, bool):
@@ -128,7 +135,12 @@ def load_config(path: Optional[str | Path] = None, overrides: Iterable[str] = ()
 
 
 def to_dict(config: Config) -> dict:
-    return dataclasses.asdict(config)
+    """The config tree of plain mappings, lists and scalars (tuples become lists, as YAML has them)."""
+    return dataclasses.asdict(config, dict_factory=lambda items: {k: _plain(v) for k, v in items})
+
+
+def _plain(value: Any) -> Any:
+    return [_plain(v) for v in value] if isinstance(value, (tuple, list)) else value
 
 
 def dump_yaml(config: Config) -> str:

@@ -96,6 +96,12 @@ class TrainerConfig:
     Megatron's groups) before the rank fails: what bounds the hang when a node dies or
     its network is cut. Above the longest a rank may wait for the others (a checkpoint
     save, the slowest rank's generation)."""
+    loggers: tuple[str, ...] = ("tensorboard",)
+    """Where the per-step scalars go besides metrics.jsonl (always written): tensorboard
+    (RUN_DIR/tensorboard), wandb (offline under RUN_DIR unless WANDB_MODE says otherwise),
+    mlflow (a file store in RUN_DIR/mlruns unless MLFLOW_TRACKING_URI is set); [] for none."""
+    project: str = "megatron-rl"
+    """The wandb project and MLflow experiment a run is logged under (its name: the run dir's)."""
 
     def __post_init__(self) -> None:
         _choice("trainer", "job", self.job, ("rl", "smoke"))

@@ -1,20 +1,31 @@
-"""Per-step metrics: metrics.jsonl always, TensorBoard when installed, a progress line."""
+"""Per-step metrics: metrics.jsonl always, the loggers of trainer.loggers (TensorBoard by
+default: trainer/loggers.py), a progress line."""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
+from typing import Sequence
+
+from megatron_rl.trainer.loggers import ScalarLogger
 
 
 class MetricsLog:
     """Rank 0 writes; other ranks hold a disabled log."""
 
-    def __init__(self, run_dir: Path, enabled: bool, total_steps: int, resume_after: int = 0):
+    def __init__(
+        self,
+        run_dir: Path,
+        enabled: bool,
+        total_steps: int,
+        resume_after: int = 0,
+        loggers: Sequence[ScalarLogger] = (),
+    ):
         self.enabled = enabled
         self.total = total_steps
         self._file = None
-        self._tb = None
+        self.loggers = list(loggers)
         if not enabled:
             return
         path = Path(run_dir) / "metrics.jsonl"
@@ -29,12 +40,6 @@ class MetricsLog:
         tmp.write_text("".join(line + "\n" for line in kept))
         tmp.replace(path)
         self._file = path.open("a")
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
-        except Exception:  # tensorboard is optional
-            self._tb = None
 
     def write(self, record: dict) -> None:
         if not self.enabled:
@@ -42,10 +47,9 @@ class MetricsLog:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         self._file.write(json.dumps(clean) + "\n")
         self._file.flush()
-        if self._tb is not None:
-            for key, value in clean.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self._tb.add_scalar(key, value, record["step"])
+        scalars = {k: v for k, v in clean.items() if k != "step" and isinstance(v, (int, float)) and v is not None}
+        for logger in self.loggers:
+            logger.log(record["step"], scalars)
         print(self.line(record), flush=True)
 
     def line(self, r: dict) -> str:
@@ -66,5 +70,5 @@ class MetricsLog:
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        for logger in self.loggers:
+            logger.close()

@@ -31,7 +31,7 @@ from megatron_rl import checkpoint, platform
 from megatron_rl.algorithms import explained_variance, kl_penalty
 from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.algorithms.rollout_correction import CorrectionInputs, correct_rollout
-from megatron_rl.config import Config, ConfigError, dump_yaml, validate
+from megatron_rl.config import Config, ConfigError, dump_yaml, to_dict, validate
 from megatron_rl.launch import exit_codes
 from megatron_rl.launch.exclude import ExcludeWatch
 from megatron_rl.launch.roles import ROLLOUT, RoleWorld, init_roles
@@ -59,6 +59,7 @@ from megatron_rl.trainer.ahead import AheadGeneration
 from megatron_rl.trainer.assembly import StepBatch, assemble, routes_missing
 from megatron_rl.trainer.empty_steps import EmptyStepGuard
 from megatron_rl.trainer.hapo import hapo_token_fields
+from megatron_rl.trainer.loggers import open_loggers
 from megatron_rl.trainer.metrics import MetricsLog
 from megatron_rl.trainer.reference import ReferencePolicy
 from megatron_rl.trainer.rollouts import TrainRows
@@ -106,7 +107,13 @@ class RLTrainer:
         """HAPO: the last step's entropy statistics (None: the next rollout samples at plain T)."""
         self.first_step = self._resume() + 1
         self.log = MetricsLog(
-            self.run_dir, enabled=self.rank == 0, total_steps=cfg.trainer.max_steps, resume_after=self.first_step - 1
+            self.run_dir,
+            enabled=self.rank == 0,
+            total_steps=cfg.trainer.max_steps,
+            resume_after=self.first_step - 1,
+            loggers=open_loggers(cfg.trainer.loggers, self.run_dir, cfg.trainer.project, to_dict(cfg))
+            if self.rank == 0
+            else (),
         )
         self.monitor = _start_monitor(cfg, self.run_dir)
         self.slurm = SlurmEnv.from_environ()
