@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from megatron_rl.bench.subprocess_run import run_bench
+from megatron_rl_lab.bench.subprocess_run import run_bench
 
 
 def main() -> int:

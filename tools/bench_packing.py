@@ -10,7 +10,7 @@ Runs `megatron-rl bench packing` in its own process and prints a markdown table
 import argparse
 import sys
 
-from megatron_rl.bench.subprocess_run import run_bench
+from megatron_rl_lab.bench.subprocess_run import run_bench
 
 
 def main() -> int:

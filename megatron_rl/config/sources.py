@@ -67,7 +67,7 @@ def model_arch(config: Config) -> ModelArch:
             raise ConfigError(f"model.hf_path={config.model.hf_path}: config.json: {err}") from None
     if config.trainer.job != "smoke":
         raise ValueError("the RL task base has no architecture before it is built; use model_shape(config)")
-    from megatron_rl.testing.tiny import TINY_ARCHS
+    from megatron_rl.models.presets import TINY_ARCHS
 
     return TINY_ARCHS[config.model.preset.removeprefix("tiny-")]
 

@@ -69,7 +69,7 @@ def test_the_gpu_tests_pass_in_a_dry_run_on_cpu():
 
 
 def test_every_bench_part_is_a_command_the_bench_accepts(tmp_path):
-    from megatron_rl.bench import checkpoint, cli, plan
+    from megatron_rl_lab.bench import checkpoint, cli, plan
 
     kit = _kit()
     bench_parts = [p for p in kit.parts(tmp_path) if "bench" in p.argv]

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from megatron_rl.bench.args import BenchArgumentError
-from megatron_rl.bench.cli import build_parser
-from megatron_rl.bench.hardware import gpu_peak_tflops
-from megatron_rl.bench.plan import make_plan, sweep_layouts
-from megatron_rl.testing.tiny import TINY_DENSE, TINY_MOE
+from megatron_rl_lab.bench.args import BenchArgumentError
+from megatron_rl_lab.bench.cli import build_parser
+from megatron_rl_lab.bench.hardware import gpu_peak_tflops
+from megatron_rl_lab.bench.plan import make_plan, sweep_layouts
+from megatron_rl_lab.testing.tiny import TINY_DENSE, TINY_MOE
 
 
 def _plan(*argv, world=1):

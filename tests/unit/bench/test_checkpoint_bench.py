@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.bench import checkpoint as bench
-from megatron_rl.bench.args import BenchArgumentError
-from megatron_rl.bench.checkpoint_scratch import Scratch
-from megatron_rl.testing.torchrun import run_script
+from megatron_rl_lab.bench import checkpoint as bench
+from megatron_rl_lab.bench.args import BenchArgumentError
+from megatron_rl_lab.bench.checkpoint_scratch import Scratch
+from megatron_rl_lab.testing.torchrun import run_script
 
 ROOT = Path(__file__).resolve().parents[3]
 SUBDIRS = ("ours", "torch_dist", "dcp")
@@ -149,7 +149,7 @@ def test_the_cuda_synchronize_no_op_holds_only_inside_its_block():
     writer synchronizes unconditionally); nothing else in the process may see it."""
     import torch
 
-    from megatron_rl.bench.checkpoint_timing import _cuda_synchronize_is_a_noop
+    from megatron_rl_lab.bench.checkpoint_timing import _cuda_synchronize_is_a_noop
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA build synchronizes for real")

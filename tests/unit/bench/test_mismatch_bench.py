@@ -4,9 +4,9 @@ import argparse
 
 import pytest
 
-from megatron_rl.bench import mismatch
-from megatron_rl.bench.args import BenchArgumentError
-from megatron_rl.bench.cli import main
+from megatron_rl_lab.bench import mismatch
+from megatron_rl_lab.bench.args import BenchArgumentError
+from megatron_rl_lab.bench.cli import main
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from megatron_rl.bench import packing
-from megatron_rl.bench.args import BenchArgumentError
-from megatron_rl.bench.cli import main
+from megatron_rl_lab.bench import packing
+from megatron_rl_lab.bench.args import BenchArgumentError
+from megatron_rl_lab.bench.cli import main
 
 
 def _args(*argv: str) -> argparse.Namespace:

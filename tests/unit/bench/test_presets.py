@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.bench.presets import PRESETS, resolve_model
 from megatron_rl.parallel.config import ParallelConfig
+from megatron_rl_lab.bench.presets import PRESETS, resolve_model
 
 ROOT = Path(__file__).resolve().parents[3]
 _SUFFIX = {"M": 1e6, "B": 1e9}
@@ -71,7 +71,7 @@ def test_documented_commands_name_presets():
         ROOT / "README.md",
         ROOT / "docs" / "benchmarks.md",
         *sorted(ROOT.glob("tools/bench_*.py")),
-        *sorted(ROOT.glob("megatron_rl/bench/*.py")),
+        *sorted(ROOT.glob("megatron_rl_lab/bench/*.py")),
     ]
     named = {
         (f.name, m)
@@ -86,7 +86,7 @@ def test_documented_commands_name_presets():
 
 def test_every_bench_can_take_every_preset():
     """The weight-sync and rollout benches write presets as HF models; all fit TP2, PP2 (and EP2)."""
-    from megatron_rl.testing.hf_models import hf_config
+    from megatron_rl_lab.testing.hf_models import hf_config
 
     for name, arch in PRESETS.items():
         config = hf_config(arch)

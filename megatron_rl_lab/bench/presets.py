@@ -4,7 +4,7 @@
 tools/bench_rollout_speed.py all read this table, so a number in docs/benchmarks.md names
 exactly one model whichever bench produced it. Each name says the family kind and the
 size, so a renamed or resized model cannot silently take an old name. All are qwen3 /
-qwen3_moe: the families :func:`megatron_rl.testing.hf_models.save_tiny_model` writes,
+qwen3_moe: the families :func:`megatron_rl_lab.testing.hf_models.save_tiny_model` writes,
 so every bench (the weight sync and rollout benches write the model as an HF directory)
 takes every preset. Head sizes 32 / 64 / 128 suit vLLM's CPU attention; layers, heads,
 KV groups and experts divide by 2, so every preset runs in TP2, PP2 and (MoE) EP2.
@@ -20,7 +20,7 @@ import types
 from pathlib import Path
 
 from megatron_rl.models.hf_config import ModelArch, arch_from_hf
-from megatron_rl.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
+from megatron_rl_lab.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
 
 
 def _arch(

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from megatron_rl.bench.args import BenchArgumentError, positive, run_checked, save_json, world_size
-from megatron_rl.bench.presets import PRESETS, model_label, resolve_model
+from megatron_rl_lab.bench.args import BenchArgumentError, positive, run_checked, save_json, world_size
+from megatron_rl_lab.bench.presets import PRESETS, model_label, resolve_model
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.utils import dtypes
 
@@ -158,7 +158,7 @@ def run(plan: Plan) -> dict:
     from megatron_rl.models.route_replay import RouteReplay
     from megatron_rl.parallel import ParallelConfig, initialize
     from megatron_rl.rollout import EngineConfig, RolloutEngine
-    from megatron_rl.testing.hf_models import save_tiny_model
+    from megatron_rl_lab.testing.hf_models import save_tiny_model
 
     platform.init_distributed()
     hf_dir = plan.hf_dir or plan.work_dir / "models" / plan.model_label

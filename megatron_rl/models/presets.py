@@ -1,4 +1,7 @@
-"""Tiny architectures for tests: head size 32 (one vLLM's CPU backend accepts), GQA."""
+"""Tiny architectures the runtime builds by name (the smoke job) and the tests use.
+
+Head size 32 (the smallest vLLM's CPU attention accepts), GQA.
+"""
 
 from megatron_rl.models.hf_config import ModelArch
 
@@ -34,7 +37,7 @@ TINY_MOE = ModelArch(
 TINY_ARCHS = {"dense": TINY_DENSE, "moe": TINY_MOE}
 
 # Qwen3-MoE takes head_dim explicitly, so this one also exists as a transformers/vLLM model
-# (megatron_rl.testing.hf_models); qwen2_moe derives head_dim = hidden / heads.
+# (megatron_rl_lab.testing.hf_models writes it); qwen2_moe derives head_dim = hidden / heads.
 TINY_QWEN3_MOE = ModelArch(
     family="qwen3_moe",
     ffn_hidden_size=128,
