@@ -1,7 +1,7 @@
 """Sequence packing benchmark: padded vs packed training step on the same sequences.
 
     python tools/bench_packing.py                              # cpu-dense-5m, both distributions
-    python tools/bench_packing.py --model tiny-moe --rows 32 --json out.json
+    python tools/bench_packing.py --model tiny-moe-4l --rows 32 --json out.json
 
 Runs `megatron-rl bench packing` in its own process and prints a markdown table
 (docs/benchmarks.md keeps the measured one).

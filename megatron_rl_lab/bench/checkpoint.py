@@ -3,7 +3,7 @@ dist_checkpointing (torch_dist) vs torch.distributed.checkpoint, same model and
 distributed-optimizer state, one run.
 
     torchrun --nproc-per-node=4 tools/bench_checkpoint.py --json out.json
-    torchrun --nproc-per-node=2 -m megatron_rl bench checkpoint --model tiny-dense --repeats 1
+    torchrun --nproc-per-node=2 -m megatron_rl bench checkpoint --model tiny-dense-4l --repeats 1
 
 Saves from TP2 (x DP) and loads back into the same layout and into TP1 (DP = world), and
 reports per method (at world 1, one GPU, it saves from TP1 and has no other layout to load

@@ -35,9 +35,9 @@ DESCRIPTION = (
 )
 EPILOG = """\
 examples:
-  megatron-rl bench mismatch --model tiny-moe --dtype fp32
+  megatron-rl bench mismatch --model tiny-moe-4l --dtype fp32
   megatron-rl bench mismatch --model cpu-moe-64e --dtype bf16 --prompts 16 --json mismatch.json
-  python tools/bench_mismatch.py   # tiny-moe and cpu-moe-64e, fp32 and bf16, with a table
+  python tools/bench_mismatch.py   # tiny-moe-4l and cpu-moe-64e, fp32 and bf16, with a table
 """
 
 
@@ -65,7 +65,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default="tiny-moe", help=f"a MoE preset ({', '.join(_moe_presets())}) or an HF dir")
+    p.add_argument("--model", default="tiny-moe-4l", help=f"a MoE preset ({', '.join(_moe_presets())}) or an HF dir")
     p.add_argument("--dtype", default="bf16", help="fp32 | bf16 (model, optimizer-free forward and vLLM)")
     p.add_argument("--prompts", type=positive, default=8, help="random prompts")
     p.add_argument("--samples", type=positive, default=4, help="responses per prompt")

@@ -40,7 +40,7 @@ DISTRIBUTIONS = {"default": 8, "lognormal": 1}
 """distribution -> padded rows per micro-batch."""
 EPILOG = """\
 examples:
-  megatron-rl bench packing --model tiny-moe --steps 2
+  megatron-rl bench packing --model tiny-moe-4l --steps 2
   megatron-rl bench packing --model cpu-dense-5m --rows 64 --median 64 --json packing.json
   python tools/bench_packing.py   # the same, with a markdown table
 """

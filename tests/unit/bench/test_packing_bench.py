@@ -49,7 +49,7 @@ def test_a_small_run_packs_without_changing_the_gradient(tmp_path):
             "bench",
             "packing",
             "--model",
-            "tiny-dense",
+            "tiny-dense-4l",
             "--rows",
             "8",
             "--median",
