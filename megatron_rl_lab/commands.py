@@ -8,6 +8,6 @@ nothing heavy: the help of `megatron-rl` loads it.
 from megatron_rl.commands import Subcommand
 
 BENCH = Subcommand(
-    "megatron_rl.bench.cli",
+    "megatron_rl_lab.bench.cli",
     "benchmarks: mfu | weight-sync | checkpoint | mismatch | packing | async; see `bench --help`",
 )

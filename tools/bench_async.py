@@ -16,7 +16,7 @@ option but --json goes to the bench as given, with the bench's defaults (its opt
 import argparse
 import sys
 
-from megatron_rl.bench.subprocess_run import run_bench
+from megatron_rl_lab.bench.subprocess_run import run_bench
 
 
 def _fmt(value, spec: str) -> str:

@@ -12,7 +12,7 @@ in the same run), and writes everything as JSON (--json). `--help` lists all opt
 
 import sys
 
-from megatron_rl.bench.cli import main
+from megatron_rl_lab.bench.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["mfu", *sys.argv[1:]]))

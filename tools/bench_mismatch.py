@@ -1,6 +1,6 @@
 """Train-inference mismatch grid: `megatron-rl bench mismatch` per MoE preset and dtype.
 
-    python tools/bench_mismatch.py                       # tiny-moe, cpu-moe-64e x fp32, bf16
+    python tools/bench_mismatch.py                       # tiny-moe-4l, cpu-moe-64e x fp32, bf16
     python tools/bench_mismatch.py --models cpu-moe-14m --dtypes bf16 --prompts 32 --json out.json
 
 Each case runs in its own process (vLLM's state is process-wide); the results go to one
@@ -13,12 +13,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from megatron_rl.bench.subprocess_run import run_bench
+from megatron_rl_lab.bench.subprocess_run import run_bench
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="tiny-moe,cpu-moe-64e")
+    p.add_argument("--models", default="tiny-moe-4l,cpu-moe-64e")
     p.add_argument("--dtypes", default="fp32,bf16")
     p.add_argument("--prompts", default="16")
     p.add_argument("--json", default="bench_mismatch.json")

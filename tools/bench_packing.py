@@ -1,7 +1,7 @@
 """Sequence packing benchmark: padded vs packed training step on the same sequences.
 
     python tools/bench_packing.py                              # cpu-dense-5m, both distributions
-    python tools/bench_packing.py --model tiny-moe --rows 32 --json out.json
+    python tools/bench_packing.py --model tiny-moe-4l --rows 32 --json out.json
 
 Runs `megatron-rl bench packing` in its own process and prints a markdown table
 (docs/benchmarks.md keeps the measured one).
@@ -10,7 +10,7 @@ Runs `megatron-rl bench packing` in its own process and prints a markdown table
 import argparse
 import sys
 
-from megatron_rl.bench.subprocess_run import run_bench
+from megatron_rl_lab.bench.subprocess_run import run_bench
 
 
 def main() -> int:

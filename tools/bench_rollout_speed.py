@@ -5,7 +5,7 @@ speed (packed oneDNN weights are faster); this measures the decode side of that 
 
     python tools/bench_rollout_speed.py --preset cpu-dense-82m --cpu-linear packed,plain
 
-Writes the preset model under --work-dir once (megatron_rl/bench/presets.py, as every bench), then per
+Writes the preset model under --work-dir once (megatron_rl_lab/bench/presets.py, as every bench), then per
 format builds one engine (each in a fresh process: vLLM's state is process-wide) and times
 ``generate`` of --prompts prompts x --n samples x --max-tokens tokens (median of --repeats).
 """
@@ -43,8 +43,8 @@ def measure(model_dir: str, cpu_linear: str, prompts: int, n: int, max_tokens: i
 
 
 def main(argv=None) -> int:
-    from megatron_rl.bench.presets import PRESETS
-    from megatron_rl.bench.weight_sync import DEFAULT_PRESET
+    from megatron_rl_lab.bench.presets import PRESETS
+    from megatron_rl_lab.bench.weight_sync import DEFAULT_PRESET
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", choices=list(PRESETS), default=DEFAULT_PRESET)
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     if bad:
         p.error(f"--cpu-linear {bad[0]!r}: allowed packed, plain")
     if not (model_dir / "config.json").is_file():
-        from megatron_rl.testing.hf_models import save_tiny_model
+        from megatron_rl_lab.testing.hf_models import save_tiny_model
 
         save_tiny_model(PRESETS[args.preset], model_dir, seed=0)
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))

@@ -11,7 +11,7 @@ same bytes measured in the same run. `--help` lists the options.
 
 import sys
 
-from megatron_rl.bench.cli import main
+from megatron_rl_lab.bench.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["weight-sync", *sys.argv[1:]]))

@@ -86,7 +86,9 @@ def parts(out: Path) -> list[Part]:
     to 10 minutes, the longest command a lent machine runs. Measured on one H200: mfu-dense
     35 s, mfu-moe 44 s, checkpoint 63 s, the GPU test modules up to 246 s together, so the
     tests get the largest share."""
-    bench = (sys.executable, "-m", "megatron_rl", "bench")
+    # The lab's own entry, not `-m megatron_rl bench`: the kit runs the tree from PYTHONPATH,
+    # where no installed entry point names the lab's subcommands.
+    bench = (sys.executable, "-m", "megatron_rl_lab.bench.cli")
 
     def mfu(name: str, model: str, limit: int, *extra: str) -> Part:
         json_path = str(out / f"{name}.json")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from megatron_rl.models.presets import PRESETS
 from megatron_rl.monitor.config import OnlineConfig
 from megatron_rl.parallel.config import ParallelConfig
 from megatron_rl.utils import dtypes
@@ -25,11 +26,6 @@ def _choice(section: str, name: str, value, allowed) -> None:
         raise ConfigError(f"{section}.{name}={value!r} is not allowed; choose one of {sorted(allowed)}")
 
 
-PRESET_FAMILIES = {"tiny-dense": "qwen3", "tiny-moe": "qwen3_moe"}
-"""model.preset -> the HF family of the task base the RL trainer builds (tasks.base_model)."""
-TINY_PRESETS = tuple(PRESET_FAMILIES)
-
-
 @dataclasses.dataclass(kw_only=True)
 class ModelConfig:
     """Which model to build and in which numerics."""
@@ -37,11 +33,10 @@ class ModelConfig:
     hf_path: Optional[str] = None
     """Directory of a Hugging Face model (config.json is read for the architecture)."""
     preset: Optional[str] = "tiny-moe"
-    """Built-in tiny model used when hf_path is not set: tiny-dense | tiny-moe. For RL on
-    task:<name> data, the family of the task's supervised base the trainer builds
-    (tiny-moe: qwen3_moe, 2 layers, 8 experts; tiny-dense: qwen3, see
-    tasks.base_model.BaseModelSettings); for trainer.job=smoke, the test architecture of
-    testing.tiny. RL on a prompt file has no built-in base: it needs hf_path."""
+    """Built-in model used when hf_path is not set, by name (models.presets: tiny-moe is
+    qwen3_moe, 2 layers, 8 experts; tiny-dense is qwen3, 2 layers). For RL on task:<name>
+    data the trainer builds it as the task's supervised base; trainer.job=smoke builds it as
+    it stands. RL on a prompt file has no built-in base: it needs hf_path."""
     dtype: str = "fp32"
     """Parameter dtype: fp32 | bf16 | fp16."""
     moe_token_dispatcher_type: str = "alltoall"
@@ -55,7 +50,7 @@ class ModelConfig:
         if self.hf_path is None and self.preset is None:
             raise ConfigError("model needs hf_path or preset; neither is set")
         if self.hf_path is None:
-            _choice("model", "preset", self.preset, TINY_PRESETS)
+            _choice("model", "preset", self.preset, PRESETS)
         _choice("model", "dtype", self.dtype, dtypes.SHORT_NAMES)
         _choice("model", "moe_token_dispatcher_type", self.moe_token_dispatcher_type, ("alltoall", "allgather"))
         if self.moe_aux_loss_coeff < 0:

@@ -5,10 +5,10 @@ against is the one the trainer builds:
 
 - ``model.hf_path`` set: its config.json (prompts: ``data.source``, or for ``task:<name>``
   data the directory's ``train.jsonl``, as a built task base holds it).
-- RL on ``task:<name>`` without hf_path: the task's tiny supervised base
-  (:func:`base_settings`; ``model.preset`` picks its family), built by the trainer.
-- ``trainer.job=smoke`` without hf_path: the test architecture of ``model.preset``
-  (``testing.tiny``), which the smoke job builds.
+- RL on ``task:<name>`` without hf_path: the task's supervised base of the architecture
+  ``model.preset`` names (:func:`base_settings`), built by the trainer.
+- ``trainer.job=smoke`` without hf_path: the architecture ``model.preset`` names
+  (models.presets), which the smoke job builds.
 - RL on a prompt file without hf_path: no model to start from, a :class:`ConfigError`.
 """
 
@@ -19,10 +19,12 @@ import types
 from pathlib import Path
 from typing import Optional
 
-from megatron_rl.config.schema import PRESET_FAMILIES, Config, ConfigError
+from megatron_rl.config.schema import Config, ConfigError
 from megatron_rl.models.hf_config import ModelArch, arch_from_hf
+from megatron_rl.models.presets import PRESETS
 from megatron_rl.parallel.config import ModelShape
 from megatron_rl.tasks.base_model import BaseModelSettings
+from megatron_rl.tasks.digits import get_task
 
 TASK_PREFIX = "task:"
 
@@ -46,9 +48,13 @@ def base_settings(config: Config) -> Optional[BaseModelSettings]:
             f"model.preset={config.model.preset!r} builds a base only for task:<name> data"
         )
     try:
-        return BaseModelSettings(task=name, family=PRESET_FAMILIES[config.model.preset], seed=config.trainer.seed)
+        get_task(name)
     except ValueError as err:  # an unknown task lists the valid ones
         raise ConfigError(f"data.source={config.data.source!r}: {err}") from None
+    try:
+        return BaseModelSettings.from_arch(PRESETS[config.model.preset], task=name, seed=config.trainer.seed)
+    except ValueError as err:
+        raise ConfigError(f"model.preset={config.model.preset!r}: {err}") from None
 
 
 def model_arch(config: Config) -> ModelArch:
@@ -67,9 +73,7 @@ def model_arch(config: Config) -> ModelArch:
             raise ConfigError(f"model.hf_path={config.model.hf_path}: config.json: {err}") from None
     if config.trainer.job != "smoke":
         raise ValueError("the RL task base has no architecture before it is built; use model_shape(config)")
-    from megatron_rl.testing.tiny import TINY_ARCHS
-
-    return TINY_ARCHS[config.model.preset.removeprefix("tiny-")]
+    return PRESETS[config.model.preset]
 
 
 def model_shape(config: Config) -> ModelShape:

@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from megatron_rl.models.hf_config import arch_from_hf
+from megatron_rl.models.hf_config import ModelArch, arch_from_hf
 from megatron_rl.parallel.config import ModelShape
 from megatron_rl.tasks.chat_format import training_text
 from megatron_rl.tasks.digits import get_task
@@ -82,6 +82,35 @@ class BaseModelSettings:
             raise ValueError(f"warmup_correct_fraction={self.warmup_correct_fraction} is not in [0, 1]")
         if self.num_experts_per_tok > self.num_experts:
             raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} > num_experts={self.num_experts}")
+
+    @classmethod
+    def from_arch(cls, arch: ModelArch, **settings: Any) -> BaseModelSettings:
+        """The base of architecture ``arch`` (a model preset), ``settings`` for the rest (task,
+        seed, ...). ``arch.vocab_size`` is the tokenizer's target. Raises ValueError for an
+        architecture a base cannot have: one whose HF fields would not read back as ``arch``."""
+        fields = dict(
+            family=arch.family,
+            hidden_size=arch.hidden_size,
+            num_layers=arch.num_layers,
+            num_attention_heads=arch.num_attention_heads,
+            num_key_value_heads=arch.num_query_groups,
+            head_dim=arch.head_dim,
+            intermediate_size=arch.ffn_hidden_size,
+            tokenizer_vocab_size=arch.vocab_size,
+            max_position_embeddings=arch.max_position_embeddings,
+        )
+        if arch.is_moe:
+            fields.update(
+                num_experts=arch.num_moe_experts,
+                num_experts_per_tok=arch.moe_router_topk,
+                moe_intermediate_size=arch.moe_ffn_hidden_size,
+            )
+        base = cls(**fields, **settings)
+        built = arch_from_hf(types.SimpleNamespace(**base.hf_fields(base.tokenizer_vocab_size)))
+        differ = [f.name for f in dataclasses.fields(arch) if getattr(arch, f.name) != getattr(built, f.name)]
+        if differ:
+            raise ValueError(f"a task base cannot have this architecture; it would differ in {', '.join(differ)}")
+        return base
 
     def hf_fields(self, vocab_size: int, *, eos_id: Optional[int] = None, pad_id: Optional[int] = None) -> dict:
         """The HF config fields (``model_type`` included) of this base: the one table behind

@@ -16,9 +16,9 @@ import torch.distributed as dist
 
 from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.rollout import EngineConfig, RolloutEngine, Sampling
-from megatron_rl.testing.hf_models import load_reference, save_tiny_model
-from megatron_rl.testing.tiny import TINY_DENSE
-from megatron_rl.testing.torchrun import run_cases
+from megatron_rl_lab.testing.hf_models import load_reference, save_tiny_model
+from megatron_rl_lab.testing.tiny import TINY_DENSE
+from megatron_rl_lab.testing.torchrun import run_cases
 
 WORK = Path(sys.argv[1])
 T = 0.8

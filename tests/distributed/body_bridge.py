@@ -25,7 +25,7 @@ from megatron_rl.bridge.parity import hf_logits, make_tiny_hf, megatron_logits, 
 from megatron_rl.models import build_model
 from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.parallel import ParallelConfig, destroy, initialize
-from megatron_rl.testing.torchrun import run_cases
+from megatron_rl_lab.testing.torchrun import run_cases
 
 DENSE = ("llama", "qwen2", "qwen3")
 MOE = ("qwen2_moe", "qwen3_moe", "mixtral")

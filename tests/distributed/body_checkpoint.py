@@ -20,8 +20,8 @@ import torch.distributed as dist
 
 from megatron_rl import checkpoint
 from megatron_rl.parallel import destroy
-from megatron_rl.testing.torchrun import run_cases
-from megatron_rl.testing.training import TrainingRun, hold_writer_until_update
+from megatron_rl_lab.testing.torchrun import run_cases
+from megatron_rl_lab.testing.training import TrainingRun, hold_writer_until_update
 
 ROOT = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("/tmp/ckpt-body")
 TP2_EP2 = dict(tensor_model_parallel_size=2, expert_model_parallel_size=2)

@@ -18,8 +18,8 @@ from megatron_rl.models import build_model
 from megatron_rl.parallel import ParallelConfig, destroy, initialize
 from megatron_rl.parallel.full_tensors import gather_full, load_full, main_grad, params_as
 from megatron_rl.parallel.state import check_coordinates
-from megatron_rl.testing.tiny import TINY_ARCHS
-from megatron_rl.testing.torchrun import run_cases
+from megatron_rl_lab.testing.tiny import TINY_ARCHS
+from megatron_rl_lab.testing.torchrun import run_cases
 
 GLOBAL_BATCH, SEQ = 8, 16
 

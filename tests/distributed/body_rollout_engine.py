@@ -14,9 +14,9 @@ import torch.distributed as dist
 from megatron_rl import platform
 from megatron_rl.rollout import EngineConfig, RolloutEngine, Sampling
 from megatron_rl.rollout.seeds import MAX_SAMPLES, prompt_seeds
-from megatron_rl.testing.hf_models import load_reference, save_tiny_model, token_logprobs
-from megatron_rl.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
-from megatron_rl.testing.torchrun import run_cases
+from megatron_rl_lab.testing.hf_models import load_reference, save_tiny_model, token_logprobs
+from megatron_rl_lab.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
+from megatron_rl_lab.testing.torchrun import run_cases
 
 WORK = Path(sys.argv[1])
 TP, KIND = int(sys.argv[2]), sys.argv[3]

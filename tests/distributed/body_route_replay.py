@@ -24,8 +24,8 @@ from megatron_rl.models.route_replay import RouteReplay, set_targets
 from megatron_rl.parallel import ParallelConfig, destroy, initialize
 from megatron_rl.parallel.full_tensors import gather_full, load_full, main_grad, params_as
 from megatron_rl.schedules import TrainBatch, compute_logprobs, gather_data_parallel, local_batch
-from megatron_rl.testing.tiny import TINY_QWEN3_MOE
-from megatron_rl.testing.torchrun import run_cases
+from megatron_rl_lab.testing.tiny import TINY_QWEN3_MOE
+from megatron_rl_lab.testing.torchrun import run_cases
 
 ARCH = TINY_QWEN3_MOE
 ROWS, SEQ, MBS, FALLBACK_POSITIONS = 8, 16, 2, 3

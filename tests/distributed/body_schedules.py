@@ -46,9 +46,9 @@ from megatron_rl.schedules import (
     train_step,
 )
 from megatron_rl.schedules.packing import Microbatching
-from megatron_rl.testing import batches
-from megatron_rl.testing.tiny import TINY_ARCHS
-from megatron_rl.testing.torchrun import run_cases
+from megatron_rl_lab.testing import batches
+from megatron_rl_lab.testing.tiny import TINY_ARCHS
+from megatron_rl_lab.testing.torchrun import run_cases
 
 GLOBAL_BATCH, SEQ = 8, 16
 PACK_BUDGET = 24  # tokens per packed micro-batch: a multiple of TP2, some rows pair up, some not

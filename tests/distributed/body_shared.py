@@ -8,7 +8,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from megatron_rl.testing.torchrun import run_cases
+from megatron_rl_lab.testing.torchrun import run_cases
 
 
 def body_cases(body: str, world_size: int) -> dict:

@@ -29,10 +29,10 @@ from megatron_rl.parallel.shards import local_shards
 from megatron_rl.rollout import EngineConfig, RolloutEngine
 from megatron_rl.rollout.parity import ParityError
 from megatron_rl.rollout.sync import WeightSync, check_parity
-from megatron_rl.testing.hf_models import save_tiny_model
-from megatron_rl.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
-from megatron_rl.testing.torchrun import run_cases
 from megatron_rl.utils import dtypes
+from megatron_rl_lab.testing.hf_models import save_tiny_model
+from megatron_rl_lab.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
+from megatron_rl_lab.testing.torchrun import run_cases
 
 WORK, VLLM_TP, KIND = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 DTYPE = sys.argv[4] if len(sys.argv) > 4 else "float32"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.testing.torchrun import launch
+from megatron_rl_lab.testing.torchrun import launch
 
 SHARED_BODY = Path(__file__).with_name("body_shared.py")
 WORLD = 8

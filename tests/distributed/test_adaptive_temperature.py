@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.testing.torchrun import launch
+from megatron_rl_lab.testing.torchrun import launch
 
 BODY = Path(__file__).with_name("body_adaptive_temperature.py")
 CASES = ("adaptive_tau_0.5", "adaptive_tau_0.05", "mixed_batch", "megatron_temperatures")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.testing.torchrun import launch
+from megatron_rl_lab.testing.torchrun import launch
 
 BODY = Path(__file__).with_name("body_bridge.py")
 LOGIT_TOL = 3e-5  # fp32; measured <= 2e-6, 1.5e-5 with tied embeddings (docs/benchmarks.md)

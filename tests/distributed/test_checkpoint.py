@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.testing.torchrun import launch
+from megatron_rl_lab.testing.torchrun import launch
 
 BODY = Path(__file__).with_name("body_checkpoint.py")
 RESHARD4 = [

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron_rl.testing.torchrun import launch
+from megatron_rl_lab.testing.torchrun import launch
 
 BODY = Path(__file__).with_name("body_model_layouts.py")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.testing.torchrun import launch
+from megatron_rl_lab.testing.torchrun import launch
 
 BODY = Path(__file__).with_name("body_model_layouts.py")
 # fp32, measured 2026-11-25: gradients <= 1.8e-7, losses <= 2.4e-7 (docs/benchmarks.md)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.testing.torchrun import launch
+from megatron_rl_lab.testing.torchrun import launch
 
 BODY = Path(__file__).with_name("body_route_replay.py")
 LAYOUTS = ["tp2_sp_ep2", "tp2_ep2_etp1", "ep4", "pp2_vpp2_ep2"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.testing.torchrun import launch
+from megatron_rl_lab.testing.torchrun import launch
 
 BODY = Path(__file__).with_name("body_schedules.py")
 GRAD_TOL = 1e-6  # fp32; observed ≤ 1.2e-7 with gradients up to 0.28

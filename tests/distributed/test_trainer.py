@@ -19,7 +19,7 @@ import pytest
 
 from megatron_rl.rollout.remote import CHUNK_PAUSE_ENV
 from megatron_rl.tasks.base_model import BaseModelSettings, make_tiny_base
-from megatron_rl.testing.torchrun import _free_port, descendants, kill_tree, run_process_group
+from megatron_rl_lab.testing.torchrun import _free_port, descendants, kill_tree, run_process_group
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

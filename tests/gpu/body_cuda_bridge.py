@@ -23,7 +23,7 @@ from megatron_rl.bridge.parity import hf_logits, megatron_logits, read_config
 from megatron_rl.models import build_model
 from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.parallel import ParallelConfig, destroy, initialize
-from megatron_rl.testing.torchrun import run_cases
+from megatron_rl_lab.testing.torchrun import run_cases
 
 FAMILIES = ("qwen3", "qwen3_moe")
 TOKENS = torch.randint(0, 97, (2, 8), generator=torch.Generator().manual_seed(7))

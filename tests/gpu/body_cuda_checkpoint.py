@@ -24,8 +24,8 @@ import torch
 
 from megatron_rl import checkpoint, platform
 from megatron_rl.parallel import destroy
-from megatron_rl.testing.torchrun import run_cases
-from megatron_rl.testing.training import TrainingRun, hold_writer_until_update
+from megatron_rl_lab.testing.torchrun import run_cases
+from megatron_rl_lab.testing.training import TrainingRun, hold_writer_until_update
 
 OUT = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp/cuda-checkpoint")
 ROOT = OUT / "ckpt"

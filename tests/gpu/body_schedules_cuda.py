@@ -3,7 +3,7 @@ on this process's device: CUDA, or the CPU under ``MEGATRON_RL_FORCE_CPU=1`` (th
 
 test_cuda_schedules.py runs it on both and compares what each case saved. So that the two runs
 differ only in where the arithmetic happens, every input is made on the CPU from seeded
-generators: the weights (loaded with ``load_full``), the rollout batch (megatron_rl.testing.batches)
+generators: the weights (loaded with ``load_full``), the rollout batch (megatron_rl_lab.testing.batches)
 and, for the bf16 MoE cases, the experts every token is routed to (router replay: a router whose
 top-2 and top-3 scores lie within bf16 rounding would pick other experts on the other device).
 No device RNG is read.
@@ -34,9 +34,9 @@ from megatron_rl.models.route_replay import RouteReplay
 from megatron_rl.parallel import ParallelConfig, initialize
 from megatron_rl.parallel.full_tensors import gather_full, load_full, main_grad, params_as
 from megatron_rl.schedules import ActorLoss, CriticLoss, Microbatching, compute_logprobs, compute_values, train_step
-from megatron_rl.testing.batches import rollout_batch
-from megatron_rl.testing.tiny import TINY_ARCHS
-from megatron_rl.testing.torchrun import run_cases
+from megatron_rl_lab.testing.batches import rollout_batch
+from megatron_rl_lab.testing.tiny import TINY_ARCHS
+from megatron_rl_lab.testing.torchrun import run_cases
 
 ROWS, SEQ = 8, 16
 MICRO_BATCH = 2  # padded rows: four micro-batches, so the schedule accumulates over several

@@ -1,7 +1,7 @@
 """The GPU suite: each test runs one body on CUDA at world 1 and the same body on CPU
 (``MEGATRON_RL_FORCE_CPU=1``, gloo) as its reference, and compares what they computed.
 
-A body is a torchrun script (see :mod:`megatron_rl.testing.torchrun`) whose cases save
+A body is a torchrun script (see :mod:`megatron_rl_lab.testing.torchrun`) whose cases save
 their tensors with ``torch.save`` under the directory given as its first argument and
 return small JSON-able summaries. Both runs of a module share one launch per device.
 """
@@ -14,7 +14,7 @@ from typing import Sequence
 import pytest
 import torch
 
-from megatron_rl.testing.torchrun import launch
+from megatron_rl_lab.testing.torchrun import launch
 
 CPU_ENV = {"MEGATRON_RL_FORCE_CPU": "1", "CUDA_VISIBLE_DEVICES": ""}
 """The CPU reference sees no GPU, so it runs as on a CPU machine. With one visible, Megatron's

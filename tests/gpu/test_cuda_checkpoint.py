@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.testing.torchrun import launch
+from megatron_rl_lab.testing.torchrun import launch
 from tests.gpu.conftest import CPU_ENV, case_result, expected_device, launch_on
 
 BODY = Path(__file__).with_name("body_cuda_checkpoint.py")

@@ -69,13 +69,13 @@ def test_the_gpu_tests_pass_in_a_dry_run_on_cpu():
 
 
 def test_every_bench_part_is_a_command_the_bench_accepts(tmp_path):
-    from megatron_rl.bench import checkpoint, cli, plan
+    from megatron_rl_lab.bench import checkpoint, cli, plan
 
     kit = _kit()
-    bench_parts = [p for p in kit.parts(tmp_path) if "bench" in p.argv]
+    bench_parts = [p for p in kit.parts(tmp_path) if cli.__name__ in p.argv]
     assert {p.name for p in bench_parts} == {"mfu-dense", "mfu-dense-unfused", "mfu-moe", "checkpoint"}
     for part in bench_parts:
-        args = cli.build_parser().parse_args(part.argv[part.argv.index("bench") + 1 :])
+        args = cli.build_parser().parse_args(part.argv[part.argv.index(cli.__name__) + 1 :])
         if args.bench == "mfu":
             arch, settings, cases, json_path = plan.make_plan(args, 1)
             assert settings.dtype == "bf16" and settings.seq_length == 4096 and len(cases) == 1

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from megatron_rl.bench import async_rollouts as bench
-from megatron_rl.bench.args import BenchArgumentError
-from megatron_rl.bench.cli import main
+from megatron_rl_lab.bench import async_rollouts as bench
+from megatron_rl_lab.bench.args import BenchArgumentError
+from megatron_rl_lab.bench.cli import main
 
 
 def _args(tmp_path, *argv: str) -> argparse.Namespace:
@@ -204,7 +204,7 @@ def test_a_failed_launch_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys, o
     """The launcher is replaced: nothing is launched, the first run 'fails' and none follows."""
     import subprocess
 
-    from megatron_rl.testing import torchrun
+    from megatron_rl_lab.testing import torchrun
 
     calls = []
 

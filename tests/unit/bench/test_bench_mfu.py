@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from megatron_rl.bench.args import BenchArgumentError
-from megatron_rl.bench.cli import build_parser
-from megatron_rl.bench.hardware import gpu_peak_tflops
-from megatron_rl.bench.plan import make_plan, sweep_layouts
-from megatron_rl.testing.tiny import TINY_DENSE, TINY_MOE
+from megatron_rl_lab.bench.args import BenchArgumentError
+from megatron_rl_lab.bench.cli import build_parser
+from megatron_rl_lab.bench.hardware import gpu_peak_tflops
+from megatron_rl_lab.bench.plan import make_plan, sweep_layouts
+from megatron_rl_lab.testing.tiny import TINY_DENSE, TINY_MOE
 
 
 def _plan(*argv, world=1):
@@ -33,13 +33,13 @@ def test_plan_rejects_what_cannot_run():
     with pytest.raises(BenchArgumentError, match="neither a preset.*cpu-dense-5m"):
         _plan("--model", "no-such-model")
     with pytest.raises(BenchArgumentError, match="--seq-length 256 exceeds .* 128"):
-        _plan("--model", "tiny-dense", "--seq-length", "256")
+        _plan("--model", "tiny-dense-4l", "--seq-length", "256")
     with pytest.raises(BenchArgumentError, match="not divisible by tensor_model_parallel_size"):
-        _plan("--model", "tiny-dense", "--tp", "2", world=1)
+        _plan("--model", "tiny-dense-4l", "--tp", "2", world=1)
     with pytest.raises(BenchArgumentError, match="global batch 6 .* micro_batch_size x data-parallel size = 4x1"):
-        _plan("--model", "tiny-dense", "--global-batch-size", "6", "--micro-batch-size", "4")
+        _plan("--model", "tiny-dense-4l", "--global-batch-size", "6", "--micro-batch-size", "4")
     # A sweep keeps only the micro-batch sizes that split the batch (8 sequences over DP2).
-    _, _, cases, _ = _plan("--model", "tiny-moe", "--sweep", "--sweep-micro-batch-sizes", "1,3,4", world=2)
+    _, _, cases, _ = _plan("--model", "tiny-moe-4l", "--sweep", "--sweep-micro-batch-sizes", "1,3,4", world=2)
     assert {(c.parallel.dp(2), c.micro_batch_size) for c in cases} == {(2, 1), (2, 4), (1, 1), (1, 4)}
 
 
@@ -60,7 +60,7 @@ def test_bench_script_short_run(tmp_path):
             sys.executable,
             "tools/bench_mfu.py",
             "--model",
-            "tiny-dense",
+            "tiny-dense-4l",
             "--steps",
             "2",
             "--warmup",

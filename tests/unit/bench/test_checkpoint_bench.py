@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.bench import checkpoint as bench
-from megatron_rl.bench.args import BenchArgumentError
-from megatron_rl.bench.checkpoint_scratch import Scratch
-from megatron_rl.testing.torchrun import run_script
+from megatron_rl_lab.bench import checkpoint as bench
+from megatron_rl_lab.bench.args import BenchArgumentError
+from megatron_rl_lab.bench.checkpoint_scratch import Scratch
+from megatron_rl_lab.testing.torchrun import run_script
 
 ROOT = Path(__file__).resolve().parents[3]
 SUBDIRS = ("ours", "torch_dist", "dcp")
@@ -34,7 +34,7 @@ def _bench_cli(*argv: str, world: int = 2) -> subprocess.CompletedProcess:
 def test_every_option_has_a_flag_and_reaches_the_run(tmp_path):
     argv = [
         "--model",
-        "tiny-moe",
+        "tiny-moe-4l",
         "--dir",
         str(tmp_path / "d"),
         "--repeats",
@@ -46,7 +46,7 @@ def test_every_option_has_a_flag_and_reaches_the_run(tmp_path):
     args = bench.add_arguments(argparse.ArgumentParser()).parse_args(argv)
     options = bench.options_from_args(args)
     assert options == bench.CheckpointBenchOptions(
-        model="tiny-moe", dir=tmp_path / "d", repeats=3, json=tmp_path / "o.json", keep=True
+        model="tiny-moe-4l", dir=tmp_path / "d", repeats=3, json=tmp_path / "o.json", keep=True
     )
     assert {f.name for f in dataclasses.fields(options)} <= set(vars(args))
     plan = bench.make_plan(options, world=2)
@@ -54,7 +54,7 @@ def test_every_option_has_a_flag_and_reaches_the_run(tmp_path):
 
 
 def test_plan_rejects_what_cannot_run(tmp_path):
-    options = bench.CheckpointBenchOptions(model="tiny-dense")
+    options = bench.CheckpointBenchOptions(model="tiny-dense-4l")
     with pytest.raises(BenchArgumentError, match="world size 3 is not divisible by tensor_model_parallel_size"):
         bench.make_plan(options, world=3)
     with pytest.raises(BenchArgumentError, match="--model: model 'cpu-dense' is neither a preset"):
@@ -65,14 +65,14 @@ def test_plan_rejects_what_cannot_run(tmp_path):
 
 
 def test_one_device_saves_from_tp1_and_has_no_reshard_layout():
-    plan = bench.make_plan(bench.CheckpointBenchOptions(model="tiny-dense"), world=1)
+    plan = bench.make_plan(bench.CheckpointBenchOptions(model="tiny-dense-4l"), world=1)
     assert plan.save_layout.tp == 1 and plan.reshard_layout is None
-    assert bench.make_plan(bench.CheckpointBenchOptions(model="tiny-dense"), world=2).reshard_layout.tp == 1
+    assert bench.make_plan(bench.CheckpointBenchOptions(model="tiny-dense-4l"), world=2).reshard_layout.tp == 1
 
 
 def test_a_non_empty_dir_is_refused_with_exit_2_and_left_alone(tmp_path):
     (tmp_path / "data.txt").write_text("precious")
-    proc = _bench_cli("--model", "tiny-dense", "--dir", str(tmp_path))
+    proc = _bench_cli("--model", "tiny-dense-4l", "--dir", str(tmp_path))
     assert proc.returncode == 2
     assert proc.stderr == (
         f"megatron-rl bench checkpoint: error: --dir {tmp_path} exists and is not empty; "
@@ -118,11 +118,11 @@ def test_short_run_at_world_2_reports_every_method_and_cleans_up(tmp_path):
     proc = run_script(
         ROOT / "tools" / "bench_checkpoint.py",
         2,
-        ["--model", "tiny-dense", "--repeats", "1", "--dir", str(scratch), "--json", str(out)],
+        ["--model", "tiny-dense-4l", "--repeats", "1", "--dir", str(scratch), "--json", str(out)],
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     r = json.loads(out.read_text())
-    assert r["world_size"] == 2 and r["model"]["name"] == "tiny-dense"
+    assert r["world_size"] == 2 and r["model"]["name"] == "tiny-dense-4l"
     for key in (
         "ours_sync_save_s",
         "ours_async_blocking_s",
@@ -149,7 +149,7 @@ def test_the_cuda_synchronize_no_op_holds_only_inside_its_block():
     writer synchronizes unconditionally); nothing else in the process may see it."""
     import torch
 
-    from megatron_rl.bench.checkpoint_timing import _cuda_synchronize_is_a_noop
+    from megatron_rl_lab.bench.checkpoint_timing import _cuda_synchronize_is_a_noop
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA build synchronizes for real")

@@ -4,9 +4,9 @@ import argparse
 
 import pytest
 
-from megatron_rl.bench import mismatch
-from megatron_rl.bench.args import BenchArgumentError
-from megatron_rl.bench.cli import main
+from megatron_rl_lab.bench import mismatch
+from megatron_rl_lab.bench.args import BenchArgumentError
+from megatron_rl_lab.bench.cli import main
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -17,8 +17,11 @@ def _args(*argv: str) -> argparse.Namespace:
 def test_plan_takes_moe_presets_and_refuses_the_rest():
     plan = mismatch.make_plan(_args("--model", "cpu-moe-64e", "--dtype", "fp32"), world=1)
     assert (plan.arch.num_moe_experts, plan.arch.moe_router_topk, plan.dtype) == (64, 8, "float32")
-    with pytest.raises(BenchArgumentError, match="--model tiny-dense is not a MoE model; MoE presets: tiny-moe"):
-        mismatch.make_plan(_args("--model", "tiny-dense"), world=1)
+    with pytest.raises(
+        BenchArgumentError,
+        match="--model tiny-dense-4l is not a MoE model; MoE presets: tiny-moe, tiny-moe-4l, cpu-moe-9m",
+    ):
+        mismatch.make_plan(_args("--model", "tiny-dense-4l"), world=1)
     with pytest.raises(BenchArgumentError, match="--dtype 'fp16'; allowed: fp32, bf16"):
         mismatch.make_plan(_args("--dtype", "fp16"), world=1)
     with pytest.raises(BenchArgumentError, match="runs in one process; WORLD_SIZE=2"):

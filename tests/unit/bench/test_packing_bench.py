@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from megatron_rl.bench import packing
-from megatron_rl.bench.args import BenchArgumentError
-from megatron_rl.bench.cli import main
+from megatron_rl_lab.bench import packing
+from megatron_rl_lab.bench.args import BenchArgumentError
+from megatron_rl_lab.bench.cli import main
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -49,7 +49,7 @@ def test_a_small_run_packs_without_changing_the_gradient(tmp_path):
             "bench",
             "packing",
             "--model",
-            "tiny-dense",
+            "tiny-dense-4l",
             "--rows",
             "8",
             "--median",

@@ -1,4 +1,4 @@
-"""The benchmarks' one preset table: one name per model, documented, and usable by every bench.
+"""The benchmarks' presets: the runtime's one table, documented, and usable by every bench.
 
 The sizes are recounted here from the architecture (not taken from the code under test) and
 compared with the table in docs/benchmarks.md, so a documented number cannot silently point
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.bench.presets import PRESETS, resolve_model
+from megatron_rl.models.presets import PRESETS as MODEL_PRESETS
 from megatron_rl.parallel.config import ParallelConfig
+from megatron_rl_lab.bench.presets import PRESETS, resolve_model
 
 ROOT = Path(__file__).resolve().parents[3]
 _SUFFIX = {"M": 1e6, "B": 1e9}
@@ -24,6 +25,8 @@ def _params(a) -> int:
     attention = 2 * a.hidden_size * q + 2 * a.hidden_size * kv
     if a.is_moe:
         mlp = a.num_moe_experts * (3 * a.hidden_size * a.moe_ffn_hidden_size + a.hidden_size)
+        if a.moe_shared_expert_intermediate_size:
+            mlp += 3 * a.hidden_size * a.moe_shared_expert_intermediate_size + a.hidden_size
     else:
         mlp = 3 * a.hidden_size * a.ffn_hidden_size
     return a.num_layers * (attention + mlp) + 2 * a.vocab_size * a.hidden_size
@@ -32,6 +35,7 @@ def _params(a) -> int:
 def _shape(a) -> str:
     ffn = (
         f"{a.num_moe_experts} experts top-{a.moe_router_topk} of {a.moe_ffn_hidden_size}"
+        + (f" + shared {a.moe_shared_expert_intermediate_size}" if a.moe_shared_expert_intermediate_size else "")
         if a.is_moe
         else str(a.ffn_hidden_size)
     )
@@ -48,16 +52,16 @@ def _docs_rows() -> list[list[str]]:
     return rows[2:]  # after the header and the separator
 
 
-def test_names_are_distinct_models():
-    archs = list(PRESETS.values())
-    assert all(archs.count(a) == 1 for a in archs), "two names build the same model"
+def test_the_benches_take_the_runtime_presets_of_the_families_they_write():
+    assert PRESETS == {n: a for n, a in MODEL_PRESETS.items() if a.family in ("qwen3", "qwen3_moe")}
+    assert set(MODEL_PRESETS) - set(PRESETS) == {"tiny-moe-shared-4l"}
 
 
 def test_docs_table_describes_every_preset():
     rows = _docs_rows()
-    assert [r[0] for r in rows] == list(PRESETS)
+    assert [r[0] for r in rows] == list(MODEL_PRESETS)
     for name, family, shape, params, size, _ in rows:
-        arch = PRESETS[name]
+        arch = MODEL_PRESETS[name]
         assert (family, shape) == (arch.family, _shape(arch)), name
         count, unit = params.split()
         assert _params(arch) == pytest.approx(float(count) * _SUFFIX[unit], rel=0.01), name
@@ -71,7 +75,7 @@ def test_documented_commands_name_presets():
         ROOT / "README.md",
         ROOT / "docs" / "benchmarks.md",
         *sorted(ROOT.glob("tools/bench_*.py")),
-        *sorted(ROOT.glob("megatron_rl/bench/*.py")),
+        *sorted(ROOT.glob("megatron_rl_lab/bench/*.py")),
     ]
     named = {
         (f.name, m)
@@ -80,13 +84,13 @@ def test_documented_commands_name_presets():
     }
     assert named, "the pattern found no command at all"
     assert {(f, m) for f, m in named if m not in PRESETS} == set()
-    used = {m for _, m in named} | {"tiny-dense", "tiny-moe"}  # the tiny ones: tests
+    used = {m for _, m in named} | {n for n in PRESETS if n.startswith("tiny-")}  # the tiny ones: tests, recipes
     assert used == set(PRESETS), "a preset no documented command uses"
 
 
 def test_every_bench_can_take_every_preset():
     """The weight-sync and rollout benches write presets as HF models; all fit TP2, PP2 (and EP2)."""
-    from megatron_rl.testing.hf_models import hf_config
+    from megatron_rl_lab.testing.hf_models import hf_config
 
     for name, arch in PRESETS.items():
         config = hf_config(arch)

@@ -3,7 +3,7 @@ the bench's own exit code and error line, and nothing half-read is returned."""
 
 import pytest
 
-from megatron_rl.bench.subprocess_run import run_bench
+from megatron_rl_lab.bench.subprocess_run import run_bench
 
 
 def test_a_failed_bench_exits_with_its_code_and_shows_its_error(tmp_path, capsys):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.bench import weight_sync
-from megatron_rl.bench.args import BenchArgumentError
-from megatron_rl.testing.torchrun import run_script
+from megatron_rl_lab.bench import weight_sync
+from megatron_rl_lab.bench.args import BenchArgumentError
+from megatron_rl_lab.testing.torchrun import run_script
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -53,8 +53,8 @@ def _checkpoint_bytes(hf_dir: Path) -> int:
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_benchmark_reports_the_model_bytes_and_positive_figures(tmp_path):
-    from megatron_rl.testing.hf_models import save_tiny_model
-    from megatron_rl.testing.tiny import TINY_DENSE
+    from megatron_rl_lab.testing.hf_models import save_tiny_model
+    from megatron_rl_lab.testing.tiny import TINY_DENSE
 
     hf_dir = save_tiny_model(TINY_DENSE, tmp_path / "hf")
     out = tmp_path / "result.json"

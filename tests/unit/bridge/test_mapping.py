@@ -11,7 +11,7 @@ from megatron_rl.bridge import FUSED, PER_EXPERT, BridgeError, detect_style, rul
 from megatron_rl.bridge.mapping import Concat, Copy, GroupedQKV, PadRows, Rule, expand
 from megatron_rl.bridge.parity import TINY_FAMILIES, tiny_hf_config
 from megatron_rl.models.hf_config import arch_from_hf
-from megatron_rl.testing.tiny import TINY_DENSE
+from megatron_rl_lab.testing.tiny import TINY_DENSE
 
 
 def assemble(pieces, hf: dict, rows: int) -> list:

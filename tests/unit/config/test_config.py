@@ -60,8 +60,10 @@ def test_layout_checked_against_model_and_world():
     # The RL default's model is the digit task's base: qwen3_moe with 8 experts.
     with pytest.raises(ConfigError, match="expert_model_parallel_size=3 does not divide num_moe_experts=8"):
         validate(cfg, 3)
-    # The smoke job builds the test preset (testing.tiny: 4 experts) and splits global_batch_size.
-    smoke = load_config(None, ["trainer.job=smoke", "parallel.expert_model_parallel_size=8"])
+    # The smoke job builds its preset as it stands (4 experts here) and splits global_batch_size.
+    smoke = load_config(
+        None, ["trainer.job=smoke", "model.preset=tiny-moe-shared-4l", "parallel.expert_model_parallel_size=8"]
+    )
     with pytest.raises(ConfigError, match="expert_model_parallel_size=8 does not divide num_moe_experts=4"):
         validate(smoke, 8)
     with pytest.raises(ConfigError, match="global_batch_size=8 must be a multiple .* = 4x4 \\(trainer.job=smoke\\)"):

@@ -198,7 +198,7 @@ def test_unsupported_inputs_are_refused(world_of_one):
 
 def test_local_layer_spec_uses_sdpa_attention(world_of_one, monkeypatch):
     from megatron_rl.models.builder import BuildOptions, build_model, transformer_config
-    from megatron_rl.testing.tiny import TINY_DENSE
+    from megatron_rl_lab.testing.tiny import TINY_DENSE
 
     monkeypatch.setattr(layer_spec, "has_transformer_engine", lambda: False)
     config = transformer_config(TINY_DENSE, ParallelConfig(), BuildOptions())
@@ -213,7 +213,7 @@ def test_unfused_attention_stays_selectable_as_the_reference(world_of_one, monke
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     from megatron_rl.models.builder import BuildOptions, build_model
-    from megatron_rl.testing.tiny import TINY_DENSE
+    from megatron_rl_lab.testing.tiny import TINY_DENSE
 
     monkeypatch.setattr(layer_spec, "has_transformer_engine", lambda: False)
     (model,) = build_model("actor", TINY_DENSE, ParallelConfig(), BuildOptions(attention="unfused"))

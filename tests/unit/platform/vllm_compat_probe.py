@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 
 from megatron_rl.platform import vllm_compat
 from megatron_rl.rollout import EngineConfig, RolloutEngine
-from megatron_rl.testing.hf_models import save_tiny_model
-from megatron_rl.testing.tiny import TINY_QWEN3_MOE
+from megatron_rl_lab.testing.hf_models import save_tiny_model
+from megatron_rl_lab.testing.tiny import TINY_QWEN3_MOE
 
 work = Path(sys.argv[1])
 path = work / "moe"

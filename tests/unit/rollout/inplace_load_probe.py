@@ -17,8 +17,8 @@ import torch
 
 from megatron_rl.rollout import EngineConfig, RolloutEngine
 from megatron_rl.rollout.inplace_load import MODE_ENV
-from megatron_rl.testing.hf_models import save_tiny_model
-from megatron_rl.testing.tiny import TINY_QWEN3_MOE
+from megatron_rl_lab.testing.hf_models import save_tiny_model
+from megatron_rl_lab.testing.tiny import TINY_QWEN3_MOE
 
 work = Path(sys.argv[1])
 cpu_linear = sys.argv[2] if len(sys.argv) > 2 else "packed"

@@ -19,7 +19,7 @@ from megatron_rl.models import build_model
 from megatron_rl.models.builder import BuildOptions, wrap_for_training
 from megatron_rl.parallel import ParallelConfig, initialize
 from megatron_rl.parallel.full_tensors import gather_full, params_as
-from megatron_rl.testing.tiny import TINY_ARCHS
+from megatron_rl_lab.testing.tiny import TINY_ARCHS
 
 GLOBAL_BATCH, SEQ, MBS = 8, 16, 2
 

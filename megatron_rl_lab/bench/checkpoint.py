@@ -3,7 +3,7 @@ dist_checkpointing (torch_dist) vs torch.distributed.checkpoint, same model and
 distributed-optimizer state, one run.
 
     torchrun --nproc-per-node=4 tools/bench_checkpoint.py --json out.json
-    torchrun --nproc-per-node=2 -m megatron_rl bench checkpoint --model tiny-dense --repeats 1
+    torchrun --nproc-per-node=2 -m megatron_rl bench checkpoint --model tiny-dense-4l --repeats 1
 
 Saves from TP2 (x DP) and loads back into the same layout and into TP1 (DP = world), and
 reports per method (at world 1, one GPU, it saves from TP1 and has no other layout to load
@@ -29,9 +29,9 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from megatron_rl.bench.args import BenchArgumentError, positive, run_checked, world_size
-from megatron_rl.bench.checkpoint_scratch import Scratch, scratch_problem
-from megatron_rl.bench.presets import PRESETS, resolve_model
+from megatron_rl_lab.bench.args import BenchArgumentError, positive, run_checked, world_size
+from megatron_rl_lab.bench.checkpoint_scratch import Scratch, scratch_problem
+from megatron_rl_lab.bench.presets import PRESETS, resolve_model
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import LayoutError, ParallelConfig
 
@@ -47,7 +47,7 @@ class CheckpointBenchOptions:
     """Everything a run takes; the command line fills it field by field."""
 
     model: str = DEFAULT_MODEL
-    """A preset (megatron_rl/bench/presets.py) or an HF model directory / config.json (random weights)."""
+    """A preset (megatron_rl_lab/bench/presets.py) or an HF model directory / config.json (random weights)."""
     dir: Optional[Path] = None
     """Scratch directory: created if missing, or an existing empty one; default a new temporary one."""
     repeats: int = 5
@@ -144,7 +144,7 @@ def run(plan: Plan) -> dict:
     import torch.distributed as dist
 
     from megatron_rl import platform
-    from megatron_rl.bench.checkpoint_timing import METHODS, measure
+    from megatron_rl_lab.bench.checkpoint_timing import METHODS, measure
 
     platform.init_distributed()
     scratch = Scratch(plan.options.dir, METHODS)

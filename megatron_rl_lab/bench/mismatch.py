@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from megatron_rl.bench.args import BenchArgumentError, positive, run_checked, save_json, world_size
-from megatron_rl.bench.presets import PRESETS, model_label, resolve_model
+from megatron_rl_lab.bench.args import BenchArgumentError, positive, run_checked, save_json, world_size
+from megatron_rl_lab.bench.presets import PRESETS, model_label, resolve_model
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.utils import dtypes
 
@@ -35,9 +35,9 @@ DESCRIPTION = (
 )
 EPILOG = """\
 examples:
-  megatron-rl bench mismatch --model tiny-moe --dtype fp32
+  megatron-rl bench mismatch --model tiny-moe-4l --dtype fp32
   megatron-rl bench mismatch --model cpu-moe-64e --dtype bf16 --prompts 16 --json mismatch.json
-  python tools/bench_mismatch.py   # tiny-moe and cpu-moe-64e, fp32 and bf16, with a table
+  python tools/bench_mismatch.py   # tiny-moe-4l and cpu-moe-64e, fp32 and bf16, with a table
 """
 
 
@@ -65,7 +65,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default="tiny-moe", help=f"a MoE preset ({', '.join(_moe_presets())}) or an HF dir")
+    p.add_argument("--model", default="tiny-moe-4l", help=f"a MoE preset ({', '.join(_moe_presets())}) or an HF dir")
     p.add_argument("--dtype", default="bf16", help="fp32 | bf16 (model, optimizer-free forward and vLLM)")
     p.add_argument("--prompts", type=positive, default=8, help="random prompts")
     p.add_argument("--samples", type=positive, default=4, help="responses per prompt")
@@ -158,7 +158,7 @@ def run(plan: Plan) -> dict:
     from megatron_rl.models.route_replay import RouteReplay
     from megatron_rl.parallel import ParallelConfig, initialize
     from megatron_rl.rollout import EngineConfig, RolloutEngine
-    from megatron_rl.testing.hf_models import save_tiny_model
+    from megatron_rl_lab.testing.hf_models import save_tiny_model
 
     platform.init_distributed()
     hf_dir = plan.hf_dir or plan.work_dir / "models" / plan.model_label

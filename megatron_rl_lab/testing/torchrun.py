@@ -6,7 +6,7 @@ launches once per module and turns each case into its own test.
 
 Body side::
 
-    from megatron_rl.testing.torchrun import run_cases
+    from megatron_rl_lab.testing.torchrun import run_cases
     if __name__ == "__main__":
         run_cases({"tp2": case_tp2, "pp2": case_pp2})   # each returns a JSON-able dict
 

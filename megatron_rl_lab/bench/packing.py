@@ -32,15 +32,15 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from megatron_rl.bench.args import BenchArgumentError, positive, run_checked, save_json, world_size
-from megatron_rl.bench.presets import model_label, resolve_model
+from megatron_rl_lab.bench.args import BenchArgumentError, positive, run_checked, save_json, world_size
+from megatron_rl_lab.bench.presets import model_label, resolve_model
 from megatron_rl.models.hf_config import ModelArch
 
 DISTRIBUTIONS = {"default": 8, "lognormal": 1}
 """distribution -> padded rows per micro-batch."""
 EPILOG = """\
 examples:
-  megatron-rl bench packing --model tiny-moe --steps 2
+  megatron-rl bench packing --model tiny-moe-4l --steps 2
   megatron-rl bench packing --model cpu-dense-5m --rows 64 --median 64 --json packing.json
   python tools/bench_packing.py   # the same, with a markdown table
 """
@@ -195,7 +195,7 @@ def measure(plan: Plan, chunks, optimizer, distribution: str) -> dict:
 
 def run(plan: Plan) -> dict:
     from megatron_rl import platform
-    from megatron_rl.bench.training import build_trainable
+    from megatron_rl_lab.bench.training import build_trainable
     from megatron_rl.models.builder import BuildOptions
     from megatron_rl.parallel import ParallelConfig, initialize
 

@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron_rl.bench.args import BenchArgumentError, positive, run_checked, save_json, world_size
+from megatron_rl_lab.bench.args import BenchArgumentError, positive, run_checked, save_json, world_size
 
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "grpo.yaml"
 CORRECTION = "algorithm.overrides={rollout_correction: {kind: token_tis, cap: 2.0}}"
@@ -344,7 +344,7 @@ def summarize(
 def launch_one(launch: Launch, log: Path, timeout_s: float) -> tuple[list[dict], float]:
     """Run one trainer launch (one thread per rank): its metrics rows and its wall time."""
     # The tests' launcher: on a timeout it kills the whole session, vLLM workers included.
-    from megatron_rl.testing.torchrun import run_process_group
+    from megatron_rl_lab.testing.torchrun import run_process_group
 
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     started = time.perf_counter()

@@ -16,12 +16,12 @@ from typing import Optional, Sequence
 
 #: bench name -> the module with its ``add_parser`` and ``run_args`` (imported on use).
 BENCHES: dict[str, str] = {
-    "mfu": "megatron_rl.bench.plan",
-    "weight-sync": "megatron_rl.bench.weight_sync",
-    "checkpoint": "megatron_rl.bench.checkpoint",
-    "mismatch": "megatron_rl.bench.mismatch",
-    "packing": "megatron_rl.bench.packing",
-    "async": "megatron_rl.bench.async_rollouts",
+    "mfu": "megatron_rl_lab.bench.plan",
+    "weight-sync": "megatron_rl_lab.bench.weight_sync",
+    "checkpoint": "megatron_rl_lab.bench.checkpoint",
+    "mismatch": "megatron_rl_lab.bench.mismatch",
+    "packing": "megatron_rl_lab.bench.packing",
+    "async": "megatron_rl_lab.bench.async_rollouts",
 }
 
 

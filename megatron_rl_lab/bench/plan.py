@@ -10,8 +10,8 @@ import dataclasses
 from pathlib import Path
 from typing import Optional
 
-from megatron_rl.bench.args import BenchArgumentError, positive, positive_list, run_checked, world_size
-from megatron_rl.bench.presets import PRESETS, model_label, resolve_model
+from megatron_rl_lab.bench.args import BenchArgumentError, positive, positive_list, run_checked, world_size
+from megatron_rl_lab.bench.presets import PRESETS, model_label, resolve_model
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import LayoutError, ParallelConfig
 
@@ -228,7 +228,7 @@ def run_args(args: argparse.Namespace) -> int:
     """``megatron-rl bench mfu``: the exit code."""
 
     def run(plan):
-        from megatron_rl.bench.mfu import run
+        from megatron_rl_lab.bench.mfu import run
 
         run(*plan)
 

@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from megatron_rl.bench.args import BenchArgumentError, positive, positive_list, run_checked, save_json, world_size
-from megatron_rl.bench.presets import PRESETS, resolve_model
+from megatron_rl_lab.bench.args import BenchArgumentError, positive, positive_list, run_checked, save_json, world_size
+from megatron_rl_lab.bench.presets import PRESETS, resolve_model
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import LayoutError, ParallelConfig
 from megatron_rl.utils import dtypes
@@ -262,7 +262,7 @@ def _measure(fn: Callable[[], object]) -> tuple[float, float, int]:
     """
     import torch
 
-    from megatron_rl.bench import hardware
+    from megatron_rl_lab.bench import hardware
 
     cuda = _cuda()
     gc.collect()
@@ -299,7 +299,7 @@ class Timing:
 def _repeat(fn: Callable[[], object], times: int) -> Timing:
     import torch.distributed as dist
 
-    from megatron_rl.bench import hardware
+    from megatron_rl_lab.bench import hardware
 
     timing = Timing([], [], 0)
     for _ in range(times):
@@ -338,7 +338,7 @@ def _plain_copy(sources: list, repeats: int) -> dict:
     """Copy time of the same bytes: rank 0 alone (others wait), then every rank at once."""
     import torch.distributed as dist
 
-    from megatron_rl.bench import hardware
+    from megatron_rl_lab.bench import hardware
 
     alone = ([0.0] * repeats, [0.0] * repeats)
     dist.barrier()
@@ -449,7 +449,7 @@ def bench_layout(plan: Plan, name: str, layout: ParallelConfig, hf_dir: Path, en
     import torch
     import torch.distributed as dist
 
-    from megatron_rl.bench import hardware
+    from megatron_rl_lab.bench import hardware
     from megatron_rl.parallel import destroy
 
     world = dist.get_world_size()
@@ -484,7 +484,7 @@ def _prepare_model(plan: Plan) -> Path:
     """The HF directory every rank loads: ``--hf`` or the preset, written once by rank 0."""
     import torch.distributed as dist
 
-    from megatron_rl.testing.hf_models import save_tiny_model
+    from megatron_rl_lab.testing.hf_models import save_tiny_model
 
     if plan.hf_dir is not None:
         return plan.hf_dir
