@@ -8,8 +8,9 @@ Modules, in the order data flows through them:
   detect    dissimilarity, metric priority, threshold, continuity -> alerts
   actions   alerts as JSON lines, the exclude file the Slurm scripts read
   online    the monitor the trainer runs beside training
-  synth, evaluate, baseline   synthetic traces and the evaluation report
-  cli       `monitor detect|eval|train-denoiser|synth`
+  cli       `monitor detect|train-denoiser`, and the installed `monitor.*` entry points
+The synthetic traces and the evaluation that measure the detector are the lab's
+(megatron_rl_lab.monitor).
 """
 
 import importlib

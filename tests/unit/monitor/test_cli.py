@@ -4,6 +4,7 @@ import argparse
 import json
 
 import numpy as np
+import pytest
 
 from megatron_rl.monitor.actions import read_exclude
 from megatron_rl.monitor.cli import add_monitor_subcommands, main
@@ -145,3 +146,26 @@ def test_synth_writes_trace_and_labels(tmp_path):
     labels = json.loads((tmp_path / "s.labels.json").read_text())
     assert labels[0]["kind"] == "cpu_spike" and labels[0]["machine"].startswith("node")
     assert main(["synth", "--out", str(out), "--fault", "meteor"]) == 2
+
+
+def test_the_installed_monitor_subcommands_are_listed_and_run(capsys):
+    """eval, synth and train-synthetic are the lab's (entry points `monitor.*`); the runtime
+    lists them in its help and hands them the rest of the command line."""
+    from megatron_rl.commands import installed
+
+    lab = installed("monitor")
+    assert {"eval", "synth", "train-synthetic"} <= set(lab)
+    assert all(lab[name].module.startswith("megatron_rl_lab.") for name in ("eval", "synth", "train-synthetic"))
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    printed = capsys.readouterr().out
+    assert all(name in printed for name in ("detect", "train-denoiser", "eval", "synth", "train-synthetic"))
+    with pytest.raises(SystemExit) as bad:
+        main(["eval", "--machines", "8,x"])
+    assert bad.value.code == 2 and "python -m megatron_rl.monitor eval" in capsys.readouterr().err
+
+
+def test_train_denoiser_needs_traces_of_the_cluster(capsys):
+    with pytest.raises(SystemExit) as bad:
+        main(["train-denoiser", "--out", "x"])
+    assert bad.value.code == 2 and "--trace" in capsys.readouterr().err

@@ -7,8 +7,8 @@ import pytest
 from megatron_rl.monitor.denoise import Denoiser, default_model_dir
 from megatron_rl.monitor.detect import DetectConfig, declare, denoised_windows, score_grid
 from megatron_rl.monitor.peers import trailing_mean
-from megatron_rl.monitor.synth import SynthConfig, generate
 from megatron_rl.monitor.windows import cut_windows, window_maxima, window_means
+from megatron_rl_lab.monitor.synth import SynthConfig, generate
 
 
 def gather_trailing_mean(x, span):

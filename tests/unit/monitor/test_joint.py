@@ -3,9 +3,9 @@ together, none at the threshold; only on traces without step metrics."""
 
 import numpy as np
 
-from megatron_rl.monitor.coupled import CoupledConfig, generate_coupled
 from megatron_rl.monitor.denoise import Denoiser, default_model_dir
 from megatron_rl.monitor.detect import GPU_JOINT, DetectConfig, detect, gpu_joint_scores, score_grid
+from megatron_rl_lab.monitor.coupled import CoupledConfig, generate_coupled
 
 GPU = ["gpu_duty_cycle", "gpu_power", "gpu_tensor_activity"]
 

@@ -7,13 +7,13 @@ import pytest
 
 from megatron_rl.monitor.collect import Collector
 from megatron_rl.monitor.config import DetectConfig, OnlineConfig
-from megatron_rl.monitor.coupled import CoupledConfig, generate_coupled
 from megatron_rl.monitor.detect import continuity, detect, score_grid, step_period
 from megatron_rl.monitor.online import OnlineMonitor
 from megatron_rl.monitor.stragglers import straggler_span, trailing_median
-from megatron_rl.monitor.synth import SynthConfig, generate
 from megatron_rl.monitor.trace import STEP_METRICS
 from megatron_rl.monitor.windows import Grid
+from megatron_rl_lab.monitor.coupled import CoupledConfig, generate_coupled
+from megatron_rl_lab.monitor.synth import SynthConfig, generate
 
 
 def step_grid(machines=16, duration=1200, step_s=60.0, slow=(), seed=0, noise=0.02) -> Grid:

@@ -19,10 +19,10 @@ import numpy as np
 
 from .baseline import mahalanobis_scores, zscore_scores
 from .coupled import COUPLED_FAULT_KINDS, CoupledConfig, generate_coupled
-from .denoise import Denoiser, DenoiserConfig, WindowMedian, train_denoiser
-from .detect import Alert, DetectConfig, Scores, declare, score_grid
+from megatron_rl.monitor.denoise import Denoiser, DenoiserConfig, WindowMedian, train_denoiser
+from megatron_rl.monitor.detect import Alert, DetectConfig, Scores, declare, score_grid
 from .synth import FAULT_KINDS, SynthConfig, SynthTrace, generate
-from .windows import Grid, normal_windows
+from megatron_rl.monitor.windows import Grid, normal_windows
 
 
 @dataclass(frozen=True)

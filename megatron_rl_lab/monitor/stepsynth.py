@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .trace import STEP_METRICS
+from megatron_rl.monitor.trace import STEP_METRICS
 
 SECTIONS = STEP_METRICS[1:]  # rollout_time, train_time, sync_time
 SHARE = {"rollout_time": 0.5, "train_time": 0.4, "sync_time": 0.1}

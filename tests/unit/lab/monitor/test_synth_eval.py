@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from megatron_rl.monitor.baseline import mahalanobis_scores, zscore_scores
 from megatron_rl.monitor.detect import Alert, DetectConfig, declare
-from megatron_rl.monitor.evaluate import EvalConfig, Method, Tally, run_all, tally, tune
-from megatron_rl.monitor.synth import FAULT_KINDS, SynthConfig, generate
 from megatron_rl.monitor.trace import validate
 from megatron_rl.monitor.windows import to_grid
+from megatron_rl_lab.monitor.baseline import mahalanobis_scores, zscore_scores
+from megatron_rl_lab.monitor.evaluate import EvalConfig, Method, Tally, run_all, tally, tune
+from megatron_rl_lab.monitor.synth import FAULT_KINDS, SynthConfig, generate
 
 
 @pytest.mark.filterwarnings("ignore:All-NaN slice")  # step metrics before the first step ends
@@ -98,7 +98,7 @@ def test_tuning_and_evaluation_run_end_to_end():
 
 
 def test_report_counts_found_faults_and_false_alarms_per_machine_day():
-    from megatron_rl.monitor.evaluate import Outcome, report_rows
+    from megatron_rl_lab.monitor.evaluate import Outcome, report_rows
 
     ff = SynthConfig(machines=24, duration_s=3600, seed=1)
     bad = SynthConfig(machines=8, seed=1, fault="gpu_flap")
