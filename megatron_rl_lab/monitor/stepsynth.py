@@ -8,8 +8,8 @@ machine's own work: the job's step length (shared, varying from step to step as 
 lengths do) times the section's share, times per-machine noise, times how slow the
 machine ran during that step (transient and persistent stragglers that are not faults,
 and the `straggler` fault). Not modelled: in synchronous training a section that ends in
-a collective takes every rank as long as the slowest one (docs/monitor-log.md says what that
-means for the trainer's own timings).
+a collective takes every rank as long as the slowest one (the `coupled` generator models
+that).
 """
 
 from __future__ import annotations

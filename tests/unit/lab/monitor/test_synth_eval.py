@@ -5,6 +5,7 @@ import pytest
 
 from megatron_rl.monitor.detect import Alert, DetectConfig, declare
 from megatron_rl.monitor.trace import validate
+from megatron_rl.monitor.tuning import Tuning
 from megatron_rl.monitor.windows import to_grid
 from megatron_rl_lab.monitor.baseline import mahalanobis_scores, zscore_scores
 from megatron_rl_lab.monitor.evaluate import EvalConfig, Method, Tally, run_all, tally, tune
@@ -87,8 +88,8 @@ def test_tuning_and_evaluation_run_end_to_end():
 
     # The mechanics of tuning, on the per-metric scores: at threshold 4 the joint GPU
     # score (a robust z like any other, meant for 6.5) raises a healthy machine here.
-    cfg = DetectConfig(continuity_s=120, gpu_joint=False)
-    m = Method("raw", lambda g: score_grid(g, cfg), cfg, (4.0, 1000.0))
+    cfg, tuning = DetectConfig(continuity_s=120), Tuning(gpu_joint=False)
+    m = Method("raw", lambda g: score_grid(g, cfg, tuning=tuning), cfg, (4.0, 1000.0), tuning)
     outcomes = run_all([m], ec)
     assert len(outcomes) == 2 and set(outcomes[0].alerts) == {("raw", 4.0), ("raw", 1000.0)}
     th, f1 = tune(outcomes, m)
