@@ -175,7 +175,7 @@ def test_a_crowd_is_two_machines_and_more_than_a_tenth():
     z[0, :1, 1] = 10.0  # one: an outlier
     z[0, :2, 2] = 6.5  # at the threshold is not above it
     assert crowds(z, 6.5, 0.1, 2).tolist() == [[True, False, False]]
-    assert crowds(z, 6.5, 0.1, 3).tolist() == [[False, False, False]]  # the rule until 2026-11-27
+    assert crowds(z, 6.5, 0.1, 3).tolist() == [[False, False, False]]  # with three machines to a crowd
     mid = np.zeros((1, 20, 1))
     mid[0, :2, 0] = 10.0  # 2 of 20 is not more than 2.0; 3 is
     assert not crowds(mid, 6.5, 0.1, 2)[0, 0]
