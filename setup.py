@@ -33,6 +33,11 @@ setup(
         "console_scripts": ["megatron-rl=megatron_rl.cli:entry"],
         # The lab's subcommands (megatron_rl.commands reads this group; the runtime never
         # imports megatron_rl_lab by name).
-        "megatron_rl.commands": ["bench=megatron_rl_lab.commands:BENCH"],
+        "megatron_rl.commands": [
+            "bench=megatron_rl_lab.commands:BENCH",
+            "monitor.eval=megatron_rl_lab.commands:MONITOR_EVAL",
+            "monitor.synth=megatron_rl_lab.commands:MONITOR_SYNTH",
+            "monitor.train-synthetic=megatron_rl_lab.commands:MONITOR_TRAIN_SYNTHETIC",
+        ],
     },
 )

@@ -17,13 +17,15 @@ ENTRY_POINT_GROUP = "megatron_rl.commands"
 
 @dataclass(frozen=True)
 class Subcommand:
-    """`module.main(argv) -> int` runs it; the module is imported only when it is used."""
+    """`module.<main>(argv) -> int` runs it; the module is imported only when it is used."""
 
     module: str
     help: str
+    main: str = "main"
+    """The function of `module` that runs it (one module may hold several subcommands)."""
 
     def run(self, argv: list[str]) -> int:
-        return import_module(self.module).main(argv)
+        return getattr(import_module(self.module), self.main)(argv)
 
 
 RUNTIME = {
@@ -35,7 +37,7 @@ RUNTIME = {
     "plot": Subcommand("megatron_rl.trainer.plot", "draw a run's reward/length/entropy curves to RUN_DIR/curves.png"),
     "monitor": Subcommand(
         "megatron_rl.monitor.cli",
-        "faulty-machine detection (Minder): detect, eval, train-denoiser, synth; see `monitor --help`",
+        "faulty-machine detection (Minder): detect, train-denoiser, and the lab's eval, synth; see `monitor --help`",
     ),
 }
 

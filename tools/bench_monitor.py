@@ -29,8 +29,8 @@ import torch  # noqa: E402
 
 from megatron_rl.monitor.denoise import Denoiser, default_model_dir  # noqa: E402
 from megatron_rl.monitor.detect import DetectConfig, declare, score_grid  # noqa: E402
-from megatron_rl.monitor.synth import SynthConfig, generate  # noqa: E402
 from megatron_rl.monitor.windows import to_grid  # noqa: E402
+from megatron_rl_lab.monitor.synth import SynthConfig, generate  # noqa: E402
 
 
 def bench(

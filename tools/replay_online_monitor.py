@@ -28,10 +28,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from megatron_rl.monitor.config import OnlineConfig  # noqa: E402
-from megatron_rl.monitor.coupled import COUPLED_FAULT_KINDS, CoupledConfig, generate_coupled  # noqa: E402
 from megatron_rl.monitor.denoise import Denoiser, default_model_dir  # noqa: E402
 from megatron_rl.monitor.detect import DetectConfig  # noqa: E402
-from megatron_rl.monitor.replay import replay_online  # noqa: E402
+from megatron_rl_lab.monitor.coupled import COUPLED_FAULT_KINDS, CoupledConfig, generate_coupled  # noqa: E402
+from megatron_rl_lab.monitor.replay import replay_online  # noqa: E402
 
 
 def one_trace(cfg: CoupledConfig, grow: bool, denoiser) -> dict:

@@ -5,11 +5,13 @@ Modules, in the order data flows through them:
   trace     the trace format: read/write CSV/Parquet, validation counts
   windows   rows -> [metric, machine, second] grid -> normalised windows
   denoise   one LSTM-VAE per metric (train, save/load with safetensors)
+  tuning    the tuned constants, with why each has its value
   detect    dissimilarity, metric priority, threshold, continuity -> alerts
   actions   alerts as JSON lines, the exclude file the Slurm scripts read
   online    the monitor the trainer runs beside training
-  synth, evaluate, baseline   synthetic traces and the evaluation report
-  cli       `monitor detect|eval|train-denoiser|synth`
+  cli       `monitor detect|train-denoiser`, and the installed `monitor.*` entry points
+The synthetic traces and the evaluation that measure the detector are the lab's
+(megatron_rl_lab.monitor).
 """
 
 import importlib
@@ -32,6 +34,8 @@ _WHERE = {
     "OnlineConfig": "config",
     "OnlineMonitor": "online",
     "torch_gather": "online",
+    "TUNING": "tuning",
+    "Tuning": "tuning",
     "Trace": "trace",
     "TraceError": "trace",
     "TraceReport": "trace",
@@ -58,9 +62,11 @@ __all__ = [
     "Grid",
     "OnlineConfig",
     "OnlineMonitor",
+    "TUNING",
     "Trace",
     "TraceError",
     "TraceReport",
+    "Tuning",
     "append_exclude",
     "declare",
     "detect",

@@ -52,7 +52,7 @@ class DenoiserConfig:
     beta: float = 0.002
     """KL weight. Small on purpose: a larger one (0.05) shrinks small level offsets to
     zero while keeping large ones, which turns mild, harmless per-machine differences
-    into outliers (measured in docs/monitor-log.md)."""
+    into outliers (on the tuning seeds F1 0.90 at 0.05, 0.97 at 0.01, 1.00 at 0.002)."""
     clip: float = 30.0
     """Inputs are clipped to +-clip spread units; larger deviations are outliers anyway."""
     augment_level: float = 12.0
@@ -222,7 +222,7 @@ def _lstm_inference(x_in, const_in, w_ih, w_hh, b, steps: int, emit=None) -> tor
     # c2 is twice the cell state: tanh(c) = 2*sigmoid(2c) - 1 then needs no doubling pass,
     # and the g gate is kept doubled too (4s - 2 = 2*tanh). Scaling by 2 is exact in
     # floating point, so this gives the same bits as keeping c; -k + a*s is one pass
-    # where s.mul_(a).sub_(k) was two, with the same rounding (a*s is exact).
+    # where s.mul_(a).sub_(k) would be two, with the same rounding (a*s is exact).
     for t in range(steps):
         torch.addmm(base, w_hh, h, out=g)
         if x_in is not None:

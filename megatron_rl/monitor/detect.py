@@ -19,7 +19,8 @@ the first metric, in priority order, whose top scorer passes the threshold).
 candidate, the metric reported being the first such in priority order. With hundreds
 of machines some machine is nearly always briefly odd (a data-loader burst, a slow
 step), and under "top1" those brief outliers keep taking the single candidate slot
-from a faulty machine and break its continuity; docs/monitor-log.md measures both.
+from a faulty machine and break its continuity (held-out F1 0.64 under "top1" against
+0.98 under "any" with the first detector, falling with cluster size).
 
 Declaring (`declare`): a crowd (`crowds`: many machines above the threshold in one
 metric-window, which says the scale does not fit that window) makes no candidate and is
@@ -67,6 +68,7 @@ from .period import (
 from .skew import skew_scores
 from .stragglers import straggler_scores
 from .trace import STEP_METRICS, Trace
+from .tuning import TUNING, Tuning
 from .windows import (
     Grid,
     complete_trailing_mean_at,
@@ -142,7 +144,10 @@ def median_distance(rec: np.ndarray) -> np.ndarray:
 
 
 def score_grid(
-    grid: Grid, cfg: DetectConfig = DetectConfig(), denoiser: Denoiser | WindowMedian | None = None
+    grid: Grid,
+    cfg: DetectConfig = DetectConfig(),
+    denoiser: Denoiser | WindowMedian | None = None,
+    tuning: Tuning = TUNING,
 ) -> Scores:
     """Normalised dissimilarity of every machine, metric and window of a grid.
 
@@ -150,29 +155,31 @@ def score_grid(
     """
     if abs(grid.step_s - cfg.step_s) > 1e-9:
         raise ValueError(f"grid step {grid.step_s} s differs from DetectConfig.step_s {cfg.step_s} s")
-    grid = without_stale_steps(grid, cfg.stale_steps)
-    step_s, cycle_s = periods(grid, cfg)
-    scales = time_scales(cfg, step_s, cycle_s, machines=len(grid.machines))
-    max_fill = int(cfg.max_fill_s / cfg.step_s)
+    if tuning.skew_s >= cfg.window_s / 2:
+        raise ValueError(f"Tuning.skew_s {tuning.skew_s} s must be under half of window_s {cfg.window_s} s")
+    grid = without_stale_steps(grid, tuning.stale_steps)
+    step_s, cycle_s = periods(grid, tuning)
+    scales = time_scales(cfg, tuning, step_s, cycle_s, machines=len(grid.machines))
+    max_fill = int(tuning.max_fill_s / cfg.step_s)
     values = grid.values
     if scales.average_s:  # long steps: compare step means, where stage phases cancel
         values = step_average(values, int(round(scales.average_s / cfg.step_s)), max_fill, grid.metrics)
     is_step = np.array([m in STEP_METRICS for m in grid.metrics], bool)
-    resid, centre = residuals(values, is_step, cfg, max_fill)
+    resid, centre = residuals(values, is_step, cfg, tuning, max_fill)
     win = cut_windows(resid, cfg.window, cfg.stride)  # [metrics, machines, windows, window]
     with ThreadPoolExecutor(max_workers=1) if cfg.threads > 1 else nullcontext() as pool:
         # The denoiser (torch) runs on the pool's thread beside the skew and peer scores
         # (numpy); both release the GIL on whole arrays. The same operations on the same
         # data, so the same bits, and at 1024 machines x 7 metrics about 0.65 s instead of
-        # 0.9-1.1 s when a second core is free (docs/monitor-log.md, "The denoiser on a second thread").
+        # 0.9-1.1 s when a second core is free (docs/monitor.md#evaluation).
         pending = pool.submit(denoised_windows, win, grid.metrics, denoiser) if pool else None
-        shifted = skew_shifted(resid, centre, is_step, cfg)
+        shifted = skew_shifted(resid, centre, is_step, cfg, tuning)
         peer, deep, backing = None, None, 0.0
-        if cfg.peer_scores:
-            peer, deep, backing = peer_channel(grid, win, resid, is_step, cfg, scales, cycle_s)
+        if tuning.peer_scores:
+            peer, deep, backing = peer_channel(grid, win, resid, is_step, cfg, tuning, scales, cycle_s)
         rec = pending.result() if pending else denoised_windows(win, grid.metrics, denoiser)
     s = median_distance(rec).transpose(0, 2, 1)  # [metrics, machines, windows]
-    z = robust_z(s, 0.0, cfg.min_machines)  # the window score: no floor
+    z = robust_z(s, 0.0, tuning.min_machines)  # the window score: no floor
     if shifted is not None:  # lowered to what the skew leaves; a void window stays void
         window_score = z[~is_step]
         z[~is_step] = np.where(np.isnan(window_score), np.nan, np.fmin(window_score, shifted))
@@ -180,27 +187,29 @@ def score_grid(
     if peer is not None:
         z = np.fmax(z, peer)
     metrics = list(grid.metrics)
-    if cfg.gpu_joint and not is_step.any():
-        joint = gpu_joint_scores(z, metrics, cfg.min_machines)
+    if tuning.gpu_joint and not is_step.any():
+        joint = gpu_joint_scores(z, metrics, tuning.min_machines)
         if joint is not None:  # one more metric, scored last: only the scores, nothing to denoise
             z, metrics = np.concatenate([z, joint[None]]), metrics + [GPU_JOINT]
             instant = np.concatenate([instant, np.full_like(joint[None], np.nan)])
             deep = None if deep is None else np.concatenate([deep, np.zeros_like(joint[None], bool)])
     start, end = window_times(grid, cfg.window, cfg.stride)
     straggler = None
-    if cfg.straggler_score and is_step.any():
-        zs = straggler_scores(values[is_step], resid[is_step], cfg, scales.period_s or cycle_s)
+    if tuning.straggler_score and is_step.any():
+        zs = straggler_scores(values[is_step], resid[is_step], cfg, tuning, scales.period_s or cycle_s)
         straggler = Scores(zs, [m for m in grid.metrics if m in STEP_METRICS], list(grid.machines), start, end, scales)
     return Scores(z, metrics, list(grid.machines), start, end, scales, straggler, instant, deep, backing)
 
 
-def skew_shifted(resid: np.ndarray, centre: np.ndarray, is_step: np.ndarray, cfg: DetectConfig) -> np.ndarray | None:
+def skew_shifted(
+    resid: np.ndarray, centre: np.ndarray, is_step: np.ndarray, cfg: DetectConfig, tuning: Tuning
+) -> np.ndarray | None:
     """The per-second metrics' window scores with the samples shifted by up to `skew_s`
     (monitor/skew.py), or None when off; the window score is lowered to it."""
-    lag = int(round(cfg.skew_s / cfg.step_s))
+    lag = int(round(tuning.skew_s / cfg.step_s))
     if not lag or is_step.all():
         return None
-    return skew_scores(resid[~is_step], centre[~is_step], lag, cfg.window, cfg.stride, cfg.min_machines)
+    return skew_scores(resid[~is_step], centre[~is_step], lag, cfg.window, cfg.stride, tuning.min_machines)
 
 
 def peer_channel(
@@ -209,19 +218,20 @@ def peer_channel(
     resid: np.ndarray,
     is_step: np.ndarray,
     cfg: DetectConfig,
+    tuning: Tuning,
     scales: TimeScales,
     cycle_s: float | None,
 ) -> tuple[np.ndarray, np.ndarray | None, float]:
     """(peer scores [metrics, machines, windows], deep peaks or None, peak backing s)."""
-    levels = whole_step_levels(resid, cfg, scales, cycle_s)
-    peer = peer_scores(win, cfg, scales.intermittency_span_s, levels)
+    levels = whole_step_levels(resid, cfg, tuning, scales, cycle_s)
+    peer = peer_scores(win, cfg, tuning, scales.intermittency_span_s, levels)
     deep, backing = None, 0.0
-    if cfg.peak_score and not is_step.all():  # raw values: a step average has no peak left
-        peak, deep_rows = peak_score(grid.values[~is_step], cfg, scales.period_s or cycle_s)
+    if tuning.peak_score and not is_step.all():  # raw values: a step average has no peak left
+        peak, deep_rows = peak_score(grid.values[~is_step], cfg, tuning, scales.period_s or cycle_s)
         peer[~is_step] = np.fmax(peer[~is_step], peak)
         deep = np.zeros(peer.shape, bool)
         deep[~is_step] = deep_rows
-        backing = peak_backing_s(cfg, scales.period_s or cycle_s)
+        backing = peak_backing_s(cfg, tuning, scales.period_s or cycle_s)
     # Step metrics: the window score alone. A step value is already a step's average;
     # averaging it again (level) or counting its abnormal windows (intermittency)
     # stretches a transient slowdown well past the steps it slowed, and on the tuning
@@ -249,7 +259,7 @@ def gpu_joint_scores(z: np.ndarray, metrics: list[str], min_machines: int) -> np
 
 
 def residuals(
-    values: np.ndarray, is_step: np.ndarray, cfg: DetectConfig, max_fill: int
+    values: np.ndarray, is_step: np.ndarray, cfg: DetectConfig, tuning: Tuning, max_fill: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """(normalised residuals [metrics, machines, seconds], the median they are measured
     from [metrics, 1, seconds] in the same units, NaN for lagged step metrics).
@@ -258,7 +268,7 @@ def residuals(
     (`windows.normalise_centred`), step metrics (with `step_lag_s`) against the closest
     median within the lag (`windows.normalise_lagged`: step values switch at each
     machine's own sample). Each metric is normalised once, by the rule it needs."""
-    lag = int(round(cfg.step_lag_s / cfg.step_s))
+    lag = int(round(tuning.step_lag_s / cfg.step_s))
     lagged = is_step if lag else np.zeros_like(is_step)
     if not lagged.any():
         resid, _, centre = normalise_centred(values, max_fill)
@@ -271,19 +281,21 @@ def residuals(
     return resid, centre
 
 
-def peak_score(values: np.ndarray, cfg: DetectConfig, period_s: float | None) -> tuple[np.ndarray, np.ndarray]:
+def peak_score(
+    values: np.ndarray, cfg: DetectConfig, tuning: Tuning, period_s: float | None
+) -> tuple[np.ndarray, np.ndarray]:
     """`peers.peak_scores` of the raw per-second values [metrics, machines, seconds] over
     max(peak_span_s, peak_steps steps), in the windows of the other scores, and where
     that peak is deep (`deep_peaks`)."""
-    span = peak_span(cfg, period_s)
+    span = peak_span(cfg, tuning, period_s)
     win = cut_windows(values, cfg.window, cfg.stride)
-    short, steady = peak_shortfalls(win, span, cfg.min_machines)
-    score = shortfall_scores(short, steady, cfg.peak_tolerance, cfg.peak_hold_windows)
+    short, steady = peak_shortfalls(win, span, tuning.min_machines)
+    score = shortfall_scores(short, steady, tuning.peak_tolerance, tuning.peak_hold_windows)
     # Deep only where every second of the span (and of the held windows) was sampled: a
     # dropped sample may have been the burst, and the peak then reads low for no fault.
     gaps = np.isnan(win).any(-1).astype(np.float32)
-    sampled = trailing_max(gaps, span + cfg.peak_hold_windows - 1) == 0
-    return score, deep_peaks(score, short, steady, span, cfg) & sampled
+    sampled = trailing_max(gaps, span + tuning.peak_hold_windows - 1) == 0
+    return score, deep_peaks(score, short, steady, span, cfg, tuning) & sampled
 
 
 STEADY_SPANS = 5
@@ -293,7 +305,9 @@ call holds one, every metric looked steady, and a pause-frame counter's lucky bu
 passed for a capacity."""
 
 
-def deep_peaks(score: np.ndarray, short: np.ndarray, steady: np.ndarray, span: int, cfg: DetectConfig) -> np.ndarray:
+def deep_peaks(
+    score: np.ndarray, short: np.ndarray, steady: np.ndarray, span: int, cfg: DetectConfig, tuning: Tuning
+) -> np.ndarray:
     """[metrics, machines, windows]: above the threshold, a peak at least
     peak_since_shortfall below the peers' for peak_hold_windows windows, on a metric whose
     peak is a capacity (its machines' own peaks steady within peak_tolerance).
@@ -301,39 +315,39 @@ def deep_peaks(score: np.ndarray, short: np.ndarray, steady: np.ndarray, span: i
     On such a metric a shortfall that scores is many times the machine's own usual
     variation, so the whole span ran slow, not only its last window. On a bursty counter
     (pause frames) the largest burst of a span is luck, so no such claim."""
-    if not cfg.peak_since_shortfall or score.shape[-1] < STEADY_SPANS * span:
+    if not tuning.peak_since_shortfall or score.shape[-1] < STEADY_SPANS * span:
         return np.zeros(score.shape, bool)
-    capacity = np.nan_to_num(steady, nan=np.inf) <= cfg.peak_tolerance  # [metrics, 1, 1]
+    capacity = np.nan_to_num(steady, nan=np.inf) <= tuning.peak_tolerance  # [metrics, 1, 1]
     with np.errstate(invalid="ignore"):
-        low = held_low(short, cfg.peak_hold_windows) >= cfg.peak_since_shortfall
+        low = held_low(short, tuning.peak_hold_windows) >= tuning.peak_since_shortfall
         return (score > cfg.threshold) & low & capacity
 
 
-def peak_seconds(cfg: DetectConfig, period_s: float | None) -> float:
+def peak_seconds(tuning: Tuning, period_s: float | None) -> float:
     """Seconds a peak is the largest over: max(peak_span_s, peak_steps steps)."""
-    return max(cfg.peak_span_s, cfg.peak_steps * (period_s or 0.0))
+    return max(tuning.peak_span_s, tuning.peak_steps * (period_s or 0.0))
 
 
-def peak_span(cfg: DetectConfig, period_s: float | None) -> int:
+def peak_span(cfg: DetectConfig, tuning: Tuning, period_s: float | None) -> int:
     """`peak_seconds` in windows."""
-    return max(1, int(round(peak_seconds(cfg, period_s) / cfg.stride_s)))
+    return max(1, int(round(peak_seconds(tuning, period_s) / cfg.stride_s)))
 
 
-def peak_reach_s(cfg: DetectConfig, period_s: float | None) -> float:
+def peak_reach_s(cfg: DetectConfig, tuning: Tuning, period_s: float | None) -> float:
     """Seconds before a window's start that its peak covers: the span's earlier windows,
     and those of the windows it was held over (`held_low`)."""
-    return (peak_span(cfg, period_s) + cfg.peak_hold_windows - 2) * cfg.stride_s
+    return (peak_span(cfg, tuning, period_s) + tuning.peak_hold_windows - 2) * cfg.stride_s
 
 
-def peak_backing_s(cfg: DetectConfig, period_s: float | None) -> float:
+def peak_backing_s(cfg: DetectConfig, tuning: Tuning, period_s: float | None) -> float:
     """Seconds before a deep peak's window that its run counts from: `peak_reach_s`, at
     most peak_span_s. With long steps a span is four steps, more than continuity_s;
     backed by all of it, one held window would be an alert (on synth with 40-90 s steps
     that declared healthy machines' GPU peaks 7 s after they were first seen)."""
-    return min(peak_reach_s(cfg, period_s), cfg.peak_span_s)
+    return min(peak_reach_s(cfg, tuning, period_s), tuning.peak_span_s)
 
 
-def periods(grid: Grid, cfg: DetectConfig) -> tuple[float | None, float | None]:
+def periods(grid: Grid, tuning: Tuning) -> tuple[float | None, float | None]:
     """(the job's step period for the time scales, the period the per-second metrics
     repeat at), in seconds, None where unknown or not needed.
 
@@ -342,15 +356,15 @@ def periods(grid: Grid, cfg: DetectConfig) -> tuple[float | None, float | None]:
     fixed time constants). The cycle is what an average over whole steps must span: the
     whole-step level with short steps, the step average with long ones."""
     reported = reported_period(grid)
-    short = reported is None or reported <= cfg.level_span_s / 2  # long steps: no whole-step level
-    need_cycle = (cfg.whole_step_level and short) or cfg.follow_step
+    short = reported is None or reported <= tuning.level_span_s / 2  # long steps: no whole-step level
+    need_cycle = (tuning.whole_step_level and short) or tuning.follow_step
     cycle = cycle_period(grid) if need_cycle else None
-    step = reported if reported is not None or not cfg.follow_step else cycle
+    step = reported if reported is not None or not tuning.follow_step else cycle
     return step, cycle
 
 
 def whole_step_levels(
-    resid: np.ndarray, cfg: DetectConfig, scales: TimeScales, cycle_s: float | None
+    resid: np.ndarray, cfg: DetectConfig, tuning: Tuning, scales: TimeScales, cycle_s: float | None
 ) -> np.ndarray | None:
     """Residual levels [metrics, machines, windows] averaged over whole steps, or None to
     keep the level over `level_span_s` of window means.
@@ -359,11 +373,11 @@ def whole_step_levels(
     steps but not a whole number of them, and the left-over part of a step differs
     between pipeline stages. Longer steps are step-averaged before this (`step_average`),
     which already cancels the phase."""
-    if not cfg.whole_step_level or scales.average_s or not cycle_s or cycle_s > cfg.level_span_s / 2:
+    if not tuning.whole_step_level or scales.average_s or not cycle_s or cycle_s > tuning.level_span_s / 2:
         return None
     offset, n_win = window_layout(resid.shape[-1], cfg.window, cfg.stride)
     ends = offset + np.arange(n_win) * cfg.stride + cfg.window - 1
-    return complete_trailing_mean_at(resid, whole_step_span(cfg.level_span_s, cycle_s, cfg.step_s), ends)
+    return complete_trailing_mean_at(resid, whole_step_span(tuning.level_span_s, cycle_s, cfg.step_s), ends)
 
 
 def denoised_windows(win: np.ndarray, metrics: list[str], denoiser: Denoiser | WindowMedian | None) -> np.ndarray:
@@ -396,7 +410,11 @@ def step_period(grid: Grid) -> float | None:
 
 
 def peer_scores(
-    win: np.ndarray, cfg: DetectConfig, intermittency_span_s: float | None = None, levels: np.ndarray | None = None
+    win: np.ndarray,
+    cfg: DetectConfig,
+    tuning: Tuning,
+    intermittency_span_s: float | None = None,
+    levels: np.ndarray | None = None,
 ) -> np.ndarray:
     """max(level, intermittency) score [metrics, machines, windows] from residual windows;
     `levels`: residual levels to score instead of the mean of the last level_span_s of
@@ -404,11 +422,11 @@ def peer_scores(
     means = window_means(win)
     span = lambda sec: max(1, int(round(sec / (cfg.stride_s))))  # noqa: E731
     if levels is None:
-        level = level_scores(means, span(cfg.level_span_s), cfg.min_machines)
+        level = level_scores(means, span(tuning.level_span_s), tuning.min_machines)
     else:
-        level = level_z(levels, cfg.min_machines)
+        level = level_z(levels, tuning.min_machines)
     inter = intermittency_scores(
-        means, span(intermittency_span_s or cfg.intermittency_span_s), cfg.abnormal_z, cfg.min_machines
+        means, span(intermittency_span_s or tuning.intermittency_span_s), tuning.abnormal_z, tuning.min_machines
     )
     return np.fmax(level, inter)
 
@@ -488,8 +506,8 @@ def crowds(z: np.ndarray, threshold: float, fraction: float, smallest: int = 2) 
     can be that far out. Many at once means the scale is wrong for that window, not that
     many machines broke: a job-wide stall after which the typical spread is that of idle
     machines, or a bursty counter whose bursts land in different seconds for different
-    machines' samplers. Such windows made hundreds of false alarms on the coupled
-    generator's traces (docs/monitor-log.md). In a job of under 20 machines two are already a
+    machines' samplers. Without this rule such windows make hundreds of false alarms on the
+    coupled generator's traces. In a job of under 20 machines two are already a
     crowd: a pair that differs together there is a group (a rack, a pipeline stage), and
     such pairs made every fault-free alarm left on the coupled generator's small jobs."""
     above = (z > threshold).sum(1)  # NaN compares False
@@ -549,34 +567,36 @@ class _Recurrence:
         )
 
 
-def _recurrence_span(scores: Scores, cfg: DetectConfig) -> int:
+def _recurrence_span(scores: Scores, cfg: DetectConfig, tuning: Tuning) -> int:
     """Windows in the recurrence horizon for this call; 0 when the rule is off."""
     # A step average makes every window of a step (and of the next) move together, so the
     # fraction of candidate windows would count a few steps, not many windows: on the tuning
     # seeds with 40-90 s steps the rule declared dozens of healthy machines.
     if scores.scales is not None and scores.scales.average_s:
         return 0
-    return int(round(cfg.recurrence_s / cfg.stride_s))
+    return int(round(tuning.recurrence_s / cfg.stride_s))
 
 
-def declare(scores: Scores, cfg: DetectConfig = DetectConfig(), already: set[str] | None = None) -> Detection:
+def declare(
+    scores: Scores, cfg: DetectConfig = DetectConfig(), already: set[str] | None = None, tuning: Tuning = TUNING
+) -> Detection:
     """Turn per-window candidates into alerts with the continuity rule.
 
     Machines in `already` (declared by an earlier call) are never candidates again, so a
     second faulty machine is not hidden behind the first one.
     """
     machines, pick = scores.machines, CANDIDATE_RULES[cfg.mode]
-    need = continuity(scores, cfg)
+    need = continuity(scores, cfg, tuning)
     excluded = np.array([m in (already or set()) for m in machines], bool)
-    crowd = crowds(scores.z, cfg.threshold, cfg.crowd_fraction, cfg.crowd_machines)
+    crowd = crowds(scores.z, cfg.threshold, tuning.crowd_fraction, tuning.crowd_machines)
     instant = None  # the window score alone, for the echo rule (`_Run.counted_until`); crowds do not count
-    if cfg.echo_s and scores.instant is not None:
+    if tuning.echo_s and scores.instant is not None:
         instant = np.where(crowd[:, None, :], np.nan, scores.instant)
     z = np.where(crowd[:, None, :], np.nan, scores.z)  # a crowd makes no candidate ...
     in_crowd = ((scores.z > cfg.threshold) & crowd[:, None, :]).any(0)  # ... but bridges [machines, windows]
     deep = scores.deep_peak  # [metrics, machines, windows]: a capacity's peak far below the peers'
     runs: dict[int, _Run] = {}
-    recurrence = _Recurrence(z, _recurrence_span(scores, cfg), cfg.recurrence_fraction)
+    recurrence = _Recurrence(z, _recurrence_span(scores, cfg, tuning), tuning.recurrence_fraction)
     alerts, candidates = [], []
     for w in range(z.shape[2]):
         now = scores.win_end[w]
@@ -586,7 +606,7 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(), already: set[str
             candidates.append((float(now), machines[i], scores.metrics[k], zi))
             recurrence.record(i, k, w, zi)
             run = runs.setdefault(i, _Run(start=w, last_hit=w, burst_start=w))
-            if run.last_hit < w - 1 and recovered(z[:, i, run.last_hit + 1 : w], cfg.gap_depth * cfg.threshold):
+            if run.last_hit < w - 1 and recovered(z[:, i, run.last_hit + 1 : w], tuning.gap_depth * cfg.threshold):
                 run.bursts, run.burst_start = run.bursts + 1, w  # back after a real gap: a new burst
             run.hits, run.last_hit, run.z_sum = run.hits + 1, w, run.z_sum + zi
             run.metrics[scores.metrics[k]] += 1
@@ -595,11 +615,11 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(), already: set[str
                 run.last_instant = w
             if deep is not None and deep[k, i, w]:  # the whole span ran slow
                 run.since = min(run.since, float(scores.win_start[w]) - scores.peak_backing_s)
-            upto = run.counted_until(w, scores, cfg.echo_s)  # w itself unless the window score fired before
+            upto = run.counted_until(w, scores, tuning.echo_s)  # w itself unless the window score fired before
             if (
                 run.span_s(upto, scores, cfg.stride_s) >= run.need_s
-                and run.hits >= cfg.min_fraction * run.counted_windows(w)
-                and run.joins_its_gaps(w, scores, cfg.join_bursts)
+                and run.hits >= tuning.min_fraction * run.counted_windows(w)
+                and run.joins_its_gaps(w, scores, tuning.join_bursts)
             ):
                 alerts.append(
                     Alert(
@@ -619,11 +639,11 @@ def declare(scores: Scores, cfg: DetectConfig = DetectConfig(), already: set[str
             alerts.append(recurrence.alert(i, w, scores))
             excluded[i] = True
             runs.pop(i, None)
-        for j in [j for j, r in runs.items() if now - scores.win_end[r.last_hit] > cfg.max_gap_s]:
+        for j in [j for j, r in runs.items() if now - scores.win_end[r.last_hit] > tuning.max_gap_s]:
             del runs[j]  # out of candidacy for too long: the run is broken
     if scores.straggler is not None:
-        channel = replace(cfg, threshold=cfg.straggler_threshold)
-        alerts = earliest(alerts + declare(scores.straggler, channel, already).alerts)
+        channel = replace(cfg, threshold=tuning.straggler_threshold)
+        alerts = earliest(alerts + declare(scores.straggler, channel, already, tuning).alerts)
     return Detection(alerts, scores, candidates)
 
 
@@ -636,13 +656,13 @@ def earliest(alerts: list[Alert]) -> list[Alert]:
     return list(first.values())
 
 
-def continuity(scores: Scores, cfg: DetectConfig) -> np.ndarray:
+def continuity(scores: Scores, cfg: DetectConfig, tuning: Tuning = TUNING) -> np.ndarray:
     """Seconds of candidacy needed per metric: continuity_s (longer for jobs above
     `continuity_machines`: more machines meet more transient slowdowns), with `follow_step` at least
     `continuity_steps` steps of the job, and for step metrics also `straggler_steps`
     steps (one value per step: seconds alone could mean a single slow step)."""
     # declare's cfg: a sweep may change continuity_s
-    scales = time_scales(cfg, scores.step_period_s, machines=len(scores.machines))
+    scales = time_scales(cfg, tuning, scores.step_period_s, machines=len(scores.machines))
     need = np.full(len(scores.metrics), scales.continuity_s)
     need[[m in STEP_METRICS for m in scores.metrics]] = scales.step_continuity_s
     return need
@@ -653,7 +673,8 @@ def detect(
     cfg: DetectConfig = DetectConfig(),
     denoiser: Denoiser | WindowMedian | None = None,
     already: set[str] | None = None,
+    tuning: Tuning = TUNING,
 ) -> Detection:
     """Score a trace (or an already resampled grid) and declare faulty machines."""
     grid = trace if isinstance(trace, Grid) else to_grid(trace, cfg.step_s)
-    return declare(score_grid(grid, cfg, denoiser), cfg, already)
+    return declare(score_grid(grid, cfg, denoiser, tuning), cfg, already, tuning)

@@ -30,6 +30,7 @@ from .denoise import Denoiser
 from .detect import Alert, detect, peak_seconds
 from .period import time_scales
 from .trace import Trace
+from .tuning import TUNING
 from .windows import to_grid
 
 log = logging.getLogger(__name__)
@@ -122,14 +123,14 @@ class OnlineMonitor:
         peak over peak_steps steps), then its continuity, plus a step of margin.
 
         With `follow_step` both are counted in steps: with 4-minute steps that is 16
-        minutes each, and a fixed 15-minute lookback never held a run that long, so the
-        monitor declared nothing (docs/monitor-log.md, "The online lookback")."""
+        minutes each, and a fixed 15-minute lookback never holds a run that long: the
+        monitor would declare nothing (docs/monitor.md#using-it)."""
         if not self.cfg.grow_lookback or not self._step_times:
             return self.cfg.lookback_s
         period = statistics.median(self._step_times)
         d = self.cfg.detect
-        scales = time_scales(d, period, machines=machines)
-        fill = max(peak_seconds(d, period), scales.average_s)
+        scales = time_scales(d, TUNING, period, machines=machines)
+        fill = max(peak_seconds(TUNING, period), scales.average_s)
         return max(self.cfg.lookback_s, fill + max(scales.continuity_s, scales.step_continuity_s) + period)
 
     def detect_now(self) -> list[Alert]:
@@ -141,7 +142,7 @@ class OnlineMonitor:
         trace = trace.select(trace.timestamps >= end - self.history_s(len(trace.machines)))
         self._chunks = [trace]  # older rows are dropped for good
         grid = to_grid(trace, self.cfg.detect.step_s)
-        if grid.values.shape[1] < self.cfg.detect.min_machines:
+        if grid.values.shape[1] < TUNING.min_machines:
             return []
         new = detect(grid, self.cfg.detect, self.denoiser, already=self.declared).alerts
         if new:

@@ -56,8 +56,9 @@ def trailing_mean(x: np.ndarray, span: int) -> np.ndarray:
 
 SPREAD_CAP = 2.0
 """A window's own cross-machine spread may widen a z's denominator to at most this many
-times the metric's typical spread (docs/monitor-log.md, "Cycle-length step averages and a
-cap on the window spread")."""
+times the metric's typical spread: a job-wide pause seen through a step average scatters
+the healthy machines for a step, and dividing by all of it hides a faulty machine whose
+deviation has not changed."""
 
 QUIET_SPREAD = 0.05
 """Windows whose spread is below this fraction of the metric's 90th-percentile spread are
@@ -72,10 +73,10 @@ def typical_spread(mad: np.ndarray) -> np.ndarray:
     the all-reduce, sampled by collectors a second or two apart) has windows in which
     every machine saw the same bursts and agrees to rounding, and windows in which some
     caught one more burst than others and the spread is hundreds of times larger. When
-    more than half are of the first kind, the median is the rounding: the cap then held
-    the denominator of a busy window at twice the rounding, and healthy machines scored
-    z in the hundreds. On the coupled generator's design seeds this made 22 of 24 false
-    alarms with 6-12 s steps (docs/monitor-log.md, "Quiet windows, a straggler channel, ...").
+    more than half are of the first kind, the median is the rounding: the cap then holds
+    the denominator of a busy window at twice the rounding, and healthy machines score
+    z in the hundreds. On the coupled generator's design seeds that made 22 of 24 false
+    alarms with 6-12 s steps.
     A metric whose spread is of one kind throughout (every metric of the synth generator)
     has no window below a twentieth of its 90th percentile, so nothing changes for it."""
     with warnings.catch_warnings():

@@ -41,6 +41,7 @@ import numpy as np
 
 from .config import DetectConfig
 from .trace import STEP_METRICS
+from .tuning import Tuning
 from .windows import Grid, complete_trailing_mean, fill_gaps_from, nanmedian
 
 
@@ -81,7 +82,7 @@ def without_stale_steps(grid: Grid, stale_steps: float) -> Grid:
     finishes a step and every collector repeats its rank's last step times. A rank whose
     last step happened to be slow (a transient) then looks slow for as long as the hang
     lasts, long enough to be declared: on the coupled generator's hang traces these were
-    half of the false alarms with step metrics (docs/monitor-log.md). The stalled rank itself
+    half of the false alarms with step metrics. The stalled rank itself
     is found by its GPU and host metrics. 0 keeps every value; so does a grid with nothing
     stale (the same object, no copy)."""
     is_step = np.flatnonzero([m in STEP_METRICS for m in grid.metrics])
@@ -188,30 +189,34 @@ class TimeScales:
 
 
 def time_scales(
-    cfg: DetectConfig, period_s: float | None, cycle_s: float | None = None, machines: int | None = None
+    cfg: DetectConfig,
+    tuning: Tuning,
+    period_s: float | None,
+    cycle_s: float | None = None,
+    machines: int | None = None,
 ) -> TimeScales:
     """Time constants for a job of `machines` (None: not counted) whose step takes
     `period_s` (None: the defaults) and whose per-second metrics repeat every `cycle_s`
     (None: not known)."""
     p = period_s or 0.0
-    followed = p if cfg.follow_step else 0.0  # without follow_step: the fixed time constants
-    average = average_span(followed, cycle_s) if followed > cfg.level_span_s / 2 else 0.0
-    base = cfg.continuity_s + size_continuity_s(cfg, machines)
+    followed = p if tuning.follow_step else 0.0  # without follow_step: the fixed time constants
+    average = average_span(followed, cycle_s) if followed > tuning.level_span_s / 2 else 0.0
+    base = cfg.continuity_s + size_continuity_s(tuning, machines)
     return TimeScales(
         period_s=period_s,
         average_s=average,
-        continuity_s=max(base, cfg.continuity_steps * followed),
-        step_continuity_s=max(base, cfg.straggler_steps * p),
-        intermittency_span_s=cfg.intermittency_span_s + 3 * average,
+        continuity_s=max(base, tuning.continuity_steps * followed),
+        step_continuity_s=max(base, tuning.straggler_steps * p),
+        intermittency_span_s=tuning.intermittency_span_s + 3 * average,
     )
 
 
-def size_continuity_s(cfg: DetectConfig, machines: int | None) -> float:
+def size_continuity_s(tuning: Tuning, machines: int | None) -> float:
     """Seconds of continuity a job of `machines` needs beyond continuity_s: 0 up to
     `continuity_machines`, then `continuity_per_doubling_s` per doubling (see there)."""
-    if not machines or machines <= cfg.continuity_machines:
+    if not machines or machines <= tuning.continuity_machines:
         return 0.0
-    return cfg.continuity_per_doubling_s * float(np.log2(machines / cfg.continuity_machines))
+    return tuning.continuity_per_doubling_s * float(np.log2(machines / tuning.continuity_machines))
 
 
 def average_span(period_s: float, cycle_s: float | None) -> float:
@@ -221,9 +226,9 @@ def average_span(period_s: float, cycle_s: float | None) -> float:
 
     Only a whole cycle cancels the phase of pipeline stages. The reported period is the
     median of per-second step-time readings, which counts a long step once per second it
-    lasts: on the tuning traces with 40-90 s steps it was off the drawn step length by
-    4 % (median, at most 10 %; mostly long), so every mean covered part of a step twice,
-    a different part on each stage; the autocorrelation was within 0.5 % (docs/monitor-log.md)."""
+    lasts: on the tuning traces with 40-90 s steps it is off the drawn step length by
+    4 % (median, at most 10 %; mostly long), so every mean would cover part of a step
+    twice, a different part on each stage; the autocorrelation is within 0.5 %."""
     if cycle_s and abs(cycle_s / period_s - 1) <= 0.25:
         return cycle_s
     return period_s

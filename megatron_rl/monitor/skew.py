@@ -8,11 +8,11 @@ burst outweighs everything else in the window. With few machines (8, in two pipe
 stages) such a machine is the farthest from the median in window after window; on the
 coupled generator's never-used seeds this made half of the false alarms, and the same
 bursts, landing in different windows for different machines, made crowds that broke
-faulty machines' runs (docs/monitor-log.md, "Sampler skew in the window score").
+faulty machines' runs.
 
 A fault is not a shift: a machine that is stopped, flapping, slowed, or on a link at half
 speed still differs from the median however its samples are moved, so the window score
-keeps only what survives the best shift of up to `DetectConfig.skew_s`.
+keeps only what survives the best shift of up to `skew_s` (monitor/tuning.py).
 """
 
 from __future__ import annotations

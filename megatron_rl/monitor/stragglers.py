@@ -10,8 +10,8 @@ were found late through the GPU metrics or not at all. The median over many step
 spread several times smaller, and a transient slowdown (a garbage collection, a page-cache
 flush: seconds to a minute) shifts a median only when it covers about half of the span.
 
-Three conditions, each for a reason measured in docs/monitor-log.md ("Quiet windows, a
-straggler channel, ..."):
+Its conditions, each for a reason measured on the evaluation's traces
+(docs/monitor.md#evaluation):
 - the span is at least `straggler_span_s` and `straggler_median_steps` steps, and it must
   be complete (a median of the first two steps of a call is a single step's luck);
 - slow side only: a fast rank is not a fault, and in a synchronous job the slow rank's
@@ -24,7 +24,7 @@ straggler channel, ..."):
   Two transient slowdowns that together cover a little over half of the span carry the
   median, but the faster steps between them hold the 30th percentile near the peers'.
   The median stays the score's base: on its own the 30th percentile lost two of 18
-  sustained stragglers, whose noisy steps dip under 10 % (docs/monitor-log.md).
+  sustained stragglers, whose noisy steps dip under 10 %.
 
 The score is declared as its own channel (`detect.declare`): its candidate windows do not
 join runs with the other metrics', because a transient slowdown lights up the GPU metrics
@@ -37,6 +37,7 @@ import numpy as np
 
 from .config import DetectConfig
 from .peers import robust_z
+from .tuning import Tuning
 from .windows import cut_windows, nanmedian, nanquantile, window_means
 
 
@@ -51,29 +52,31 @@ def trailing_median(x: np.ndarray, span: int, min_present: float = 0.75, q: floa
     return med
 
 
-def straggler_span(cfg: DetectConfig, period_s: float | None) -> int:
+def straggler_span(cfg: DetectConfig, tuning: Tuning, period_s: float | None) -> int:
     """Windows in the median: at least straggler_span_s and straggler_median_steps steps."""
-    span_s = max(cfg.straggler_span_s, cfg.straggler_median_steps * (period_s or 0.0))
+    span_s = max(tuning.straggler_span_s, tuning.straggler_median_steps * (period_s or 0.0))
     return max(1, int(round(span_s / cfg.stride_s)))
 
 
-def straggler_scores(values: np.ndarray, resid: np.ndarray, cfg: DetectConfig, period_s: float | None) -> np.ndarray:
+def straggler_scores(
+    values: np.ndarray, resid: np.ndarray, cfg: DetectConfig, tuning: Tuning, period_s: float | None
+) -> np.ndarray:
     """z [step metrics, machines, windows] of each rank's median residual over the span,
     across ranks; where the rank's median time is less than straggler_min_slowdown above
     its peers' (or it is faster), at most 0.
 
     values: the step metrics' per-second values [step metrics, machines, seconds] (what the
     trainer reported); resid: the same, normalised (`windows.normalise_lagged`)."""
-    span = straggler_span(cfg, period_s)
+    span = straggler_span(cfg, tuning, period_s)
     level = trailing_median(window_means(cut_windows(resid, cfg.window, cfg.stride)), span)
-    z = robust_z(level, 0.05, cfg.min_machines)
+    z = robust_z(level, 0.05, tuning.min_machines)
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = values / nanmedian(values, axis=1, keepdims=True)
     ratio_windows = window_means(cut_windows(ratio, cfg.window, cfg.stride))
     slowdown = trailing_median(ratio_windows, span) - 1.0
-    slow = slowdown >= cfg.straggler_min_slowdown
+    slow = slowdown >= tuning.straggler_min_slowdown
     rows = slow.any(axis=-1)  # [step metrics, machines]; usually none, or a rank or two
-    if cfg.straggler_low_quantile is not None and rows.any():  # slow in most of the span, not in two bursts
-        low = trailing_median(ratio_windows[rows], span, q=cfg.straggler_low_quantile) - 1.0
-        slow[rows] &= low >= cfg.straggler_min_low_slowdown
+    if tuning.straggler_low_quantile is not None and rows.any():  # slow in most of the span, not in two bursts
+        low = trailing_median(ratio_windows[rows], span, q=tuning.straggler_low_quantile) - 1.0
+        slow[rows] &= low >= tuning.straggler_min_low_slowdown
     return np.where(slow, z, np.minimum(z, 0.0)).astype(np.float32)

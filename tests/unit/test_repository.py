@@ -11,7 +11,19 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCANNED = ["README.md", "Makefile", "setup.py", "docs", "megatron_rl", "tools", "examples", "scripts", ".ci", "tests"]
+SCANNED = [
+    "README.md",
+    "Makefile",
+    "setup.py",
+    "docs",
+    "megatron_rl",
+    "megatron_rl_lab",
+    "tools",
+    "examples",
+    "scripts",
+    ".ci",
+    "tests",
+]
 OUTSIDE = ".." + "/shared"  # spelled in two parts so this file does not match itself
 MARKDOWN = [REPO / "README.md", REPO / "scripts" / "slurm" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

@@ -4,6 +4,7 @@ import argparse
 import json
 
 import numpy as np
+import pytest
 
 from megatron_rl.monitor.actions import read_exclude
 from megatron_rl.monitor.cli import add_monitor_subcommands, main
@@ -94,8 +95,11 @@ def test_eval_takes_a_detect_config_and_refuses_an_unknown_key_in_one_line(tmp_p
     cfg.write_text("crowd: 1\n")
     assert main(["eval", "--config", str(cfg), "--timing="]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {cfg}: unknown key(s) crowd; allowed:") and "crowd_fraction" in err
+    assert err.startswith(f"error: {cfg}: unknown key(s) crowd; allowed:") and "continuity_s" in err
     assert "\n" not in err
+    cfg.write_text("crowd_fraction: 1\n")  # a tuned constant (monitor/tuning.py), not a setting
+    assert main(["eval", "--config", str(cfg), "--timing="]) == 2
+    assert "unknown key(s) crowd_fraction" in capsys.readouterr().err
 
 
 def test_eval_refuses_a_bad_duration_in_one_line_before_loading_a_model(capsys):
@@ -145,3 +149,26 @@ def test_synth_writes_trace_and_labels(tmp_path):
     labels = json.loads((tmp_path / "s.labels.json").read_text())
     assert labels[0]["kind"] == "cpu_spike" and labels[0]["machine"].startswith("node")
     assert main(["synth", "--out", str(out), "--fault", "meteor"]) == 2
+
+
+def test_the_installed_monitor_subcommands_are_listed_and_run(capsys):
+    """eval, synth and train-synthetic are the lab's (entry points `monitor.*`); the runtime
+    lists them in its help and hands them the rest of the command line."""
+    from megatron_rl.commands import installed
+
+    lab = installed("monitor")
+    assert {"eval", "synth", "train-synthetic"} <= set(lab)
+    assert all(lab[name].module.startswith("megatron_rl_lab.") for name in ("eval", "synth", "train-synthetic"))
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    printed = capsys.readouterr().out
+    assert all(name in printed for name in ("detect", "train-denoiser", "eval", "synth", "train-synthetic"))
+    with pytest.raises(SystemExit) as bad:
+        main(["eval", "--machines", "8,x"])
+    assert bad.value.code == 2 and "python -m megatron_rl.monitor eval" in capsys.readouterr().err
+
+
+def test_train_denoiser_needs_traces_of_the_cluster(capsys):
+    with pytest.raises(SystemExit) as bad:
+        main(["train-denoiser", "--out", "x"])
+    assert bad.value.code == 2 and "--trace" in capsys.readouterr().err

@@ -16,14 +16,16 @@ import pytest
 
 from megatron_rl.monitor.detect import DetectConfig, Scores, crowds, declare, detect
 from megatron_rl.monitor.period import size_continuity_s, time_scales
+from megatron_rl.monitor.tuning import TUNING, Tuning
 
 DEFAULT = DetectConfig()
-BEFORE = DetectConfig(continuity_s=120.0, max_gap_s=24.0, join_bursts=2)  # the rule until 2026-11-26
+BEFORE = DetectConfig(continuity_s=120.0)  # with LOOSE: a looser continuity rule
+LOOSE = Tuning(max_gap_s=24.0, join_bursts=2)
 
 
 def test_defaults_are_fourteen_windows_with_two_missed_windows_tolerated():
-    assert DEFAULT.continuity_s == 110.0 and DEFAULT.max_gap_s == 16.0
-    assert DEFAULT.max_gap_s == 2 * DEFAULT.stride_s
+    assert DEFAULT.continuity_s == 110.0 and TUNING.max_gap_s == 16.0
+    assert TUNING.max_gap_s == 2 * DEFAULT.stride_s
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -34,7 +36,7 @@ def test_a_sustained_fault_is_declared_within_continuity_and_one_window(make_gri
     a = alerts[0]
     assert a.declared_at - a.first_seen >= DEFAULT.continuity_s
     assert a.declared_at <= 200 + DEFAULT.continuity_s + DEFAULT.window_s  # one window of alignment
-    assert a.declared_at < detect(grid, BEFORE).alerts[0].declared_at
+    assert a.declared_at < detect(grid, BEFORE, tuning=LOOSE).alerts[0].declared_at
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -43,7 +45,7 @@ def test_two_separate_slowdowns_of_a_healthy_machine_are_not_one_run(make_grid, 
     # most of the hole; three missed windows were tolerated before, two are now.
     grid = make_grid(seed=seed, faults=[(3, "cpu_util", 200, 240, 8.0), (3, "cpu_util", 290, 330, 8.0)])
     assert detect(grid, DEFAULT).alerts == []
-    assert [a.machine for a in detect(grid, BEFORE).alerts] == ["node03"]  # joined across the hole
+    assert [a.machine for a in detect(grid, BEFORE, tuning=LOOSE).alerts] == ["node03"]  # joined across the hole
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -60,16 +62,19 @@ def test_a_gpu_idle_half_of_every_minute_is_declared_by_the_peer_scores(make_gri
     assert alerts[0].declared_at <= 260 + DEFAULT.continuity_s + DEFAULT.window_s
     # Joining every gap, continuity reached while the GPU is on is in the echo of its window
     # score (echo_s): declared when the score fires again, at the next off-period, 30 s later at most.
-    joined = replace(DEFAULT, join_bursts=2)
-    assert detect(grid, joined).alerts[0].declared_at <= 200 + DEFAULT.continuity_s + 30 + DEFAULT.window_s
+    joined = replace(TUNING, join_bursts=2)
     assert (
-        detect(grid, replace(joined, echo_s=0.0)).alerts[0].declared_at <= 200 + DEFAULT.continuity_s + DEFAULT.window_s
+        detect(grid, DEFAULT, tuning=joined).alerts[0].declared_at <= 200 + DEFAULT.continuity_s + 30 + DEFAULT.window_s
+    )
+    assert (
+        detect(grid, DEFAULT, tuning=replace(joined, echo_s=0.0)).alerts[0].declared_at
+        <= 200 + DEFAULT.continuity_s + DEFAULT.window_s
     )
     # Without the peer scores and the recurrence rule nothing is declared; the recurrence
     # rule alone finds it, eight minutes into the fault at the latest.
-    assert detect(grid, DetectConfig(peer_scores=False, recurrence_s=0)).alerts == []
-    late = detect(grid, DetectConfig(peer_scores=False)).alerts
-    assert [a.machine for a in late] == ["node05"] and late[0].declared_at <= 200 + DEFAULT.recurrence_s
+    assert detect(grid, DEFAULT, tuning=Tuning(peer_scores=False, recurrence_s=0)).alerts == []
+    late = detect(grid, DEFAULT, tuning=Tuning(peer_scores=False)).alerts
+    assert [a.machine for a in late] == ["node05"] and late[0].declared_at <= 200 + TUNING.recurrence_s
 
 
 def _scores(hit_windows, n_windows=100, scales=None, machines=8):
@@ -82,9 +87,9 @@ def _scores(hit_windows, n_windows=100, scales=None, machines=8):
 
 
 def test_continuity_grows_by_thirty_seconds_per_doubling_above_128_machines():
-    assert [size_continuity_s(DEFAULT, n) for n in (None, 8, 128, 256, 512, 1024)] == [0, 0, 0, 30, 60, 90]
-    assert time_scales(DEFAULT, None, machines=1024).continuity_s == 200.0
-    assert time_scales(DEFAULT, 60.0, machines=1024).continuity_s == 4 * 60.0  # four steps are longer
+    assert [size_continuity_s(TUNING, n) for n in (None, 8, 128, 256, 512, 1024)] == [0, 0, 0, 30, 60, 90]
+    assert time_scales(DEFAULT, TUNING, None, machines=1024).continuity_s == 200.0
+    assert time_scales(DEFAULT, TUNING, 60.0, machines=1024).continuity_s == 4 * 60.0  # four steps are longer
     # m0 the candidate from window 0 (start 0 s) on: declared at the first window ending at
     # least the job's continuity after 0 s: 110 s -> window 13 (111 s), 140 s -> 17 (143 s),
     # 200 s -> 25 (207 s).
@@ -99,12 +104,12 @@ def test_continuity_grows_by_thirty_seconds_per_doubling_above_128_machines():
     assert [
         a.machine
         for a in declare(
-            _scores(short_run, n_windows=40, machines=1024), replace(DEFAULT, continuity_per_doubling_s=0.0)
+            _scores(short_run, n_windows=40, machines=1024), DEFAULT, tuning=Tuning(continuity_per_doubling_s=0.0)
         ).alerts
     ] == ["m0"]
     for bad in ({"continuity_per_doubling_s": -1.0}, {"continuity_machines": 0}):
         with pytest.raises(ValueError, match="continuity_per_doubling_s must be >= 0 and continuity_machines >= 1"):
-            DetectConfig(**bad)
+            Tuning(**bad)
 
 
 def test_two_bursts_are_one_run_only_once_a_third_comes():
@@ -112,9 +117,9 @@ def test_two_bursts_are_one_run_only_once_a_third_comes():
     # max_gap_s) in which it scores 0, so it recovered. Joined, the run reaches 110 s at
     # window 13 (111 s); as two bursts the second (from 80 s) would need to last to 190 s.
     two = np.r_[0:8, 10:18]
-    assert DEFAULT.join_bursts == 3 and DEFAULT.gap_depth == 0.75
+    assert TUNING.join_bursts == 3 and TUNING.gap_depth == 0.75
     assert declare(_scores(two), DEFAULT).alerts == []
-    joined = declare(_scores(two), replace(DEFAULT, join_bursts=2)).alerts
+    joined = declare(_scores(two), DEFAULT, tuning=Tuning(join_bursts=2)).alerts
     assert [(a.machine, a.first_seen, a.declared_at) for a in joined] == [("m0", 0.0, 13 * 8 + 7.0)]
     # A third burst from window 20 joins all three: 167 s of run, 17 candidate windows of 21.
     three = declare(_scores(np.r_[two, 20:40]), DEFAULT).alerts
@@ -130,22 +135,22 @@ def test_a_dip_just_under_the_threshold_is_not_a_gap_between_bursts():
     scores = _scores(np.r_[0:8, 10:18])
     scores.z[0, 0, 8:10] = 6.0
     assert [a.declared_at for a in declare(scores, DEFAULT).alerts] == [13 * 8 + 7.0]
-    assert declare(scores, replace(DEFAULT, gap_depth=1.0)).alerts == []  # any gap splits
+    assert declare(scores, DEFAULT, tuning=Tuning(gap_depth=1.0)).alerts == []  # any gap splits
     for bad in ({"join_bursts": 1}, {"gap_depth": 0.0}, {"gap_depth": 1.5}):
         with pytest.raises(ValueError, match="join_bursts must be >= 2|gap_depth must be in"):
-            DetectConfig(**bad)
+            Tuning(**bad)
 
 
 def test_recurrence_declares_a_machine_that_is_the_candidate_every_other_window():
     # Half the windows: no run ever holds 75 % of its windows, but the 60 windows (480 s)
     # ending at window 59 hold 30 candidates = 0.5 of them.
     scores = _scores(np.arange(0, 100, 2))
-    assert DEFAULT.recurrence_s == 480.0 and DEFAULT.recurrence_fraction == 0.5
+    assert TUNING.recurrence_s == 480.0 and TUNING.recurrence_fraction == 0.5
     alerts = declare(scores, DEFAULT).alerts
     assert [(a.machine, a.metric, a.first_seen, a.declared_at, a.score) for a in alerts] == [
         ("m0", "gpu_duty_cycle", 0.0, 59 * 8 + 7.0, 10.0)
     ]
-    assert declare(scores, DetectConfig(recurrence_s=0)).alerts == []
+    assert declare(scores, DEFAULT, tuning=Tuning(recurrence_s=0)).alerts == []
 
 
 def test_recurrence_needs_more_than_two_minute_and_a_half_episodes_in_eight_minutes():
@@ -158,19 +163,19 @@ def test_recurrence_needs_more_than_two_minute_and_a_half_episodes_in_eight_minu
 
 
 def test_recurrence_is_off_for_step_averaged_metrics():
-    scales = time_scales(DEFAULT, 60.0, 60.0)  # 60 s steps: metrics averaged over a step
+    scales = time_scales(DEFAULT, TUNING, 60.0, 60.0)  # 60 s steps: metrics averaged over a step
     assert scales.average_s == 60.0
     assert declare(_scores(np.arange(0, 100, 2), scales=scales), DEFAULT).alerts == []
 
 
 def test_a_crowd_is_two_machines_and_more_than_a_tenth():
-    assert DEFAULT.crowd_machines == 2 and DEFAULT.crowd_fraction == 0.1
+    assert TUNING.crowd_machines == 2 and TUNING.crowd_fraction == 0.1
     z = np.zeros((1, 8, 3))
     z[0, :2, 0] = 10.0  # two of eight above the threshold: at least 2 and more than 0.8
     z[0, :1, 1] = 10.0  # one: an outlier
     z[0, :2, 2] = 6.5  # at the threshold is not above it
     assert crowds(z, 6.5, 0.1, 2).tolist() == [[True, False, False]]
-    assert crowds(z, 6.5, 0.1, 3).tolist() == [[False, False, False]]  # the rule until 2026-11-27
+    assert crowds(z, 6.5, 0.1, 3).tolist() == [[False, False, False]]  # with three machines to a crowd
     mid = np.zeros((1, 20, 1))
     mid[0, :2, 0] = 10.0  # 2 of 20 is not more than 2.0; 3 is
     assert not crowds(mid, 6.5, 0.1, 2)[0, 0]
@@ -182,7 +187,7 @@ def test_a_crowd_is_two_machines_and_more_than_a_tenth():
     big[0, 6, 0] = 10.0
     assert crowds(big, 6.5, 0.1, 2)[0, 0]
     with pytest.raises(ValueError, match="crowd_machines must be >= 2"):
-        DetectConfig(crowd_machines=1)
+        Tuning(crowd_machines=1)
 
 
 def test_a_pair_that_differs_together_in_a_small_job_is_not_declared():
@@ -192,7 +197,7 @@ def test_a_pair_that_differs_together_in_a_small_job_is_not_declared():
     scores = _scores(np.arange(0, 40))
     scores.z[0, 1, :40] = 10.0
     assert declare(scores, DEFAULT).alerts == []
-    before = declare(scores, replace(DEFAULT, crowd_machines=3)).alerts
+    before = declare(scores, DEFAULT, tuning=Tuning(crowd_machines=3)).alerts
     assert [(a.machine, a.declared_at) for a in before] == [("m0", 13 * 8 + 7.0), ("m1", 13 * 8 + 7.0)]
 
 
@@ -205,7 +210,7 @@ def test_a_crowd_makes_no_candidate_and_a_run_bridges_it_without_counting_it():
     # The run counts 0-9 and 15-: 110 s of it end at window 18 (18 * 8 + 7 - 5 * 8 = 111 s).
     assert [(a.machine, a.first_seen, a.declared_at) for a in alerts] == [("m0", 0.0, 18 * 8 + 7.0)]
     # Without the guard m0 is declared at 111 s, and m1, m2 (five windows) are not.
-    off = declare(scores, DetectConfig(crowd_fraction=1.0)).alerts
+    off = declare(scores, DEFAULT, tuning=Tuning(crowd_fraction=1.0)).alerts
     assert [(a.machine, a.declared_at) for a in off] == [("m0", 13 * 8 + 7.0)]
 
 
@@ -217,7 +222,7 @@ def test_the_level_echo_of_a_slowdown_does_not_complete_continuity(make_grid, se
     for length in (90, 100):
         grid = make_grid(seed=seed, faults=[(3, "cpu_util", 200, 200 + length, 8.0)])
         assert detect(grid, DEFAULT).alerts == []
-        assert [a.machine for a in detect(grid, replace(DEFAULT, echo_s=0.0)).alerts] == ["node03"]
+        assert [a.machine for a in detect(grid, DEFAULT, tuning=Tuning(echo_s=0.0)).alerts] == ["node03"]
     grid = make_grid(seed=seed, faults=[(3, "cpu_util", 200, 310, 8.0)])
-    on, off = detect(grid, DEFAULT).alerts, detect(grid, replace(DEFAULT, echo_s=0.0)).alerts
+    on, off = detect(grid, DEFAULT).alerts, detect(grid, DEFAULT, tuning=Tuning(echo_s=0.0)).alerts
     assert [a.machine for a in on] == ["node03"] and on[0].declared_at == off[0].declared_at

@@ -2,11 +2,13 @@
 continuity, missing data, churn, priority and the two candidate rules."""
 
 import json
+from dataclasses import fields
 
 import numpy as np
 import pytest
 
 from megatron_rl.monitor.detect import Alert, DetectConfig, declare, detect, median_distance, score_grid
+from megatron_rl.monitor.tuning import Tuning
 
 CFG = DetectConfig(threshold=5.0, continuity_s=120.0)
 
@@ -28,15 +30,15 @@ def test_quiet_on_fault_free_trace(make_grid, seed):
     assert detect(grid, CFG).alerts == []
 
 
-SHAPE_ONLY = DetectConfig(threshold=5.0, continuity_s=120.0, peer_scores=False)
+SHAPE_ONLY = Tuning(peer_scores=False)
 
 
 def test_short_spike_is_not_declared_but_a_long_one_is(make_grid):
     # The window-shape score alone: the peer level score averages over 32 s and so keeps
     # a 60 s spike a candidate for ~90 s (tested in test_peers.py).
     short = make_grid(faults=[(3, "gpu_power", 200, 260, -10.0)])  # 60 s < continuity 120 s
-    assert detect(short, SHAPE_ONLY).alerts == []
-    sc = score_grid(short, SHAPE_ONLY)
+    assert detect(short, CFG, tuning=SHAPE_ONLY).alerts == []
+    sc = score_grid(short, CFG, tuning=SHAPE_ONLY)
     assert np.nanmax(sc.z[2, 3]) > CFG.threshold  # it was a candidate, continuity rejected it
     long = make_grid(faults=[(3, "gpu_power", 200, 400, -10.0)])
     assert [a.machine for a in detect(long, CFG).alerts] == ["node03"]
@@ -46,10 +48,11 @@ def test_strict_continuity_breaks_on_a_gap_tolerant_one_does_not(make_grid):
     # Fault on 200-300 and 316-600: a 16 s hole (two windows) in the middle.
     grid = make_grid(faults=[(7, "gpu_duty_cycle", 200, 300, -8.0), (7, "gpu_duty_cycle", 316, 600, -8.0)])
     # Window-shape score only: the peer level score (32 s average) would bridge the hole.
-    strict = DetectConfig(threshold=5.0, continuity_s=150.0, max_gap_s=0.0, min_fraction=1.0, peer_scores=False)
-    tolerant = DetectConfig(threshold=5.0, continuity_s=150.0, max_gap_s=24.0, min_fraction=0.75, peer_scores=False)
-    first_strict = detect(grid, strict).alerts[0]
-    first_tolerant = detect(grid, tolerant).alerts[0]
+    cfg = DetectConfig(threshold=5.0, continuity_s=150.0)
+    strict = Tuning(max_gap_s=0.0, min_fraction=1.0, peer_scores=False)
+    tolerant = Tuning(max_gap_s=24.0, min_fraction=0.75, peer_scores=False)
+    first_strict = detect(grid, cfg, tuning=strict).alerts[0]
+    first_tolerant = detect(grid, cfg, tuning=tolerant).alerts[0]
     assert first_strict.first_seen >= 300  # the run had to start again after the hole
     assert first_tolerant.first_seen < 216
 
@@ -95,13 +98,13 @@ def test_top1_rule_and_already_declared_machines(make_grid):
     grid = make_grid(faults=[(5, "gpu_power", 100, 600, -12.0), (9, "gpu_power", 100, 600, -6.0)])
     # Two of 16 machines off together on one metric are a crowd (crowd_machines): counted
     # as two outliers here, to test the candidate rules.
-    top1 = DetectConfig(threshold=5.0, continuity_s=120.0, mode="top1", crowd_machines=3)
-    first = detect(grid, top1).alerts
+    top1, pairs = DetectConfig(threshold=5.0, continuity_s=120.0, mode="top1"), Tuning(crowd_machines=3)
+    first = detect(grid, top1, tuning=pairs).alerts
     assert [a.machine for a in first] == ["node05", "node09"]  # node09 follows once node05 is out
     assert first[1].declared_at > first[0].declared_at
-    again = detect(grid, top1, already={"node05", "node09"}).alerts
+    again = detect(grid, top1, already={"node05", "node09"}, tuning=pairs).alerts
     assert again == []
-    both = detect(grid, DetectConfig(threshold=5.0, continuity_s=120.0, mode="any", crowd_machines=3)).alerts
+    both = detect(grid, DetectConfig(threshold=5.0, continuity_s=120.0, mode="any"), tuning=pairs).alerts
     assert sorted(a.machine for a in both) == ["node05", "node09"]
     # By default the pair is a crowd from 100 s on, in every window where both are above
     # the threshold: the price of not declaring a rack or stage that differs together.
@@ -140,9 +143,11 @@ def test_alert_json_has_exactly_the_spec_fields():
         ({"min_fraction": 1.5}, "min_fraction"),
         ({"mode": "best"}, "mode"),
         ({"window_s": 1.0}, "window_s"),
+        ({"window_s": 4.0}, "window_s"),
         ({"min_machines": 2}, "min_machines"),
     ],
 )
 def test_config_errors_name_the_field(kwargs, word):
+    make = DetectConfig if kwargs.keys() <= {f.name for f in fields(DetectConfig)} else Tuning
     with pytest.raises(ValueError, match=word):
-        DetectConfig(**kwargs)
+        make(**kwargs)

@@ -7,8 +7,9 @@ import pytest
 from megatron_rl.monitor.denoise import Denoiser, default_model_dir
 from megatron_rl.monitor.detect import DetectConfig, declare, denoised_windows, score_grid
 from megatron_rl.monitor.peers import trailing_mean
-from megatron_rl.monitor.synth import SynthConfig, generate
+from megatron_rl.monitor.tuning import Tuning
 from megatron_rl.monitor.windows import cut_windows, window_maxima, window_means
+from megatron_rl_lab.monitor.synth import SynthConfig, generate
 
 
 def gather_trailing_mean(x, span):
@@ -37,8 +38,8 @@ def test_declarations_unchanged_on_a_faulty_trace():
     # was 120 s with gaps of up to 24 s: pinned here, this checks the scores alone.
     den = Denoiser.load(default_model_dir())
     grid = generate(SynthConfig(machines=32, duration_s=600, seed=2, fault="pfc_storm")).grid
-    then = DetectConfig(continuity_s=120.0, max_gap_s=24.0)
-    alerts = declare(score_grid(grid, DetectConfig(), den), then).alerts
+    then = DetectConfig(continuity_s=120.0)
+    alerts = declare(score_grid(grid, DetectConfig(), den), then, tuning=Tuning(max_gap_s=24.0)).alerts
     assert [(a.machine, a.metric, a.declared_at) for a in alerts] == [("node0028", "pfc_tx_packets", 271.0)]
 
 

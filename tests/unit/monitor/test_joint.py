@@ -3,9 +3,10 @@ together, none at the threshold; only on traces without step metrics."""
 
 import numpy as np
 
-from megatron_rl.monitor.coupled import CoupledConfig, generate_coupled
 from megatron_rl.monitor.denoise import Denoiser, default_model_dir
 from megatron_rl.monitor.detect import GPU_JOINT, DetectConfig, detect, gpu_joint_scores, score_grid
+from megatron_rl.monitor.tuning import Tuning
+from megatron_rl_lab.monitor.coupled import CoupledConfig, generate_coupled
 
 GPU = ["gpu_duty_cycle", "gpu_power", "gpu_tensor_activity"]
 
@@ -38,11 +39,11 @@ def test_a_decaying_gpu_without_step_times_is_found_only_by_the_joint_score():
     found = detect(st.grid, DetectConfig(), den).alerts
     assert [(a.machine, a.metric) for a in found] == [(st.labels[0].machine, GPU_JOINT)]
     assert found[0].declared_at > st.labels[0].start
-    assert detect(st.grid, DetectConfig(gpu_joint=False), den).alerts == []
+    assert detect(st.grid, DetectConfig(), den, tuning=Tuning(gpu_joint=False)).alerts == []
     healthy = generate_coupled(CoupledConfig(machines=32, seed=500000))  # same job, no fault
     joint = detect(healthy.grid, DetectConfig(), den).alerts
     assert GPU_JOINT not in {a.metric for a in joint}  # (a net_tx_bytes alarm it already had stays)
-    assert joint == detect(healthy.grid, DetectConfig(gpu_joint=False), den).alerts
+    assert joint == detect(healthy.grid, DetectConfig(), den, tuning=Tuning(gpu_joint=False)).alerts
 
 
 def test_no_joint_score_with_step_metrics():

@@ -140,8 +140,8 @@ def test_long_steps_keep_the_longer_history(tmp_path, make_grid):
 
 
 def test_a_fault_in_a_job_with_4_minute_steps_is_declared_only_with_the_longer_history(tmp_path):
-    from megatron_rl.monitor.coupled import CoupledConfig, generate_coupled
-    from megatron_rl.monitor.replay import replay_online
+    from megatron_rl_lab.monitor.coupled import CoupledConfig, generate_coupled
+    from megatron_rl_lab.monitor.replay import replay_online
 
     st = generate_coupled(
         CoupledConfig(

@@ -6,6 +6,7 @@ import numpy as np
 
 from megatron_rl.monitor.detect import DetectConfig, detect, peak_backing_s, peak_reach_s, peak_score, score_grid
 from megatron_rl.monitor.peers import held_low, peak_scores, trailing_max
+from megatron_rl.monitor.tuning import TUNING, Tuning
 from megatron_rl.monitor.windows import Grid
 
 
@@ -79,13 +80,13 @@ def test_a_half_speed_link_with_the_same_mean_is_declared_only_with_the_peak_sco
     alerts = detect(grid, DetectConfig()).alerts
     assert [(a.machine, a.metric) for a in alerts] == [("node00", "nvlink_bandwidth")]
     assert alerts[0].first_seen >= 200
-    assert detect(grid, DetectConfig(peak_score=False)).alerts == []
+    assert detect(grid, DetectConfig(), tuning=Tuning(peak_score=False)).alerts == []
 
 
 def test_step_metrics_get_no_peak_score():
     grid = _link_grid(step_time=True)
-    on, off = score_grid(grid, DetectConfig()), score_grid(grid, DetectConfig(peak_score=False))
-    assert np.nanmax(peak_score(grid.values, DetectConfig(), None)[0][1, 0]) > 6.5  # it would score
+    on, off = score_grid(grid, DetectConfig()), score_grid(grid, DetectConfig(), tuning=Tuning(peak_score=False))
+    assert np.nanmax(peak_score(grid.values, DetectConfig(), TUNING, None)[0][1, 0]) > 6.5  # it would score
     np.testing.assert_array_equal(on.z[1], off.z[1])
     assert np.nanmax(on.z[0, 0]) > 6.5 > np.nanmax(off.z[0, 0])
 
@@ -101,18 +102,19 @@ def test_a_shortfall_scores_only_where_it_held_for_the_last_windows():
 def test_the_peak_spans_at_least_peak_span_s_or_peak_steps_steps():
     grid = _link_grid()
     cfg = DetectConfig()  # peak_span_s 80, peak_steps 4
-    s = peak_score(grid.values, cfg, 8.0)  # 4 steps of 8 s = 32 s: the 80 s span rules
-    np.testing.assert_array_equal(s, peak_score(grid.values, replace(cfg, peak_span_s=10.0, peak_steps=10), 8.0))
-    assert not np.array_equal(s, peak_score(grid.values, replace(cfg, peak_span_s=32.0), 8.0), equal_nan=True)
-    long = peak_score(grid.values, cfg, 60.0)  # 4 steps of 60 s = 240 s: the steps rule
-    np.testing.assert_array_equal(long, peak_score(grid.values, replace(cfg, peak_span_s=240.0), None))
+    s = peak_score(grid.values, cfg, TUNING, 8.0)  # 4 steps of 8 s = 32 s: the 80 s span rules
+    wide = replace(TUNING, peak_span_s=10.0, peak_steps=10)
+    np.testing.assert_array_equal(s, peak_score(grid.values, cfg, wide, 8.0))
+    assert not np.array_equal(s, peak_score(grid.values, cfg, replace(TUNING, peak_span_s=32.0), 8.0), equal_nan=True)
+    long = peak_score(grid.values, cfg, TUNING, 60.0)  # 4 steps of 60 s = 240 s: the steps rule
+    np.testing.assert_array_equal(long, peak_score(grid.values, cfg, replace(TUNING, peak_span_s=240.0), None))
 
 
 def test_a_deep_peak_backs_its_run_by_one_base_span_at_most():
     cfg = DetectConfig()  # peak_span_s 80, peak_steps 4, peak_hold_windows 2
-    assert peak_backing_s(cfg, 8.0) == peak_reach_s(cfg, 8.0) == 80.0  # short steps: the whole span
-    assert peak_reach_s(cfg, 60.0) == 240.0  # four 60 s steps
-    assert peak_backing_s(cfg, 60.0) == 80.0  # so that continuity_s (110 s) still needs 30 s of windows
+    assert peak_backing_s(cfg, TUNING, 8.0) == peak_reach_s(cfg, TUNING, 8.0) == 80.0  # short steps: the whole span
+    assert peak_reach_s(cfg, TUNING, 60.0) == 240.0  # four 60 s steps
+    assert peak_backing_s(cfg, TUNING, 60.0) == 80.0  # so that continuity_s (110 s) still needs 30 s of windows
 
 
 def _slow_link_grid(speed, machines=16, duration=600, start=200, seed=0):
@@ -137,25 +139,24 @@ def test_a_link_under_half_speed_counts_its_continuity_from_the_fault():
     cfg = DetectConfig()
     grid = _slow_link_grid(0.4)
     early = detect(grid, cfg).alerts
-    late = detect(grid, replace(cfg, peak_since_shortfall=0.0)).alerts
+    late = detect(grid, cfg, tuning=Tuning(peak_since_shortfall=0.0)).alerts
     assert [a.machine for a in early] == [a.machine for a in late] == ["node00"]
     assert 192 + cfg.continuity_s <= early[0].declared_at <= 200 + cfg.continuity_s + 2 * cfg.stride_s
-    assert late[0].declared_at - early[0].declared_at >= cfg.peak_span_s
+    assert late[0].declared_at - early[0].declared_at >= TUNING.peak_span_s
 
 
 def test_a_link_at_six_tenths_counts_from_the_fault_too():
     # At 0.6x the peak is 40 % short (score 8 > 6.5 in a capacity's 5 % unit): also at
-    # least 0.3, so it counts from the fault's start as well. Under the depth used until
-    # 2026-11-27 (0.5: under half the peers') it counted from its first window, as with the
-    # rule off; here the window score already sees the slower transfers from 208 s, so
+    # least 0.3, so it counts from the fault's start as well. With a depth of 0.5 (under
+    # half the peers') it counts from its first window, as with the rule off; here the window score already sees the slower transfers from 208 s, so
     # that is 16 s later, not a whole peak span.
     cfg = DetectConfig()
     grid = _slow_link_grid(0.6)
     early = detect(grid, cfg).alerts
-    old = detect(grid, replace(cfg, peak_since_shortfall=0.5)).alerts
+    old = detect(grid, cfg, tuning=Tuning(peak_since_shortfall=0.5)).alerts
     assert [a.machine for a in early] == ["node00"]
     assert 192 + cfg.continuity_s <= early[0].declared_at <= 200 + cfg.continuity_s + 2 * cfg.stride_s
-    assert old == detect(grid, replace(cfg, peak_since_shortfall=0.0)).alerts
+    assert old == detect(grid, cfg, tuning=Tuning(peak_since_shortfall=0.0)).alerts
     assert old[0].declared_at > early[0].declared_at
 
 
@@ -166,11 +167,11 @@ def test_deep_peaks_need_a_capacity_and_enough_spans():
     short = np.full((2, 4, 60), 0.6, np.float32)  # every machine 60 % short (only the rule is tested)
     score = short / 0.05
     steady = np.array([0.01, 0.3]).reshape(2, 1, 1)  # a capacity, and bursts of random size
-    deep = deep_peaks(score, short, steady, 10, cfg)
+    deep = deep_peaks(score, short, steady, 10, cfg, TUNING)
     assert deep[0, :, 1:].all() and not deep[1].any()  # the first window has no window before it to hold
-    assert not deep_peaks(score, short, steady, 13, cfg).any()  # 60 windows hold fewer than 5 spans of 13
-    assert not deep_peaks(score, short * 0.4, steady, 10, cfg).any()  # 24 % short: under peak_since_shortfall
-    assert not deep_peaks(score, short, steady, 10, replace(cfg, peak_since_shortfall=0.0)).any()
+    assert not deep_peaks(score, short, steady, 13, cfg, TUNING).any()  # 60 windows hold fewer than 5 spans of 13
+    assert not deep_peaks(score, short * 0.4, steady, 10, cfg, TUNING).any()  # 24 % short: under peak_since_shortfall
+    assert not deep_peaks(score, short, steady, 10, cfg, Tuning(peak_since_shortfall=0.0)).any()
 
 
 def test_a_peak_missing_its_burst_samples_is_not_deep():
@@ -181,6 +182,6 @@ def test_a_peak_missing_its_burst_samples_is_not_deep():
     grid = _link_grid(start=10_000)  # no slow link
     t = np.arange(grid.values.shape[-1])
     grid.values[0, 5, (t >= 300) & ((t + 15) % 10 < 2)] = np.nan
-    score, deep = peak_score(grid.values, DetectConfig(), None)
+    score, deep = peak_score(grid.values, DetectConfig(), TUNING, None)
     assert np.nanmax(score[0, 5]) > 6.5 and not deep[0, 5].any()
     assert not deep.any()

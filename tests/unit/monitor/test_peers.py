@@ -13,6 +13,7 @@ from megatron_rl.monitor.peers import (
     typical_spread,
     whole_step_span,
 )
+from megatron_rl.monitor.tuning import Tuning
 
 
 def test_trailing_mean_ignores_nans_and_starts_short():
@@ -49,7 +50,7 @@ def test_a_link_at_half_bandwidth_is_declared_only_with_peer_scores(make_grid):
     grid = make_grid(faults=[(6, "gpu_power", 100, 600, -1.5)])
     cfg = DetectConfig(threshold=5.0, continuity_s=120.0)
     assert [a.machine for a in detect(grid, cfg).alerts] == ["node06"]
-    assert detect(grid, DetectConfig(threshold=5.0, continuity_s=120.0, peer_scores=False)).alerts == []
+    assert detect(grid, cfg, tuning=Tuning(peer_scores=False)).alerts == []
 
 
 def test_whole_step_span_takes_the_whole_number_of_steps_nearest_the_target():

@@ -15,6 +15,7 @@ from megatron_rl.monitor.period import (
     without_stale_steps,
 )
 from megatron_rl.monitor.trace import STEP_METRICS
+from megatron_rl.monitor.tuning import TUNING, Tuning
 from megatron_rl.monitor.windows import Grid
 
 METRICS = ["cpu_util", "gpu_duty_cycle", "gpu_power"]
@@ -73,23 +74,23 @@ def test_reported_step_time_wins_over_the_autocorrelation():
 def test_short_steps_keep_the_default_time_scales():
     cfg = DetectConfig()
     for period in (None, 6.0, 12.0, 16.0):
-        s = time_scales(cfg, period)
+        s = time_scales(cfg, TUNING, period)
         assert (s.average_s, s.continuity_s, s.intermittency_span_s) == (0.0, cfg.continuity_s, 180.0)
 
 
 def test_long_steps_average_one_step_and_need_several_steps_of_continuity():
     cfg = DetectConfig()
-    s = time_scales(cfg, 60.0)
+    s = time_scales(cfg, TUNING, 60.0)
     assert s.average_s == 60.0
-    assert s.continuity_s == max(cfg.continuity_s, cfg.continuity_steps * 60.0) == 240.0
+    assert s.continuity_s == max(cfg.continuity_s, TUNING.continuity_steps * 60.0) == 240.0
     assert s.intermittency_span_s == 180.0 + 3 * 60.0  # each slice outlasts a step-averaged transient
-    assert s.step_continuity_s == max(cfg.continuity_s, cfg.straggler_steps * 60.0)
-    assert time_scales(cfg, 30.0).continuity_s == 120.0  # max(110 s, 4 steps of 30 s)
-    assert time_scales(cfg, 30.0).average_s == 30.0  # > level_span_s / 2: averaged
-    off = time_scales(DetectConfig(follow_step=False), 60.0)
+    assert s.step_continuity_s == max(cfg.continuity_s, TUNING.straggler_steps * 60.0)
+    assert time_scales(cfg, TUNING, 30.0).continuity_s == 120.0  # max(110 s, 4 steps of 30 s)
+    assert time_scales(cfg, TUNING, 30.0).average_s == 30.0  # > level_span_s / 2: averaged
+    off = time_scales(cfg, Tuning(follow_step=False), 60.0)
     assert (off.average_s, off.continuity_s, off.step_continuity_s) == (0.0, cfg.continuity_s, 180.0)
     with pytest.raises(ValueError, match="continuity_steps"):
-        DetectConfig(continuity_steps=-1)
+        Tuning(continuity_steps=-1)
 
 
 def test_a_step_average_removes_pipeline_stage_phases_but_keeps_a_slow_machine():
@@ -150,7 +151,7 @@ def test_a_gpu_at_92_percent_beside_pipeline_stages_is_found_by_whole_step_level
     assert [a.machine for a in alerts] == ["node05"]
     need = DetectConfig().continuity_s
     assert 200 + need <= alerts[0].declared_at <= 200 + need + 32 + 2 * 8  # continuity, level, windows
-    assert detect(grid, DetectConfig(whole_step_level=False)).alerts == []
+    assert detect(grid, DetectConfig(), tuning=Tuning(whole_step_level=False)).alerts == []
 
 
 def test_long_steps_are_step_averaged_not_given_whole_step_levels():
@@ -158,9 +159,12 @@ def test_long_steps_are_step_averaged_not_given_whole_step_levels():
 
     grid = stepping_grid(period=60.0, stages=4, seed=1)
     cfg = DetectConfig()
-    step, cycle = periods(grid, cfg)
+    step, cycle = periods(grid, TUNING)
     assert step == pytest.approx(60.0, rel=0.04) and cycle == step
-    assert whole_step_levels(np.zeros((3, 16, 900), np.float32), cfg, time_scales(cfg, step), cycle) is None
+    assert (
+        whole_step_levels(np.zeros((3, 16, 900), np.float32), cfg, TUNING, time_scales(cfg, TUNING, step), cycle)
+        is None
+    )
 
 
 def test_the_step_average_spans_the_metrics_own_cycle_when_it_is_the_same_step():
@@ -169,10 +173,10 @@ def test_the_step_average_spans_the_metrics_own_cycle_when_it_is_the_same_step()
     assert average_span(60.0, 30.0) == 60.0  # half a step (or a sub-step cycle) is not the step
     assert average_span(60.0, 120.0) == 60.0
     cfg = DetectConfig()
-    s = time_scales(cfg, 62.4, 60.0)
+    s = time_scales(cfg, TUNING, 62.4, 60.0)
     assert (s.average_s, s.continuity_s) == (60.0, 4 * 62.4)  # continuity still counts reported steps
     assert s.intermittency_span_s == 180.0 + 3 * 60.0
-    assert time_scales(cfg, 8.0, 8.1).average_s == 0.0  # short steps are not averaged
+    assert time_scales(cfg, TUNING, 8.0, 8.1).average_s == 0.0  # short steps are not averaged
 
 
 def test_a_reported_step_four_percent_long_still_averages_whole_cycles():
@@ -215,7 +219,7 @@ def test_step_times_repeated_through_a_hang_are_stale_and_not_scored():
     assert np.isfinite(kept[:, :, 8:240]).all()  # steps still coming: nothing blanked
     np.testing.assert_array_equal(without_stale_steps(grid, 0.0).values, grid.values, strict=True)
     # The rank whose last step was slow: declared on stale values, not on fresh ones.
-    assert [a.machine for a in detect(grid, DetectConfig(stale_steps=0.0)).alerts] == ["node03"]
+    assert [a.machine for a in detect(grid, DetectConfig(), tuning=Tuning(stale_steps=0.0)).alerts] == ["node03"]
     assert detect(grid, DetectConfig()).alerts == []
 
 

@@ -4,6 +4,7 @@ import numpy as np
 
 from megatron_rl.monitor.detect import DetectConfig, score_grid
 from megatron_rl.monitor.skew import skew_distances
+from megatron_rl.monitor.tuning import Tuning
 from megatron_rl.monitor.windows import Grid, normalise_centred
 
 
@@ -42,8 +43,7 @@ def _bursty_grid(shift_machine=None, half_machine=None, machines=8, seconds=400,
 
 
 def _window_score(grid, skew_s):
-    cfg = DetectConfig(skew_s=skew_s, peer_scores=False)
-    return score_grid(grid, cfg, None).z[0]
+    return score_grid(grid, DetectConfig(), None, Tuning(skew_s=skew_s, peer_scores=False)).z[0]
 
 
 def test_a_machine_reading_bursts_two_seconds_early_is_no_outlier_with_skew_s_2():

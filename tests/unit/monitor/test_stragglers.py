@@ -7,13 +7,14 @@ import pytest
 
 from megatron_rl.monitor.collect import Collector
 from megatron_rl.monitor.config import DetectConfig, OnlineConfig
-from megatron_rl.monitor.coupled import CoupledConfig, generate_coupled
 from megatron_rl.monitor.detect import continuity, detect, score_grid, step_period
 from megatron_rl.monitor.online import OnlineMonitor
 from megatron_rl.monitor.stragglers import straggler_span, trailing_median
-from megatron_rl.monitor.synth import SynthConfig, generate
 from megatron_rl.monitor.trace import STEP_METRICS
+from megatron_rl.monitor.tuning import TUNING, Tuning
 from megatron_rl.monitor.windows import Grid
+from megatron_rl_lab.monitor.coupled import CoupledConfig, generate_coupled
+from megatron_rl_lab.monitor.synth import SynthConfig, generate
 
 
 def step_grid(machines=16, duration=1200, step_s=60.0, slow=(), seed=0, noise=0.02) -> Grid:
@@ -60,7 +61,7 @@ def test_rank_at_0_8x_speed_is_found_within_a_few_steps():
 def test_two_slow_steps_are_not_a_straggler_but_would_be_without_step_continuity():
     grid = step_grid(slow=[(3, 6, 7, 1.5)])  # two 60 s steps at 1.5x, then normal again
     assert detect(grid, DetectConfig()).alerts == []
-    assert [a.machine for a in detect(grid, DetectConfig(straggler_steps=1)).alerts] == ["node03"]
+    assert [a.machine for a in detect(grid, DetectConfig(), tuning=Tuning(straggler_steps=1)).alerts] == ["node03"]
 
 
 def test_continuity_counts_steps_only_for_step_metrics():
@@ -69,14 +70,14 @@ def test_continuity_counts_steps_only_for_step_metrics():
     assert scores.step_period_s == pytest.approx(60.0, rel=0.1)
     extra = Grid(np.ones((1, 16, 1200), np.float32), ["gpu_power"], grid.machines, 0.0)
     scores.metrics = scores.metrics + extra.metrics
-    need = continuity(scores, DetectConfig(straggler_steps=3, follow_step=False))
+    need = continuity(scores, DetectConfig(), Tuning(straggler_steps=3, follow_step=False))
     assert need[:4] == pytest.approx(3 * scores.step_period_s) and need[4] == DetectConfig().continuity_s
     # Following the step (the default), per-second metrics need continuity_steps steps too.
-    need = continuity(scores, DetectConfig(straggler_steps=3, continuity_steps=4))
+    need = continuity(scores, DetectConfig(), Tuning(straggler_steps=3, continuity_steps=4))
     assert need[:4] == pytest.approx(3 * scores.step_period_s)
     assert need[4] == pytest.approx(4 * scores.step_period_s)
     with pytest.raises(ValueError, match="straggler_steps"):
-        DetectConfig(straggler_steps=0)
+        Tuning(straggler_steps=0)
 
 
 def test_synthetic_straggler_is_1_1_to_1_5x_its_peers_and_labelled_with_its_sections():
@@ -117,9 +118,11 @@ def test_a_run_mixing_step_and_per_second_metrics_needs_the_step_continuity():
     # The mixing rule alone, without step averaging: with it (the default) the 30 s of
     # high CPU are averaged over a 60 s step, their footprint grows by a step, and the
     # joined run then does span 3 steps.
-    fixed = DetectConfig(follow_step=False)
-    assert detect(grid, fixed).alerts == []  # ~165 s in all (with the 32 s CPU level): < 3 steps
-    assert [a.machine for a in detect(grid, replace(fixed, straggler_steps=2)).alerts] == ["node03"]
+    fixed = Tuning(follow_step=False)
+    assert detect(grid, DetectConfig(), tuning=fixed).alerts == []  # ~165 s in all (with the 32 s CPU level): < 3 steps
+    assert [a.machine for a in detect(grid, DetectConfig(), tuning=replace(fixed, straggler_steps=2)).alerts] == [
+        "node03"
+    ]
 
 
 def test_trailing_median_needs_most_of_its_span():
@@ -131,8 +134,8 @@ def test_trailing_median_needs_most_of_its_span():
 
 def test_straggler_span_is_the_longer_of_its_seconds_and_its_steps():
     cfg = DetectConfig()  # 96 s or 5 steps, in 8 s windows
-    assert straggler_span(cfg, 8.0) == 12 and straggler_span(cfg, None) == 12
-    assert straggler_span(cfg, 60.0) == 38  # 300 s / 8 s, rounded
+    assert straggler_span(cfg, TUNING, 8.0) == 12 and straggler_span(cfg, TUNING, None) == 12
+    assert straggler_span(cfg, TUNING, 60.0) == 38  # 300 s / 8 s, rounded
 
 
 def test_rank_at_0_8x_on_coupled_traces_is_found_only_by_the_median_over_steps():
@@ -142,20 +145,20 @@ def test_rank_at_0_8x_on_coupled_traces_is_found_only_by_the_median_over_steps()
     (lab,) = st.labels
     on = detect(st.grid, DetectConfig()).alerts
     assert [a.machine for a in on] == [lab.machine] and on[0].metric == "rollout_time"
-    off = detect(st.grid, DetectConfig(straggler_score=False)).alerts
+    off = detect(st.grid, DetectConfig(), tuning=Tuning(straggler_score=False)).alerts
     assert lab.machine not in [a.machine for a in off]
 
 
-def _channel(slow, noise=0.07, seed=0, **cfg):
+def _channel(slow, noise=0.07, seed=0, **tuning):
     """Straggler z [step metrics, machines, windows] of 32 ranks with 8 s steps."""
     grid = step_grid(machines=32, duration=900, step_s=8.0, slow=slow, seed=seed, noise=noise)
-    scores = score_grid(grid, DetectConfig(**cfg))
+    scores = score_grid(grid, DetectConfig(), tuning=Tuning(**tuning))
     return scores.straggler.z
 
 
 def test_a_rank_25_percent_slower_scores_above_the_threshold_once_its_median_moves():
     z = _channel([(5, 30, 120, 1.25)])  # slow from step 30: shown from 248 s, window 31
-    th = DetectConfig().straggler_threshold
+    th = TUNING.straggler_threshold
     assert np.nanmin(z[1, 5, 31 + 12 :]) > th  # rollout_time, once the slow steps are most of the span
     assert np.nanmax(np.delete(z, 5, 1)) < th
 
@@ -163,12 +166,12 @@ def test_a_rank_25_percent_slower_scores_above_the_threshold_once_its_median_mov
 def test_short_transients_fast_ranks_and_a_few_percent_do_not_score():
     # A 32 s slowdown at 2x (a window under half of the 96 s span) and a rank 20 % fast, 7 % noise:
     z = _channel([(7, 40, 43, 2.0), (9, 20, 120, 0.8)])
-    assert np.nanmax(z[:, 7]) < DetectConfig().straggler_threshold and np.nanmax(z[:, 9]) <= 0.0
+    assert np.nanmax(z[:, 7]) < TUNING.straggler_threshold and np.nanmax(z[:, 9]) <= 0.0
     # 6 % slower with 1 % noise: far outside the peers' spread, under straggler_min_slowdown.
     z = _channel([(4, 10, 120, 1.06)], noise=0.01)
     assert np.nanmax(z[:, 4]) <= 0.0
     ungated = _channel([(4, 10, 120, 1.06)], noise=0.01, straggler_min_slowdown=0.0, straggler_low_quantile=None)
-    assert np.nanmin(ungated[1, 4, 30:]) > DetectConfig().straggler_threshold
+    assert np.nanmin(ungated[1, 4, 30:]) > TUNING.straggler_threshold
 
 
 def test_two_bursts_that_carry_the_median_do_not_score():
@@ -178,8 +181,8 @@ def test_two_bursts_that_carry_the_median_do_not_score():
     span passes both gates (the 25 % test above)."""
     bursts = [(7, 40, 41, 2.0), (7, 47, 49, 2.0)]
     on_the_median = _channel(bursts, straggler_low_quantile=None)
-    assert np.nanmax(on_the_median[:, 7]) > DetectConfig().straggler_threshold
+    assert np.nanmax(on_the_median[:, 7]) > TUNING.straggler_threshold
     assert np.nanmax(_channel(bursts)[:, 7]) <= 0.0
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError, match=r"straggler_low_quantile must be null or in \[0, 1\]"):
-            DetectConfig(straggler_low_quantile=bad)
+            Tuning(straggler_low_quantile=bad)

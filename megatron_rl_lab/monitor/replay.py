@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import OnlineConfig
-from .denoise import Denoiser
-from .detect import Alert
-from .online import OnlineMonitor
-from .windows import Grid
+from megatron_rl.monitor.config import OnlineConfig
+from megatron_rl.monitor.denoise import Denoiser
+from megatron_rl.monitor.detect import Alert
+from megatron_rl.monitor.online import OnlineMonitor
+from megatron_rl.monitor.windows import Grid
 
 
 class GridFeed:

@@ -8,15 +8,15 @@ machine's own work: the job's step length (shared, varying from step to step as 
 lengths do) times the section's share, times per-machine noise, times how slow the
 machine ran during that step (transient and persistent stragglers that are not faults,
 and the `straggler` fault). Not modelled: in synchronous training a section that ends in
-a collective takes every rank as long as the slowest one (docs/monitor-log.md says what that
-means for the trainer's own timings).
+a collective takes every rank as long as the slowest one (the `coupled` generator models
+that).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .trace import STEP_METRICS
+from megatron_rl.monitor.trace import STEP_METRICS
 
 SECTIONS = STEP_METRICS[1:]  # rollout_time, train_time, sync_time
 SHARE = {"rollout_time": 0.5, "train_time": 0.4, "sync_time": 0.1}

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from megatron_rl.monitor.distractors import job_wide_load, pipeline_phases, sensor_spikes
-from megatron_rl.monitor.synth import SynthConfig, generate
+from megatron_rl_lab.monitor.distractors import job_wide_load, pipeline_phases, sensor_spikes
+from megatron_rl_lab.monitor.synth import SynthConfig, generate
 
 CLEAN = dict(churn=False, drop_frac=0, nan_frac=0, transient_rate=0.0, persistent_stragglers=0)
 

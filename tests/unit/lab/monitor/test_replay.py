@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from megatron_rl.monitor.config import OnlineConfig
-from megatron_rl.monitor.replay import GridFeed, replay_online
 from megatron_rl.monitor.trace import Trace
 from megatron_rl.monitor.windows import Grid, to_grid
+from megatron_rl_lab.monitor.replay import GridFeed, replay_online
 
 
 def test_feed_hands_out_every_sample_once_in_order():

@@ -19,10 +19,11 @@ import numpy as np
 
 from .baseline import mahalanobis_scores, zscore_scores
 from .coupled import COUPLED_FAULT_KINDS, CoupledConfig, generate_coupled
-from .denoise import Denoiser, DenoiserConfig, WindowMedian, train_denoiser
-from .detect import Alert, DetectConfig, Scores, declare, score_grid
+from megatron_rl.monitor.denoise import Denoiser, DenoiserConfig, WindowMedian, train_denoiser
+from megatron_rl.monitor.detect import Alert, DetectConfig, Scores, declare, score_grid
+from megatron_rl.monitor.tuning import TUNING, Tuning
 from .synth import FAULT_KINDS, SynthConfig, SynthTrace, generate
-from .windows import Grid, normal_windows
+from megatron_rl.monitor.windows import Grid, normal_windows
 
 
 @dataclass(frozen=True)
@@ -123,19 +124,23 @@ class Method:
     score: Callable[[Grid], Scores]
     cfg: DetectConfig
     thresholds: tuple[float, ...]
+    tuning: Tuning = TUNING
+    """The detector's constants (megatron_rl.monitor.tuning), one of them changed to measure it."""
 
 
-def methods(denoiser: Denoiser | None, cfg: DetectConfig = DetectConfig()) -> list[Method]:
+def methods(denoiser: Denoiser | None, cfg: DetectConfig = DetectConfig(), tuning: Tuning = TUNING) -> list[Method]:
     """The detector (LSTM-VAE, window-median and raw windows) and the two baselines."""
     minder = tuple(np.round(np.arange(2.0, 12.01, 0.5), 2))
     out = []
     if denoiser is not None:
-        out.append(Method("minder (LSTM-VAE)", lambda g: score_grid(g, cfg, denoiser), cfg, minder))
+        out.append(Method("minder (LSTM-VAE)", lambda g: score_grid(g, cfg, denoiser, tuning), cfg, minder, tuning))
     out += [
-        Method("minder, window median", lambda g: score_grid(g, cfg, WindowMedian()), cfg, minder),
-        Method("minder, no denoiser", lambda g: score_grid(g, cfg, None), cfg, minder),
-        Method("z-score baseline", zscore_scores, cfg, tuple(np.arange(3.0, 20.01, 1.0))),
-        Method("Mahalanobis baseline", mahalanobis_scores, cfg, tuple(np.round(np.arange(1.0, 10.01, 0.25), 2))),
+        Method("minder, window median", lambda g: score_grid(g, cfg, WindowMedian(), tuning), cfg, minder, tuning),
+        Method("minder, no denoiser", lambda g: score_grid(g, cfg, None, tuning), cfg, minder, tuning),
+        Method("z-score baseline", zscore_scores, cfg, tuple(np.arange(3.0, 20.01, 1.0)), tuning),
+        Method(
+            "Mahalanobis baseline", mahalanobis_scores, cfg, tuple(np.round(np.arange(1.0, 10.01, 0.25), 2)), tuning
+        ),
     ]
     return out
 
@@ -162,7 +167,7 @@ def run_all(
         for m in ms:
             scores = m.score(st.grid)
             for th in (thresholds or {}).get(m.name, m.thresholds):
-                alerts[(m.name, float(th))] = declare(scores, replace(m.cfg, threshold=float(th))).alerts
+                alerts[(m.name, float(th))] = declare(scores, replace(m.cfg, threshold=float(th)), tuning=m.tuning).alerts
         out.append(Outcome(sc, st.labels, alerts))
         if log and (j + 1) % 10 == 0:
             log(f"  {j + 1}/{len(scen)} traces")
@@ -230,14 +235,19 @@ def tune(outcomes: list[Outcome], m: Method) -> tuple[float, float]:
 
 
 def call_time(
-    score: Callable[[Grid], Scores], cfg: DetectConfig, machines: int, repeats: int = 3, duration_s: int = 900
+    score: Callable[[Grid], Scores],
+    cfg: DetectConfig,
+    machines: int,
+    repeats: int = 3,
+    duration_s: int = 900,
+    tuning: Tuning = TUNING,
 ) -> float:
     """Median seconds of one detection call (score + declare) on a 15-minute grid."""
     grid = generate(SynthConfig(machines=machines, seed=1, fault="gpu_drop", duration_s=duration_s)).grid
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        declare(score(grid), cfg)
+        declare(score(grid), cfg, tuning=tuning)
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
 
@@ -327,9 +337,11 @@ class EvalPlan:
     """Fixed threshold for every method: no tuning run (for a quick held-out check)."""
 
 
-def run_evaluation(plan: EvalPlan, denoiser: Denoiser | None, cfg: DetectConfig = DetectConfig(), log=print) -> dict:
+def run_evaluation(
+    plan: EvalPlan, denoiser: Denoiser | None, cfg: DetectConfig = DetectConfig(), log=print, tuning: Tuning = TUNING
+) -> dict:
     """Tune each method's threshold, then report it on held-out seeds; JSON-ready dict."""
-    ms = [m for m in methods(denoiser, cfg) if not plan.only or any(o in m.name for o in plan.only)]
+    ms = [m for m in methods(denoiser, cfg, tuning) if not plan.only or any(o in m.name for o in plan.only)]
     if plan.threshold is not None:
         chosen = {m.name: (plan.threshold, float("nan")) for m in ms}
     else:
@@ -342,12 +354,12 @@ def run_evaluation(plan: EvalPlan, denoiser: Denoiser | None, cfg: DetectConfig 
     test = run_all(ms, plan.test, thresholds={n: (th,) for n, (th, _) in chosen.items()}, log=log)
     result = {
         "plan": {"tune": asdict(plan.tune), "test": asdict(plan.test)},
-        "detect_config": asdict(cfg),
+        "detect_config": {**asdict(cfg), **asdict(tuning)},  # the user's knobs and the constants
         "methods": {},
     }
     for m in ms:
         th, f1 = chosen[m.name]
-        times = {n: call_time(m.score, replace(m.cfg, threshold=th), n) for n in plan.timing_machines}
+        times = {n: call_time(m.score, replace(m.cfg, threshold=th), n, tuning=m.tuning) for n in plan.timing_machines}
         log(f"  {m.name}: call time " + ", ".join(f"{n} machines {t:.2f} s" for n, t in times.items()))
         by_size = {}
         for n in plan.test.machines:

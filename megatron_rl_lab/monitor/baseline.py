@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .detect import Scores
-from .windows import Grid, fill_gaps, nanmedian
+from megatron_rl.monitor.detect import Scores
+from megatron_rl.monitor.windows import Grid, fill_gaps, nanmedian
 
 
 def _robust_z(grid: Grid, max_fill: int) -> np.ndarray:

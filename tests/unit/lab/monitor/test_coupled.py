@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from megatron_rl.monitor.cli import main
-from megatron_rl.monitor.coupled import COUPLED_FAULT_KINDS, CoupledConfig, generate_coupled
 from megatron_rl.monitor.trace import STEP_METRICS, metric_order
+from megatron_rl_lab.monitor.coupled import COUPLED_FAULT_KINDS, CoupledConfig, generate_coupled
 
 
 def _series(trace, metric: str) -> np.ndarray:
@@ -172,7 +172,7 @@ def test_cli_synth_writes_a_coupled_trace(tmp_path):
 
 
 def test_evaluation_builds_coupled_traces_and_tallies_their_kinds():
-    from megatron_rl.monitor.evaluate import EvalConfig, Outcome, tally
+    from megatron_rl_lab.monitor.evaluate import EvalConfig, Outcome, tally
 
     ec = EvalConfig(generator="coupled", machines=(4,), faulty_per_cell=1, fault_free_per_size=1)
     assert ec.kinds == COUPLED_FAULT_KINDS and EvalConfig().kinds != COUPLED_FAULT_KINDS

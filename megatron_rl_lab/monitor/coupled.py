@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .synth import FaultLabel, SynthTrace
-from .trace import STEP_METRICS, metric_order
-from .windows import Grid
+from megatron_rl.monitor.trace import STEP_METRICS, metric_order
+from megatron_rl.monitor.windows import Grid
 
 COUPLED_FAULT_KINDS = (
     "link_half",

@@ -23,8 +23,8 @@ import numpy as np
 
 from .distractors import job_wide_load, pipeline_phases, sensor_spikes
 from .stepsynth import step_metrics, straggler_fault
-from .trace import PRIORITY_METRICS, STEP_METRICS, Trace
-from .windows import Grid
+from megatron_rl.monitor.trace import PRIORITY_METRICS, STEP_METRICS, Trace
+from megatron_rl.monitor.windows import Grid
 
 METRICS = PRIORITY_METRICS  # the seven metrics of the published system
 GPU = ("gpu_duty_cycle", "gpu_power", "gpu_graphics_activity", "gpu_tensor_activity")

@@ -3,12 +3,13 @@
 import numpy as np
 import pytest
 
-from megatron_rl.monitor.baseline import mahalanobis_scores, zscore_scores
 from megatron_rl.monitor.detect import Alert, DetectConfig, declare
-from megatron_rl.monitor.evaluate import EvalConfig, Method, Tally, run_all, tally, tune
-from megatron_rl.monitor.synth import FAULT_KINDS, SynthConfig, generate
 from megatron_rl.monitor.trace import validate
+from megatron_rl.monitor.tuning import Tuning
 from megatron_rl.monitor.windows import to_grid
+from megatron_rl_lab.monitor.baseline import mahalanobis_scores, zscore_scores
+from megatron_rl_lab.monitor.evaluate import EvalConfig, Method, Tally, run_all, tally, tune
+from megatron_rl_lab.monitor.synth import FAULT_KINDS, SynthConfig, generate
 
 
 @pytest.mark.filterwarnings("ignore:All-NaN slice")  # step metrics before the first step ends
@@ -87,8 +88,8 @@ def test_tuning_and_evaluation_run_end_to_end():
 
     # The mechanics of tuning, on the per-metric scores: at threshold 4 the joint GPU
     # score (a robust z like any other, meant for 6.5) raises a healthy machine here.
-    cfg = DetectConfig(continuity_s=120, gpu_joint=False)
-    m = Method("raw", lambda g: score_grid(g, cfg), cfg, (4.0, 1000.0))
+    cfg, tuning = DetectConfig(continuity_s=120), Tuning(gpu_joint=False)
+    m = Method("raw", lambda g: score_grid(g, cfg, tuning=tuning), cfg, (4.0, 1000.0), tuning)
     outcomes = run_all([m], ec)
     assert len(outcomes) == 2 and set(outcomes[0].alerts) == {("raw", 4.0), ("raw", 1000.0)}
     th, f1 = tune(outcomes, m)
@@ -98,7 +99,7 @@ def test_tuning_and_evaluation_run_end_to_end():
 
 
 def test_report_counts_found_faults_and_false_alarms_per_machine_day():
-    from megatron_rl.monitor.evaluate import Outcome, report_rows
+    from megatron_rl_lab.monitor.evaluate import Outcome, report_rows
 
     ff = SynthConfig(machines=24, duration_s=3600, seed=1)
     bad = SynthConfig(machines=8, seed=1, fault="gpu_flap")
