@@ -63,7 +63,10 @@ class WandbLogger:
         self.run.log(scalars, step=step)
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        wandb.teardown()  # waits for wandb's service to write the run file; finish() alone may return first
 
 
 MLFLOW_KEY = re.compile(r"[^\w\-. /]")

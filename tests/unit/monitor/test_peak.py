@@ -148,8 +148,9 @@ def test_a_link_under_half_speed_counts_its_continuity_from_the_fault():
 def test_a_link_at_six_tenths_counts_from_the_fault_too():
     # At 0.6x the peak is 40 % short (score 8 > 6.5 in a capacity's 5 % unit): also at
     # least 0.3, so it counts from the fault's start as well. With a depth of 0.5 (under
-    # half the peers') it counts from its first window, as with the rule off; here the window score already sees the slower transfers from 208 s, so
-    # that is 16 s later, not a whole peak span.
+    # half the peers') it counts from its first window, as with the rule off; here the window
+    # score already sees the slower transfers from 208 s, so that is 16 s later, not a whole
+    # peak span.
     cfg = DetectConfig()
     grid = _slow_link_grid(0.6)
     early = detect(grid, cfg).alerts
