@@ -370,9 +370,7 @@ class RolloutServer:
         self.engine = RolloutEngine(command.model_dir, command.config)
 
     def _continue(self, command: Continue, bucket: None) -> list[Sample]:
-        from megatron_rl.rollout.replicas import continue_samples
-
-        return continue_samples(self.engine, command.samples, command.sampling)
+        return self.engine.continue_samples(command.samples, command.sampling)
 
     def _prompt_logprobs(self, command: PromptLogprobs, bucket: None) -> list[list[float]]:
         return self.engine.prompt_logprobs(command.sequences)
