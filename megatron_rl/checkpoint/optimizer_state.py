@@ -5,7 +5,8 @@ parameter's local (TP/EP-sharded) shard: the fp32 main parameter, exp_avg and ex
 Megatron 0.16.1 can describe these slices as ShardedTensors only by gathering them on DP
 rank 0 ('fully_reshardable'); its gather-free 'fully_sharded_model_space' needs
 ``ShardedTensor.flattened_range``, which 0.16.1 rejects. So we read the same structures that
-format reads (``gbuf_ranges`` and ``_get_main_param_and_optimizer_states``) and cut each flat
+format reads (``gbuf_ranges``, and the slices through
+:func:`megatron_rl.platform.megatron_internals.main_param_and_optimizer_states`) and cut each flat
 slice into row-major boxes of the model tensor, named
 ``optimizer.<exp_avg|exp_avg_sq|fp32_param>.<canonical parameter name>``: every DP rank
 writes its own slice, and any layout can read them back.
@@ -21,6 +22,7 @@ import torch
 from megatron_rl.checkpoint.boxes import flat_range_boxes, volume
 from megatron_rl.checkpoint.format import CheckpointError, decode, encode
 from megatron_rl.checkpoint.items import Item, ParamPiece
+from megatron_rl.platform.megatron_internals import main_param_and_optimizer_states
 
 STATE_NAMES = {
     "param": "fp32_param",
@@ -102,7 +104,7 @@ def optimizer_items(optimizer, pieces_of: dict[int, list[ParamPiece]]) -> list[I
             pieces = pieces_of.get(id(param))
             if pieces is None:
                 raise CheckpointError("an optimizer parameter is missing from the model's sharded_state_dict")
-            for state_key, flat in sub._get_main_param_and_optimizer_states(param).items():
+            for state_key, flat in main_param_and_optimizer_states(sub, param).items():
                 if state_key == "step":
                     continue  # a scalar kept in the param groups (non-tensor state)
                 if state_key not in STATE_NAMES:

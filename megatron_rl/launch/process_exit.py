@@ -22,8 +22,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 from typing import NoReturn
+
+from megatron_rl.platform.python_internals import finish_threads_as_at_exit
 
 
 def end_process(code: int) -> NoReturn:
@@ -49,9 +50,9 @@ def _finish_for_the_outside_world() -> None:
         from megatron_rl.rollout.vllm_env import release_shared_memory
 
         release_shared_memory()
-    # What the interpreter's exit does first (CPython 3.9-3.13): wake the idle workers of
-    # every thread pool (a join alone waits for them forever), then join the non-daemon threads.
-    threading._shutdown()
+    # What the interpreter's exit does first: wake the idle workers of every thread pool
+    # (a join alone waits for them forever), then join the non-daemon threads.
+    finish_threads_as_at_exit()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

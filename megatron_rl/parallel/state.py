@@ -8,7 +8,8 @@ still reads its module-level groups in places a ``pg_collection`` does not reach
 layer offsets of a pipeline stage, the replica ids of ``sharded_state_dict``, the
 pipeline schedules' p2p, gradient clipping). So each context keeps its own copy of those
 globals and of the model-parallel RNG tracker, and :meth:`ParallelContext.active`
-installs them while that layout's model is built, run, stepped or saved. Switching is a
+installs them while that layout's model is built, run, stepped or saved (through
+:mod:`megatron_rl.platform.megatron_internals`, which knows their names). Switching is a
 few dozen attribute assignments; no process group is created or destroyed by it.
 """
 
@@ -16,13 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import types
 from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
 
 from megatron_rl.parallel.config import RANK_ORDER, ParallelConfig
+from megatron_rl.platform.megatron_internals import (
+    capture_parallel_globals,
+    install_parallel_globals,
+    uninitialised_parallel_globals,
+)
+from megatron_rl.platform.torch_internals import is_registered_process_group
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,45 +72,6 @@ def format_rank_map(config: ParallelConfig, world_size: int) -> str:
     return header + "\n".join(rows)
 
 
-def _megatron_state_modules():
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import random
-
-    return parallel_state, random
-
-
-def _state_names(module) -> list[str]:
-    """The module-level state of a Megatron module: its private non-callable globals."""
-    skip = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type)
-    return [
-        n for n, v in vars(module).items() if n.startswith("_") and not n.startswith("__") and not isinstance(v, skip)
-    ]
-
-
-_TRACKER_NAMES = ("_CUDA_RNG_STATE_TRACKER", "_CUDA_RNG_STATE_TRACKER_INITIALIZED")
-
-
-def _capture_globals() -> dict:
-    """{(module, name): value} of every layout-dependent Megatron global, as they are now."""
-    parallel_state, random = _megatron_state_modules()
-    captured = {(parallel_state, n): getattr(parallel_state, n) for n in _state_names(parallel_state)}
-    captured.update({(random, n): getattr(random, n) for n in _TRACKER_NAMES})
-    return captured
-
-
-def _install_globals(captured: dict) -> None:
-    for (module, name), value in captured.items():
-        setattr(module, name, value)
-
-
-def _uninitialised(captured: dict) -> dict:
-    """The same names as before any initialisation (None, empty containers, no tracker)."""
-    return {
-        key: (type(value)() if isinstance(value, (dict, list)) else False if isinstance(value, bool) else None)
-        for key, value in captured.items()
-    }
-
-
 _ACTIVE: Optional["ParallelContext"] = None
 """The context whose groups Megatron's globals hold now."""
 
@@ -129,14 +96,14 @@ class ParallelContext:
         if _ACTIVE is self:
             yield self
             return
-        previous, previous_ctx = _capture_globals(), _ACTIVE
-        _install_globals(self.megatron_globals)
+        previous, previous_ctx = capture_parallel_globals(), _ACTIVE
+        install_parallel_globals(self.megatron_globals)
         _ACTIVE = self
         try:
             yield self
         finally:
-            self.megatron_globals = _capture_globals()  # e.g. a memory buffer created lazily inside
-            _install_globals(previous)
+            self.megatron_globals = capture_parallel_globals()  # e.g. a memory buffer created lazily inside
+            install_parallel_globals(previous)
             _ACTIVE = previous_ctx
 
 
@@ -163,13 +130,13 @@ def initialize_alongside(
     around everything done with the new layout's model. The process's default torch RNG is
     left as it was (the new layout's tracker is seeded like :func:`initialize` seeds it)."""
     config.validate(dist.get_world_size(), model)
-    current = _capture_globals()
+    current = capture_parallel_globals()
     rng = torch.get_rng_state()
-    _install_globals(_uninitialised(current))
+    install_parallel_globals(uninitialised_parallel_globals(current))
     try:
         ctx = _build_groups(config, seed, timeout_s)  # captures the new layout's globals
     finally:
-        _install_globals(current)
+        install_parallel_globals(current)
         torch.set_rng_state(rng)
     return ctx
 
@@ -197,7 +164,7 @@ def _build_groups(config: ParallelConfig, seed: int, timeout_s: float) -> Parall
         rank=rank,
         coords=coords,
         pg_collection=ProcessGroupCollection.use_mpu_process_groups(),
-        megatron_globals=_capture_globals(),
+        megatron_globals=capture_parallel_globals(),
     )
 
 
@@ -206,12 +173,12 @@ def destroy() -> None:
     from megatron.core import parallel_state
 
     global _ACTIVE
-    groups = _process_groups(_capture_globals().values())
+    groups = _process_groups(capture_parallel_globals().values())
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     _destroy_groups(groups)
     if _ACTIVE is not None:
-        _ACTIVE.megatron_globals = _capture_globals()
+        _ACTIVE.megatron_globals = capture_parallel_globals()
     _ACTIVE = None
 
 
@@ -239,10 +206,9 @@ def _destroy_groups(groups: list) -> None:
     at world 4. A process that builds many layouts in turn (the test bodies, the benches)
     had thousands, and its later layouts ran several times slower (measured 2026-11-27)."""
     import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _world
 
     for group in groups:
-        if group in _world.pg_map:  # not destroyed already (Megatron's gloo groups)
+        if is_registered_process_group(group):  # not destroyed already (Megatron's gloo groups)
             dist.destroy_process_group(group)
 
 

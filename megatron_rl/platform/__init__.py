@@ -5,7 +5,10 @@ This package is the only place that knows which one it is. Everything else asks 
 CPU activates the compatibility layer (:mod:`.cpu_compat`) and on GPU does nothing.
 Every patch of a dependency lives here: Megatron-Core's in :mod:`.cpu_compat` (and fixes
 of its release in :mod:`.megatron_fixes`), vLLM's CPU backend's in :mod:`.vllm_compat`
-(installed by the rollout engine on CPU); both lists use the :mod:`.patch` form.
+(installed by the rollout engine on CPU); all three lists use the :mod:`.patch` form. So does
+every read of a dependency's private API: one accessor per use, named by dependency
+(:mod:`.megatron_internals`, :mod:`.vllm_internals`, :mod:`.torch_internals`,
+:mod:`.python_internals`), each stating the release it was read from.
 """
 
 from __future__ import annotations

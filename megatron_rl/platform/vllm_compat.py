@@ -24,8 +24,8 @@ Scoped patches hold for one ``with`` block, their state passed in by the caller:
   embedding parameters are tied is computed once per model instead of once per layer.
 
 Process hygiene that patches nothing (environment, stale segment removal) stays in
-:mod:`megatron_rl.rollout.vllm_env`; the in-place loader, which uses vLLM's internals but
-replaces none of its functions, in :mod:`megatron_rl.rollout.inplace_load`.
+:mod:`megatron_rl.rollout.vllm_env`. vLLM internals that are read or called but not
+replaced (the in-place loader's, the route recorder's) are accessors in :mod:`.vllm_internals`.
 """
 
 from __future__ import annotations

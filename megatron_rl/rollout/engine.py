@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Iterable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 
 import torch
 
@@ -25,6 +25,9 @@ from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.platform import vllm_compat
 from megatron_rl.rollout import vllm_env
 from megatron_rl.utils import dtypes
+
+if TYPE_CHECKING:
+    from megatron_rl.data import PromptBatch
 
 Prompt = Union[str, Sequence[int]]
 
@@ -135,7 +138,11 @@ class Sampling:
 
 
 class RolloutEngine:
-    """A colocated vLLM engine: generate, continue, and load new weights in place."""
+    """A colocated vLLM engine: generate, continue, and load new weights in place. A
+    :class:`~megatron_rl.rollout.backend.RolloutBackend`; one per rank (the ranks of one
+    engine TP group share a replica)."""
+
+    config: EngineConfig
 
     def __init__(self, model_dir: Union[str, Path], config: EngineConfig = EngineConfig()):
         import torch.distributed as dist
@@ -203,6 +210,24 @@ class RolloutEngine:
             ]
             for ids, out in zip(prompt_ids, outputs)
         ]
+
+    def generate_groups(self, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:
+        """``sampling.n`` samples per prompt of the whole batch, the prompts dealt to the
+        replicas and the groups gathered back: the same list on every rank (collective)."""
+        from megatron_rl.rollout.replicas import generate_groups
+
+        return generate_groups(self, prompts, sampling)
+
+    def continue_samples(self, samples: list[Sample], sampling: Sampling) -> list[Sample]:
+        """Every sample of the whole list extended by one more window (:meth:`continue_`
+        on each replica's share), the same list on every rank (collective)."""
+        from megatron_rl.rollout.replicas import continue_samples
+
+        return continue_samples(self, samples, sampling)
+
+    def close(self) -> None:
+        """Nothing to release: the engine lives as long as the process, whose exit frees
+        vLLM's shared memory (:mod:`megatron_rl.launch.process_exit`)."""
 
     def continue_(self, samples: Sequence[Sample], sampling: Sampling) -> list[Sample]:
         """Extend unfinished samples by at most one more window (finished ones are returned as is)."""

@@ -36,6 +36,13 @@ import torch
 
 from megatron_rl.bridge.layer_names import hf_layer_prefix
 from megatron_rl.platform.vllm_compat import PLAIN_LINEAR_ATTR, tied_params_memo
+from megatron_rl.platform.vllm_internals import (
+    cpu_grouped_gemm_experts,
+    dressed_like,
+    drop_cpu_gemm_handle,
+    is_unquantized_fused_moe,
+    prepack_moe_weight,
+)
 
 MODE_ENV = "MEGATRON_RL_WEIGHT_LOAD"
 """``inplace`` (default: this loader where supported, else vLLM's reload) or ``reload``."""
@@ -95,7 +102,7 @@ class InplaceLoader:
                     self.lm_heads[f"{name}.weight"] = module
                 continue
             if isinstance(method, UnquantizedLinearMethod):
-                weight = module._parameters.get("weight")
+                weight = _own_parameter(module, "weight")
                 if weight is not None and weight.numel() == 0 and "weight" in meta and meta["weight"].dim() == 2:
                     self._add(_Staged(name, module, "linear", {"weight": meta["weight"]}))
                 elif weight is not None and weight.numel() > 0:
@@ -106,7 +113,7 @@ class InplaceLoader:
                 else:
                     problems.append(f"{name}: linear layer in an unexpected state")
                 continue
-            if type(method).__name__ == "UnquantizedFusedMoEMethod":
+            if is_unquantized_fused_moe(method):
                 staged = self._moe(name, module, meta)
                 if isinstance(staged, str):
                     problems.append(staged)
@@ -117,11 +124,11 @@ class InplaceLoader:
         return problems
 
     def _moe(self, name: str, module: torch.nn.Module, meta: dict):
-        experts = _cpu_experts_of(module)
-        if experts is None or getattr(experts, "_use_zentorch", False):
+        experts = cpu_grouped_gemm_experts(module)
+        if experts is None:
             return f"{name}: MoE experts are not vLLM's CPU grouped-GEMM experts"
         for p in ("w13_weight", "w2_weight"):
-            live = module._parameters.get(p)
+            live = _own_parameter(module, p)
             if (
                 p not in meta
                 or live is None
@@ -166,13 +173,13 @@ class InplaceLoader:
                     _register(s.module, params)
             for pname, module in self.lm_heads.items():
                 if pname in loaded:
-                    _drop_gemm_handle(module)
+                    drop_cpu_gemm_handle(module)
                     module.quant_method.process_weights_after_loading(module)
         return count
 
     def _stage(self, s: _Staged) -> dict[str, torch.nn.Parameter]:
         """Swap checkpoint-format staging parameters in; return the live ones."""
-        live = {p: s.module._parameters[p] for p in s.meta}
+        live = {p: _own_parameter(s.module, p) for p in s.meta}
         relative = s.name.split(hf_layer_prefix(s.name + ".") or "\0", 1)[-1]
         for p, meta in s.meta.items():
             key = (relative, p, tuple(meta.shape), meta.dtype)
@@ -185,79 +192,18 @@ class InplaceLoader:
 
     def _pack(self, s: _Staged, live: dict[str, torch.nn.Parameter]) -> None:
         if s.kind == "linear":
-            _drop_gemm_handle(s.module)
+            drop_cpu_gemm_handle(s.module)
             s.module.quant_method.process_weights_after_loading(s.module)  # packs; drops the plain weight
             return
-        staged = {p: s.module._parameters[p] for p in s.meta}
+        staged = {p: _own_parameter(s.module, p) for p in s.meta}
         for p, target in live.items():
-            torch.ops._C.prepack_moe_weight(staged[p], target.data, s.isa)
+            prepack_moe_weight(staged[p], target.data, s.isa)
         _register(s.module, live)
 
 
-def _cpu_experts_of(module: torch.nn.Module):
-    """vLLM's CPU experts implementation that packs ``module``'s weights, if any."""
-    if not (hasattr(module, "w13_weight") and hasattr(module, "w2_weight")):
-        return None
-    from vllm.model_executor.layers.fused_moe.experts import cpu_moe
-
-    seen = set()
-    stack = [module]
-    while stack:  # the experts object hangs off the layer's quant method / kernel
-        obj = stack.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if (
-            type(obj).__module__ == cpu_moe.__name__
-            and hasattr(obj, "isa")
-            and hasattr(obj, "process_weights_after_loading")
-        ):
-            return obj
-        for attr in (
-            "quant_method",
-            "fused_experts",
-            "experts",
-            "moe_kernel",
-            "kernel",
-            "_experts",
-            "impl",
-            "moe_mk",
-            "runner",
-        ):
-            child = getattr(obj, attr, None)
-            if child is not None and not isinstance(child, (torch.Tensor, int, float, str)):
-                stack.append(child)
-    return None
-
-
-def _drop_gemm_handle(module: torch.nn.Module) -> None:
-    """Free the old packed weight before packing the new one (peak memory: one copy)."""
-    module.__dict__.pop("cpu_linear", None)
-
-
-def dressed_like(
-    data: torch.Tensor, template: torch.Tensor, module: torch.nn.Module, restore_refs: bool
-) -> torch.nn.Parameter:
-    """``data`` as a parameter the model's own ``load_weights`` fills like ``template``: its
-    class and attributes (weight loader, sharding), the loader unwrapped from vLLM's reload
-    wrapper, and (``restore_refs``, for reload's meta templates) the refs to ``module``."""
-    from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
-
-    data.__class__ = template.__class__
-    data.__dict__ = template.__dict__.copy()
-    data.requires_grad_(False)
-    if restore_refs:
-        restore_layer_refs(data, module)
-    if hasattr(data, "weight_loader"):
-        data.weight_loader = unwrapped_loader(data.weight_loader)
-    return data
-
-
-def unwrapped_loader(loader):
-    """The model's own weight loader: vLLM's reload wraps the stored one in place."""
-    while getattr(loader, "__name__", "") == "online_process_loader":
-        loader = loader.__wrapped__
-    return loader
+def _own_parameter(module: torch.nn.Module, name: str) -> Optional[torch.nn.Parameter]:
+    """``module``'s own parameter ``name`` (not a submodule's), None when it has none."""
+    return dict(module.named_parameters(recurse=False, remove_duplicate=False)).get(name)
 
 
 def _register(module: torch.nn.Module, params: dict) -> None:

@@ -9,6 +9,10 @@ run ahead of training, ``submit`` / ``result``. Every training rank makes every 
 lockstep; training rank 0 alone talks over the bridge and the results every rank needs
 are broadcast over the training world.
 
+Commands are typed messages (:mod:`megatron_rl.rollout.commands`), one frozen dataclass
+per command; the client and the colocated engine both implement
+:class:`~megatron_rl.rollout.backend.RolloutBackend`.
+
 The rollout ranks run :func:`serve`: take the next command, run it on their engines
 exactly as a colocated launch of their size would (prompts dealt to the replicas and
 gathered back, :mod:`megatron_rl.rollout.replicas`), and rollout rank 0 answers with the
@@ -33,12 +37,27 @@ import os
 import queue
 import time
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 
 from megatron_rl.data import PromptBatch
 from megatron_rl.rollout.channel import ROLLOUT_LEADER, TRAINER, Channel, Inbox
+from megatron_rl.rollout.commands import (
+    BUCKET_COMMANDS,
+    CheckBucket,
+    Command,
+    Continue,
+    FinishUpdate,
+    Generate,
+    LoadBucket,
+    PromptLogprobs,
+    Start,
+    Stop,
+    TensorSpec,
+    UnknownCommandError,
+    check_command,
+)
 from megatron_rl.rollout.engine import EngineConfig, Sample, Sampling
 from megatron_rl.utils.alignment import DTYPE_VIEW_ALIGN, align_up
 
@@ -48,26 +67,8 @@ class RolloutRankError(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Command:
-    kind: str
-    """start | generate | continue | logprobs | load | check | finish | stop"""
-    payload: Any = None
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerateRequest:
-    """What a ``generate`` command asks for."""
-
-    prompts: PromptBatch
-    sampling: Sampling
-    chunk_tokens: Optional[int] = None
-    """Partial rollouts: generate this many tokens per sample at a time and run the weight
-    updates that arrive meanwhile between chunks (None: the whole batch under one version)."""
-
-
-@dataclasses.dataclass(frozen=True)
 class Generation:
-    """What a ``generate`` command answers."""
+    """What a :class:`~megatron_rl.rollout.commands.Generate` command answers."""
 
     groups: list[list[Sample]]
     seconds: float
@@ -75,13 +76,6 @@ class Generation:
     idle_s: float
     """Time the rollout ranks waited for commands since the previous generation (between
     every two commands: before weight buckets too, not only before this one)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
 
 
 def _layout(specs: Sequence[TensorSpec]) -> tuple[list[tuple[int, int]], int]:
@@ -119,11 +113,14 @@ def bucket_bytes(specs: Sequence[TensorSpec]) -> int:
 
 
 class RolloutClient:
-    """The training ranks' handle on the rollout ranks' engines (see the module docstring).
+    """The training ranks' handle on the rollout ranks' engines (see the module docstring), a
+    :class:`~megatron_rl.rollout.backend.RolloutBackend`.
 
     ``bridge``: the (down, up) groups on training rank 0, None on the other training ranks.
     ``answer_timeout_s``: the longest wait for one answer before the rollout ranks count as hung;
     ``start_timeout_s``: the same for the first one, the engines' start."""
+
+    config: EngineConfig
 
     def __init__(
         self,
@@ -134,7 +131,8 @@ class RolloutClient:
         answer_timeout_s: float = 3600.0,
         start_timeout_s: float = 3600.0,
     ):
-        self.config, self.who, self.answer_timeout_s = config, who, answer_timeout_s
+        self.config = config
+        self.who, self.answer_timeout_s = who, answer_timeout_s
         self.down = self.inbox = None
         self.broken: Optional[str] = None
         """Why the rollout ranks cannot be reached any more (training rank 0 finds out on a
@@ -154,7 +152,7 @@ class RolloutClient:
         """Answers read while waiting for a later one."""
         started = time.perf_counter()
         self.result(
-            self.submit(Command("start", (str(model_dir), config))),
+            self.submit(Start(str(model_dir), config)),
             timeout_s=start_timeout_s,
             timeout_key="rollout.start_timeout_s",
         )
@@ -165,36 +163,36 @@ class RolloutClient:
 
     def generate_groups(self, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:
         """``sampling.n`` samples per prompt, generated on the rollout ranks, on every training rank."""
-        return self.result(self.submit(Command("generate", GenerateRequest(prompts, sampling)))).groups
+        return self.result(self.submit(Generate(prompts, sampling))).groups
 
     def continue_samples(self, samples: list[Sample], sampling: Sampling) -> list[Sample]:
         """Every unfinished sample extended by one more window (T-PPO), on every training rank."""
-        return self.result(self.submit(Command("continue", (samples, sampling))))
+        return self.result(self.submit(Continue(list(samples), sampling)))
 
     def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
-        return self.result(self.submit(Command("logprobs", [list(s) for s in sequences])))
+        return self.result(self.submit(PromptLogprobs([list(s) for s in sequences])))
 
     # -- weights ----------------------------------------------------------------------
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
         """Send one bucket to every rollout rank, which loads it after the commands before it
         (training rank 0 sends; the others hold the same bucket). Does not wait."""
-        self.submit(Command("load"), list(named_tensors), keep=False)
+        self.submit(LoadBucket(), list(named_tensors), keep=False)
         return "remote"
 
     def check_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]):
         """What the rollout ranks serve for a bucket, read back and compared with it (merged over
         the rollout ranks), on every training rank. Waits for the commands before it."""
-        return self.result(self.submit(Command("check"), list(named_tensors)))
+        return self.result(self.submit(CheckBucket(), list(named_tensors)))
 
     def finish_weight_update(self) -> None:
         """The update is complete: what is generated from now on samples the new version."""
-        self.submit(Command("finish"), keep=False)
+        self.submit(FinishUpdate(), keep=False)
         self.version += 1
 
     def close(self) -> None:
         """Release the rollout ranks (their processes end with the launch)."""
-        self.submit(Command("stop"), keep=False)
+        self.submit(Stop(), keep=False)
         if self.inbox is not None and self.broken is None:
             while self.inbox.get(timeout=self.answer_timeout_s)[1] != "stopped":
                 pass
@@ -202,22 +200,27 @@ class RolloutClient:
     # -- commands ---------------------------------------------------------------------
 
     def submit(self, command: Command, bucket: Optional[list] = None, keep: bool = True) -> int:
-        """Send ``command`` (training rank 0; the others only count it); its number, to ask
-        :meth:`result` for (``keep=False``: nobody will; its answer is only checked for errors)."""
+        """Send ``command`` (training rank 0; the others only count it), with ``bucket`` after
+        it for a bucket command; its number, to ask :meth:`result` for (``keep=False``: nobody
+        will; its answer is only checked for errors). Raises :class:`UnknownCommandError` for
+        anything but a :mod:`~megatron_rl.rollout.commands` message, on every training rank."""
+        check_command(command)
+        if isinstance(command, BUCKET_COMMANDS) != (bucket is not None):
+            raise ValueError(f"{type(command).__name__}: a bucket goes with LoadBucket and CheckBucket only")
         number, self.sent = self.sent, self.sent + 1
         if keep:
             self._kept.add(number)
         if self.down is not None and self.broken is None:
             if bucket is not None:
                 specs, flat = pack_bucket(bucket)
-                command = Command(command.kind, specs)
+                command = dataclasses.replace(command, specs=tuple(specs))
             try:
                 self.down.broadcast_object(command)
                 if bucket is not None:
                     self.down.broadcast_tensor(flat)
             except RuntimeError as err:  # frozen past rollout.timeout_s, or gone
                 self.broken = (
-                    f"{self.who} did not take command {number} ({command.kind}): gone, or hung "
+                    f"{self.who} did not take command {number} ({type(command).__name__}): gone, or hung "
                     f"past rollout.timeout_s={self.answer_timeout_s:g} s ({err})"
                 )
         return number
@@ -270,7 +273,7 @@ CHUNK_PAUSE_ENV = "MRL_ROLLOUT_CHUNK_PAUSE_S"
 rollout side slower than training, made on purpose, for tests and drills of partial
 rollouts (on a small CPU model a batch is often done before the step's weights arrive)."""
 
-BETWEEN_CHUNKS = ("load", "check", "finish", "logprobs")
+BETWEEN_CHUNKS = (LoadBucket, CheckBucket, FinishUpdate, PromptLogprobs)
 """Commands a partial generation runs between two of its chunks: they use the engine only
 between its calls (a weight update, its read-back, the parity guard's prompt logprobs)."""
 
@@ -292,7 +295,7 @@ class RolloutServer:
         self.leader = self.up.rank == ROLLOUT_LEADER
         self.engine = None
         self.rank = dist.get_rank()
-        self.inbox = Inbox(self._receive, is_last=lambda m: m[0].kind == "stop", name="rollout-commands")
+        self.inbox = Inbox(self._receive, is_last=lambda m: isinstance(m[0], Stop), name="rollout-commands")
         self.pending: collections.deque = collections.deque()
         """(number, command, bucket) taken from the inbox and not run yet, in order."""
         self.taken = 0
@@ -309,9 +312,9 @@ class RolloutServer:
     def _receive(self) -> tuple[Command, Optional[list]]:
         command = self.down.broadcast_object(root=TRAINER)
         bucket = None
-        if command.kind in ("load", "check"):
-            flat = torch.empty(bucket_bytes(command.payload), dtype=torch.uint8)
-            bucket = unpack_bucket(command.payload, self.down.broadcast_tensor(flat, TRAINER))
+        if isinstance(command, BUCKET_COMMANDS):
+            flat = torch.empty(bucket_bytes(command.specs), dtype=torch.uint8)
+            bucket = unpack_bucket(command.specs, self.down.broadcast_tensor(flat, TRAINER))
         return command, bucket
 
     def _fetch(self, block: bool) -> bool:
@@ -333,10 +336,10 @@ class RolloutServer:
         return self.pending.popleft()
 
     def serve(self) -> int:
-        """Run commands in order until ``stop``; returns how many were served."""
+        """Run commands in order until :class:`Stop`; returns how many were served."""
         while True:
             number, command, bucket = self._take()
-            if command.kind == "stop":
+            if isinstance(command, Stop):
                 self._answer(number, "stopped", None)
                 return number
             self._serve_one(number, command, bucket)
@@ -354,33 +357,32 @@ class RolloutServer:
             self.up.send_object((number, status, value), TRAINER)
 
     def _run(self, command: Command, bucket: Optional[list]) -> Any:
-        kind = command.kind
-        if kind == "start":
-            from megatron_rl.rollout.engine import RolloutEngine
+        """Dispatch ``command`` to its handler by type (:data:`HANDLERS`)."""
+        check_command(command)
+        handler = HANDLERS.get(type(command))
+        if handler is None:
+            raise UnknownCommandError(f"{type(command).__name__} has no handler on the rollout ranks")
+        return handler(self, command, bucket)
 
-            model_dir, config = command.payload
-            self.engine = RolloutEngine(model_dir, config)
-            return None
-        if kind == "generate":
-            return self._generate(command.payload)
-        if kind == "continue":
-            from megatron_rl.rollout.replicas import continue_samples
+    def _start(self, command: Start, bucket: None) -> None:
+        from megatron_rl.rollout.engine import RolloutEngine
 
-            samples, sampling = command.payload
-            return continue_samples(self.engine, samples, sampling)
-        if kind == "logprobs":
-            return self.engine.prompt_logprobs(command.payload)
-        if kind == "load":
-            return self.engine.load_weights(bucket)
-        if kind == "check":
-            return self._merged_check(bucket)
-        if kind == "finish":
-            self.engine.finish_weight_update()
-            self.version += 1
-            return None
-        raise ValueError(f"unknown rollout command {kind!r}")
+        self.engine = RolloutEngine(command.model_dir, command.config)
 
-    def _generate(self, request: GenerateRequest) -> Generation:
+    def _continue(self, command: Continue, bucket: None) -> list[Sample]:
+        return self.engine.continue_samples(command.samples, command.sampling)
+
+    def _prompt_logprobs(self, command: PromptLogprobs, bucket: None) -> list[list[float]]:
+        return self.engine.prompt_logprobs(command.sequences)
+
+    def _load(self, command: LoadBucket, bucket: list) -> str:
+        return self.engine.load_weights(bucket)
+
+    def _finish(self, command: FinishUpdate, bucket: None) -> None:
+        self.engine.finish_weight_update()
+        self.version += 1
+
+    def _generate(self, request: Generate, bucket: None) -> Generation:
         """The batch, whole or in chunks; its time excludes the commands run between chunks."""
         from megatron_rl.rollout.partial import generate_in_chunks
         from megatron_rl.rollout.replicas import generate_groups
@@ -405,21 +407,21 @@ class RolloutServer:
             pass
         ready = 0
         for _, command, _ in self.pending:
-            if command.kind not in BETWEEN_CHUNKS:
+            if not isinstance(command, BETWEEN_CHUNKS):
                 break
             ready += 1
         ready = _fewest_over_ranks(ready)  # the rollout ranks' inboxes fill at their own pace
         updating = False
         while ready > 0 or updating:
             number, command, bucket = self._take()
-            if command.kind not in BETWEEN_CHUNKS:
-                raise RuntimeError(f"command {number} ({command.kind}) arrived inside a weight update")
+            if not isinstance(command, BETWEEN_CHUNKS):
+                raise RuntimeError(f"command {number} ({type(command).__name__}) arrived inside a weight update")
             self._serve_one(number, command, bucket)
-            updating, ready = command.kind in ("load", "check"), ready - 1
+            updating, ready = isinstance(command, BUCKET_COMMANDS), ready - 1
         self.between_s += time.perf_counter() - started
         return self.version
 
-    def _merged_check(self, bucket: list):
+    def _merged_check(self, command: CheckBucket, bucket: list):
         """Every rollout rank reads back its own engine; the results merged over the rollout world."""
         import torch.distributed as dist
 
@@ -428,6 +430,19 @@ class RolloutServer:
         everyone: list = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, self.engine.check_weights(bucket))
         return WeightCheckResult.merge_all(everyone)
+
+
+HANDLERS: dict[type, Callable[[RolloutServer, Any, Optional[list]], Any]] = {
+    Start: RolloutServer._start,
+    Generate: RolloutServer._generate,
+    Continue: RolloutServer._continue,
+    PromptLogprobs: RolloutServer._prompt_logprobs,
+    LoadBucket: RolloutServer._load,
+    CheckBucket: RolloutServer._merged_check,
+    FinishUpdate: RolloutServer._finish,
+}
+"""The rollout side's handler of each command but :class:`Stop` (which ends :meth:`RolloutServer.serve`);
+each takes the command and its bucket (None but for bucket commands)."""
 
 
 def _fewest_over_ranks(count: int) -> int:

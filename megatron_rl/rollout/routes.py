@@ -4,10 +4,11 @@ Router replay trains the MoE actor on the routes the rollout used. vLLM 0.32 can
 them itself (``enable_return_routed_experts``), but only with its V2 model runner, which
 needs Triton and does not start on CPU. Its routers take a capture callback in every
 runner, though (``BaseRouter.set_capture_fn``, what its own capturer binds), so a
-:class:`RouteRecorder` on each worker binds one per MoE layer and wraps the runner's
-``_model_forward``: before a forward it notes which request each row of the batch belongs
-to and at which position (``input_batch.req_ids``, ``query_start_loc``, ``positions``),
-after it files every layer's top-k ids under (request, position).
+:class:`RouteRecorder` on each worker binds one per MoE layer and wraps the runner's model
+forward (:func:`megatron_rl.platform.vllm_internals.wrap_model_forward`): before a
+forward it notes which request each row of the batch belongs to and at which position
+(``input_batch.req_ids``, ``query_start_loc``, ``positions``), after it files every
+layer's top-k ids under (request, position).
 
 Positions are those of the sample's tokens as inputs: a sample of prompt P and response R
 is routed at positions 0 .. P + R - 2 (the last sampled token is never fed back). A
@@ -23,6 +24,8 @@ from functools import partial
 from typing import Optional
 
 import torch
+
+from megatron_rl.platform.vllm_internals import wrap_model_forward
 
 _CHILD = re.compile(r"^(?:(\d+)_)?(.+)-[0-9a-zA-Z]{8}$")
 """vLLM's internal request ids: ``<external>-<8 random chars>``, and ``<i>_<that>`` for the
@@ -55,8 +58,7 @@ class RouteRecorder:
                 bound += 1
         if not bound:
             raise ValueError("route recording needs a MoE model; this one has no MoE layer")
-        self._forward = runner._model_forward
-        runner._model_forward = self._model_forward
+        self._forward = wrap_model_forward(runner, self._model_forward)
 
     def _capture(self, layer: int, topk_ids: torch.Tensor) -> None:
         if self.recording:

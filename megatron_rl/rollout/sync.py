@@ -3,11 +3,12 @@
 The bridge's bucketed export (:func:`megatron_rl.bridge.iter_hf_buckets`) gathers the
 HF-named full tensors onto every rank, one broadcast per decoder layer and owning rank,
 into one bucket buffer reused from bucket to bucket (and from sync to sync on CPU). Each
-bucket is loaded into the colocated engine in place (:meth:`RolloutEngine.load_weights`:
-on CPU the fast per-layer path of :mod:`megatron_rl.rollout.inplace_load`, else vLLM's
-reload). Buckets end only between decoder layers: packed kernel weights are rebuilt
-from all of a module's weights at once (fused qkv, all experts of a layer), and vLLM's
-reload processes a layer only once all of it arrived. Extra memory is about one bucket
+bucket is loaded in place into the engines, colocated or on rollout ranks of their own
+(:meth:`~megatron_rl.rollout.backend.RolloutBackend.load_weights`: on CPU the fast
+per-layer path of :mod:`megatron_rl.rollout.inplace_load`, else vLLM's reload). Buckets
+end only between decoder layers: packed kernel weights are rebuilt from all of a module's
+weights at once (fused qkv, all experts of a layer), and vLLM's reload processes a layer
+only once all of it arrived. Extra memory is about one bucket
 plus one layer. A :class:`WeightSync` keeps the export plan and those buffers (its own
 ``ExportPlans``) for all syncs of one actor into one engine.
 
@@ -27,7 +28,7 @@ import torch
 
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.rollout import parity
-from megatron_rl.rollout.engine import RolloutEngine
+from megatron_rl.rollout.backend import RolloutBackend
 from megatron_rl.rollout.parity import ParityError, ParityLimits, ParityReport, parity_limits, parity_report
 from megatron_rl.utils import dtypes
 
@@ -53,7 +54,7 @@ class SyncStats:
 
 
 class WeightSync:
-    """Pushes the actor's current weights into the colocated ``engine`` (collective over the
+    """Pushes the actor's current weights into ``engine`` (collective over the training
     world group), keeping the export plan and the gather buffers from one sync to the next.
 
     ``bucket_bytes``: the largest bucket (a decoder layer larger than that goes alone).
@@ -66,7 +67,7 @@ class WeightSync:
         self,
         chunks: Sequence[torch.nn.Module],
         arch: ModelArch,
-        engine: RolloutEngine,
+        engine: RolloutBackend,
         bucket_bytes: int = 512 << 20,
         keep_buffers: Optional[bool] = None,
     ):
@@ -134,7 +135,7 @@ def require_weights_match(result: "WeightCheckResult") -> None:
 
 def check_parity(
     chunks: Sequence[torch.nn.Module],
-    engine: RolloutEngine,
+    engine: RolloutBackend,
     sequences: Sequence[Sequence[int]],
     vocab_size: int,
     seq_length: int,

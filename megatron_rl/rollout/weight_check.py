@@ -34,7 +34,8 @@ import torch
 
 from megatron_rl.bridge.layer_names import hf_layer_prefix
 from megatron_rl.platform.vllm_compat import tied_params_memo
-from megatron_rl.rollout.inplace_load import InplaceLoader, dressed_like, layer_groups, worker_loader
+from megatron_rl.platform.vllm_internals import dressed_like, prepack_moe_weight
+from megatron_rl.rollout.inplace_load import InplaceLoader, layer_groups, worker_loader
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +167,7 @@ def _plain(name: str, served: torch.Tensor, expected: torch.Tensor) -> WeightChe
 
 def _packed_moe(name: str, live: torch.Tensor, expected: torch.Tensor, isa: str) -> WeightCheckResult:
     packed = torch.empty_like(live)
-    torch.ops._C.prepack_moe_weight(expected.contiguous(), packed, isa)
+    prepack_moe_weight(expected.contiguous(), packed, isa)
     differing = int((packed != live).sum())
     return WeightCheckResult(live.numel(), (WeightMismatch(name, differing, live.numel()),) if differing else ())
 

@@ -30,8 +30,9 @@ from typing import Any, Optional
 
 from megatron_rl.data import PromptBatch, PromptLoader
 from megatron_rl.rollout import Sampling
+from megatron_rl.rollout.commands import Generate
 from megatron_rl.rollout.partial import oldest_version
-from megatron_rl.rollout.remote import Command, GenerateRequest, RolloutClient
+from megatron_rl.rollout.remote import RolloutClient
 from megatron_rl.trainer.rollouts import Drawn
 
 
@@ -88,7 +89,7 @@ class AheadGeneration:
     def _submit(self, sampling: Sampling) -> None:
         state, drawn = self.loader.state_dict(), self.loader.prompts_drawn
         prompts = self.loader.next_batch()
-        number = self.client.submit(Command("generate", GenerateRequest(prompts, sampling, self.chunk_tokens)))
+        number = self.client.submit(Generate(prompts, sampling, self.chunk_tokens))
         self.queue.append(InFlight(number, prompts, self.client.version, state, drawn))
 
     @property

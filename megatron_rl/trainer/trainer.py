@@ -17,7 +17,6 @@ runs inside ``critic.active()``, which switches Megatron's process groups to the
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import sys
 import time
@@ -42,6 +41,7 @@ from megatron_rl.models.builder import BuildOptions
 from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.models.route_replay import RouteReplay
 from megatron_rl.parallel import initialize, initialize_alongside
+from megatron_rl.rollout.backend import RolloutBackend
 from megatron_rl.rollout.remote import RolloutRankError
 from megatron_rl.schedules import (
     ActorLoss,
@@ -185,7 +185,6 @@ class RLTrainer:
         from megatron_rl.rewards import build_verifier
         from megatron_rl.rollout import EngineConfig, RolloutEngine, Sampling
         from megatron_rl.rollout.remote import RolloutClient
-        from megatron_rl.rollout.replicas import continue_samples, generate_groups
         from megatron_rl.rollout.sync import WeightSync
 
         cfg, recipe = self.cfg, self.recipe
@@ -214,12 +213,13 @@ class RLTrainer:
             cache_dir=str(self.run_dir / "cache"),
             record_routes=self.arch.is_moe,
         )
+        self.client: Optional[RolloutClient] = None
+        """The rollout ranks' handle (disaggregated rollouts), which also takes rollouts ahead."""
+        self.engine: RolloutBackend
         if self.roles is None:
             self.engine = RolloutEngine(self.base_dir, engine_config)
-            self.generate = functools.partial(generate_groups, self.engine)
-            self.continue_ = functools.partial(continue_samples, self.engine)
         else:
-            self.engine = RolloutClient(
+            self.engine = self.client = RolloutClient(
                 self.roles.bridge,
                 engine_config,
                 self.base_dir,
@@ -227,7 +227,7 @@ class RLTrainer:
                 answer_timeout_s=cfg.rollout.timeout_s,
                 start_timeout_s=cfg.rollout.start_timeout_s,
             )
-            self.generate, self.continue_ = self.engine.generate_groups, self.engine.continue_samples
+        self.generate, self.continue_ = self.engine.generate_groups, self.engine.continue_samples
         self.sampling = Sampling(
             n=cfg.rollout.n_samples,
             max_tokens=cfg.rollout.max_new_tokens,
@@ -249,8 +249,8 @@ class RLTrainer:
         if recipe.generation_window is None:
             chunk = cfg.rollout.partial_chunk_tokens if cfg.rollout.partial else None
             ahead = (
-                AheadGeneration(self.engine, loader, cfg.rollout.max_staleness, chunk)
-                if self.roles is not None
+                AheadGeneration(self.client, loader, cfg.rollout.max_staleness, chunk)
+                if self.client is not None
                 else None
             )
             return GroupSource(

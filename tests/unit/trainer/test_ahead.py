@@ -21,7 +21,7 @@ class ScriptedRolloutRanks:
 
     def submit(self, command, bucket=None, keep=True):
         self.commands.append(command)
-        self.submitted.append((command.payload.prompts.dataset_indices, self.version))
+        self.submitted.append((command.prompts.dataset_indices, self.version))
         self.sent += 1
         return self.sent - 1
 
@@ -103,4 +103,4 @@ def test_partial_batches_are_judged_by_their_oldest_token(loader):
     answers[2], answers[3] = partial(1, 3), partial(3, 3)  # 2 behind at its oldest token: dropped
     assert ahead.draw(Sampling()).version == 3
     assert ahead.step_times.metrics()["rollout/dropped_stale"] == 2
-    assert all(command.payload.chunk_tokens == 3 for command in ranks.commands)
+    assert all(command.chunk_tokens == 3 for command in ranks.commands)

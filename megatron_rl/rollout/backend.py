@@ -1,0 +1,55 @@
+"""What the trainer uses of vLLM, whichever side of the launch runs it.
+
+Two implementations: :class:`megatron_rl.rollout.engine.RolloutEngine`, the engine
+colocated with training on every rank, and :class:`megatron_rl.rollout.remote.RolloutClient`,
+the training ranks' handle on engines of rollout ranks of their own. Every method is
+collective over the training world, and returns the same value on every training rank
+(``load_weights`` excepted: it reports the path that rank took).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, Protocol, Sequence, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:
+    from megatron_rl.data import PromptBatch
+    from megatron_rl.rollout.engine import EngineConfig, Sample, Sampling
+    from megatron_rl.rollout.weight_check import WeightCheckResult
+
+
+@runtime_checkable
+class RolloutBackend(Protocol):
+    """Generation, the weight sync's loads and the parity guard's reads, on vLLM."""
+
+    config: EngineConfig
+    """The engines' configuration (dtype, TP, sequence length)."""
+
+    def generate_groups(self, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:
+        """``sampling.n`` samples per prompt, one group per prompt in prompt order."""
+        ...
+
+    def continue_samples(self, samples: list[Sample], sampling: Sampling) -> list[Sample]:
+        """Every unfinished sample extended by one more window (T-PPO); finished ones as they are."""
+        ...
+
+    def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The logprob of every token after the first under the current weights (T = 1)."""
+        ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+        """Load one bucket of HF-named full tensors (whole decoder layers); the path taken."""
+        ...
+
+    def check_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> WeightCheckResult:
+        """What the engines serve for a loaded bucket, read back and compared with it exactly."""
+        ...
+
+    def finish_weight_update(self) -> None:
+        """The last bucket is loaded: from now on, generation samples the new weights."""
+        ...
+
+    def close(self) -> None:
+        """Release the engines' side of the launch (nothing to do for colocated engines)."""
+        ...

@@ -1,0 +1,105 @@
+"""Commands from the training ranks to the rollout ranks: one small frozen dataclass each.
+
+Training rank 0 sends them pickled over the bridge (:class:`megatron_rl.rollout.channel.Channel`),
+so each must be a module-level class whose fields pickle (a weight bucket travels beside its
+command as one byte tensor, described by ``specs``). The rollout side dispatches on the
+type (:class:`megatron_rl.rollout.remote.RolloutServer`); anything else is refused on both
+sides by :func:`check_command`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Optional, Union
+
+import torch
+
+if TYPE_CHECKING:
+    from megatron_rl.data import PromptBatch
+    from megatron_rl.rollout.engine import EngineConfig, Sample, Sampling
+
+
+class UnknownCommandError(TypeError):
+    """A message that is not one of :data:`COMMANDS`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of a weight bucket's byte tensor."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """Build each rollout rank's engine from the HF checkpoint in ``model_dir``."""
+
+    model_dir: str
+    config: EngineConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Generate:
+    """``sampling.n`` samples per prompt; answered with a :class:`~megatron_rl.rollout.remote.Generation`."""
+
+    prompts: PromptBatch
+    sampling: Sampling
+    chunk_tokens: Optional[int] = None
+    """Partial rollouts: generate this many tokens per sample at a time and run the weight
+    updates that arrive meanwhile between chunks (None: the whole batch under one version)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Continue:
+    """Every unfinished sample extended by one more window (T-PPO)."""
+
+    samples: list[Sample]
+    sampling: Sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptLogprobs:
+    """The logprob of every token after the first of each sequence (the parity guard)."""
+
+    sequences: list[list[int]]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadBucket:
+    """Load the weight bucket sent after this command (not answered unless it fails)."""
+
+    specs: tuple[TensorSpec, ...] = ()
+    """What the byte tensor holds; filled in by the client when it packs the bucket."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckBucket:
+    """Read back what the engines serve for the bucket sent after this command."""
+
+    specs: tuple[TensorSpec, ...] = ()
+    """As :attr:`LoadBucket.specs`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishUpdate:
+    """The weight update is complete: what is generated from now on samples the new version."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """Serve no more commands (answered with ``stopped``)."""
+
+
+Command = Union[Start, Generate, Continue, PromptLogprobs, LoadBucket, CheckBucket, FinishUpdate, Stop]
+COMMANDS: tuple[type, ...] = (Start, Generate, Continue, PromptLogprobs, LoadBucket, CheckBucket, FinishUpdate, Stop)
+BUCKET_COMMANDS: tuple[type, ...] = (LoadBucket, CheckBucket)
+"""Commands followed on the bridge by their bucket's byte tensor."""
+
+
+def check_command(command: object) -> None:
+    """Raise :class:`UnknownCommandError` unless ``command`` is one of :data:`COMMANDS`."""
+    if type(command) not in COMMANDS:
+        known = ", ".join(c.__name__ for c in COMMANDS)
+        raise UnknownCommandError(f"{type(command).__name__} is not a rollout command; the commands are {known}")

@@ -1,0 +1,111 @@
+"""The colocated engine and the rollout ranks' client are one typed backend, and the
+commands between the training and rollout ranks are typed messages.
+
+The engines themselves run in tests/distributed (colocated: test_rollout_engine.py; the
+client and server over a real bridge: test_trainer.py's disaggregated runs); here, without
+an engine or a bridge: the methods the protocol names, the messages' trip through pickle
+(what the bridge carries), and the refusal of anything else.
+"""
+
+import dataclasses
+import inspect
+import pickle
+
+import pytest
+import torch
+
+from megatron_rl.data import PromptBatch
+from megatron_rl.rollout import commands
+from megatron_rl.rollout.backend import RolloutBackend
+from megatron_rl.rollout.channel import _to_bytes
+from megatron_rl.rollout.engine import EngineConfig, RolloutEngine, Sample, Sampling
+from megatron_rl.rollout.remote import HANDLERS, RolloutClient, RolloutServer
+
+IMPLEMENTATIONS = [RolloutEngine, RolloutClient]
+PROTOCOL_METHODS = [
+    name for name, value in vars(RolloutBackend).items() if inspect.isfunction(value) and not name.startswith("_")
+]
+
+
+def test_the_protocol_names_what_the_trainer_uses():
+    assert sorted(PROTOCOL_METHODS) == sorted(
+        [
+            "generate_groups",
+            "continue_samples",
+            "prompt_logprobs",
+            "load_weights",
+            "check_weights",
+            "finish_weight_update",
+            "close",
+        ]
+    )
+    assert "config" in RolloutBackend.__annotations__
+
+
+@pytest.mark.parametrize("cls", IMPLEMENTATIONS, ids=lambda c: c.__name__)
+def test_each_implementation_has_the_protocols_methods_with_its_parameters(cls):
+    for name in PROTOCOL_METHODS:
+        expected = list(inspect.signature(getattr(RolloutBackend, name)).parameters)
+        assert list(inspect.signature(getattr(cls, name)).parameters) == expected, f"{cls.__name__}.{name}"
+    assert "config" in cls.__annotations__
+
+
+@pytest.mark.parametrize("cls", IMPLEMENTATIONS, ids=lambda c: c.__name__)
+def test_each_implementation_is_a_rollout_backend_at_runtime(cls):
+    backend = object.__new__(cls)  # no engine and no bridge: only the interface is checked
+    assert not isinstance(backend, RolloutBackend), "config is an instance attribute"
+    backend.config = EngineConfig()
+    assert isinstance(backend, RolloutBackend)
+
+
+def _sample() -> Sample:
+    return Sample(prompt_ids=[1, 2], token_ids=[3], logprobs=[-0.5], finish_reason="window")
+
+
+MESSAGES = [
+    commands.Start("/models/tiny", EngineConfig(tensor_parallel_size=2)),
+    commands.Generate(PromptBatch([[1, 2]], ["4"], [0], [0], [0]), Sampling(n=2), chunk_tokens=3),
+    commands.Continue([_sample()], Sampling(window=4)),
+    commands.PromptLogprobs([[1, 2, 3]]),
+    commands.LoadBucket((commands.TensorSpec("w", (2, 3), torch.bfloat16),)),
+    commands.CheckBucket((commands.TensorSpec("w", (2, 3), torch.float32),)),
+    commands.FinishUpdate(),
+    commands.Stop(),
+]
+
+
+def test_every_command_is_a_message_with_a_handler_or_ends_serving():
+    assert {type(m) for m in MESSAGES} == set(commands.COMMANDS)
+    assert set(HANDLERS) == set(commands.COMMANDS) - {commands.Stop}
+    for message in MESSAGES:
+        assert dataclasses.is_dataclass(message) and type(message).__dataclass_params__.frozen
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_messages_travel_through_the_bridges_pickle(message):
+    travelled = pickle.loads(_to_bytes(message).numpy().tobytes())
+    assert type(travelled) is type(message) and travelled == message
+
+
+@dataclasses.dataclass(frozen=True)
+class Reboot:
+    """Not a rollout command."""
+
+
+def test_an_unknown_message_is_refused_by_name_on_both_sides():
+    with pytest.raises(commands.UnknownCommandError, match="Reboot is not a rollout command; the commands are Start,"):
+        commands.check_command(Reboot())
+    client = object.__new__(RolloutClient)  # refused before anything is counted or sent
+    with pytest.raises(commands.UnknownCommandError, match="Reboot"):
+        client.submit(Reboot())
+    server = object.__new__(RolloutServer)
+    with pytest.raises(commands.UnknownCommandError, match="Reboot"):
+        server._run(Reboot(), None)
+
+
+def test_a_bucket_goes_only_with_a_bucket_command():
+    client = object.__new__(RolloutClient)
+    with pytest.raises(ValueError, match="FinishUpdate: a bucket goes with LoadBucket and CheckBucket only"):
+        client.submit(commands.FinishUpdate(), [("w", torch.zeros(2))])
+    with pytest.raises(ValueError, match="LoadBucket"):
+        client.submit(commands.LoadBucket())
