@@ -85,6 +85,7 @@ class TrainingRun:
         rank writes its flat slice of a parameter's state into zeros, an all-reduce over the
         sub-optimizer's DP group completes it, gather_full assembles TP/PP/EP pieces."""
         from megatron_rl.checkpoint.optimizer_state import sub_optimizers
+        from megatron_rl.platform.megatron_internals import main_param_and_optimizer_states
 
         device = platform.current().device
         per_key = {key: {} for key in ("param", "exp_avg", "exp_avg_sq")}
@@ -92,7 +93,7 @@ class TrainingRun:
             mine = _flat_ranges(sub)
             for buffer in sub.buffers:
                 for param in buffer.params:  # same order on every DP rank
-                    states = sub._get_main_param_and_optimizer_states(param) if param in mine else None
+                    states = main_param_and_optimizer_states(sub, param) if param in mine else None
                     for key, full in per_key.items():
                         flat = torch.zeros(param.numel(), device=device)
                         if states is not None:
@@ -109,6 +110,7 @@ class TrainingRun:
     def step_count(self) -> list[float]:
         """The distinct Adam step counts of the optimizer's parameter groups."""
         from megatron_rl.checkpoint.optimizer_state import sub_optimizers
+        from megatron_rl.platform.megatron_internals import main_param_and_optimizer_states
 
         groups = (g for s in sub_optimizers(self.optimizer) for g in s.state_dict()["optimizer"]["param_groups"])
         return sorted({g["step"] for g in groups})
