@@ -25,8 +25,9 @@ train: $(STAMP)
 	$(VENV)/bin/megatron-rl train --config examples/dapo.yaml
 
 # Lint first: it takes a second, so a style slip fails CI before the long test run starts.
+# Two workers: the Slurm tests beside the rest (tests/conftest.py says why).
 test: $(STAMP) lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --slurm-beside-the-rest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

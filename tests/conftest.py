@@ -1,8 +1,11 @@
 """Session-wide test settings shared by every suite."""
 
 import os
+from pathlib import Path
 
 import pytest
+
+UNIT_TESTS = Path(__file__).parent / "unit"
 
 COMPILE_CACHES = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR")
 """vLLM's model-info cache and the C++ kernels inductor builds even for an eager engine.
@@ -28,7 +31,21 @@ GPU_DRY_RUN_ENV = "MEGATRON_RL_GPU_DRY_RUN"
 CPU: a check that the bodies and comparisons work before GPU time is spent on them."""
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--slurm-beside-the-rest",
+        action="store_true",
+        help="with pytest-xdist's -n 2: one worker runs tests/slurm, the other everything else (make test)",
+    )
+
+
 def pytest_collection_modifyitems(config, items):
+    _skip_gpu_tests_without_cuda(items)
+    if config.getoption("slurm_beside_the_rest"):
+        items.sort(key=lambda item: 0 if item.path.is_relative_to(UNIT_TESTS) else 1)
+
+
+def _skip_gpu_tests_without_cuda(items) -> None:
     """Tests marked ``gpu`` are collected everywhere, so they cannot rot unseen, and skipped
     with the reason where torch sees no CUDA device (every CPU machine and CI), unless a dry
     run was asked for."""
@@ -40,3 +57,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs two pytest-xdist workers: one takes the Slurm tests, the other
+    everything else, each in collection order (unit tests first). The Slurm tests spend most
+    of their time waiting on the cluster (requeue delays, timeouts the drills wait out), which
+    the other worker's launches fill, and the heaviest Slurm launches (the multi-node
+    module's, first) meet the lightest of the rest. xdist's own `--dist loadgroup` would say
+    this with markers, but its group suffix is lost on pytest 9's node ids."""
+    if not config.getoption("slurm_beside_the_rest"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlurmBesideTheRest(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "slurm" if nodeid.startswith("tests/slurm/") else "rest"
+
+    return SlurmBesideTheRest(config, log)
