@@ -38,6 +38,7 @@ def _run(name: str, out: Path, base: Path, steps: int, overrides: list[str]) -> 
         f"model.hf_path={base}",
         f"data.source={base}/train.jsonl",
         "data.reward=digits",
+        "eval.sets={}",  # the recipe's held-out split is a task's; this run reads a prompt file
         *overrides,
     ]
     print("$", " ".join(cmd), flush=True)

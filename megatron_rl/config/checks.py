@@ -10,10 +10,11 @@ file or name fails in well under two seconds; only the recipe build imports torc
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 from megatron_rl.config import sources
 from megatron_rl.config.loggers import check_loggers
-from megatron_rl.config.schema import Config, ConfigError
+from megatron_rl.config.schema import HELD_OUT, Config, ConfigError
 from megatron_rl.parallel.config import LayoutError, ModelShape
 
 FIRST_ROWS = 8
@@ -38,12 +39,14 @@ def validate(config: Config, world_size: int) -> Config:
     if config.trainer.job == "smoke":
         _check_smoke_batch(config, world_size)
         config.algorithm.build()  # unknown recipe, bad override names or values
+        _check_eval(config)
         return config
     _check_prompts(config)
     _check_reward(config)
     recipe = check_recipe(config)
     _check_staleness(config, recipe)
     _check_rows_per_step(config, world_size, recipe)
+    _check_eval(config)
     return config
 
 
@@ -143,9 +146,16 @@ def _check_prompts(config: Config) -> None:
     path = sources.prompt_file(config)
     if path is None:  # the trainer builds the task base and writes its prompts
         return
-    from megatron_rl.data import DatasetFormatError, PromptFields, parse_row, read_rows
 
     where = f"data.source={config.data.source!r} with model.hf_path" if name else "data.source"
+    _check_prompt_rows(config, path, where)
+
+
+def _check_prompt_rows(config: Config, path: Path, where: str) -> None:
+    """The file exists and its first rows hold a prompt and an answer (the data module's own
+    reader and row parser, with the data section's field names)."""
+    from megatron_rl.data import DatasetFormatError, PromptFields, parse_row, read_rows
+
     try:
         rows = list(itertools.islice(read_rows(path), FIRST_ROWS))
     except DatasetFormatError as err:  # no such file, unknown suffix
@@ -162,6 +172,43 @@ def _check_prompts(config: Config) -> None:
         raise ConfigError(
             f"{where}: {err}; data.prompt_key={fields.prompt!r}, data.answer_key={fields.answer!r}"
         ) from None
+
+
+def _check_eval(config: Config) -> None:
+    """Eval runs where it is built (colocated engines, an RL job), and every set names
+    prompts training never draws: the task's held-out split, or a file other than the
+    training data. The size and the answers of a set are checked when the trainer reads it."""
+    ev = config.eval
+    if not ev.enabled:
+        return
+    if config.trainer.job != "rl":
+        raise ConfigError(f"eval needs trainer.job=rl (trainer.job={config.trainer.job} generates nothing)")
+    if config.rollout.placement != "colocated":
+        raise ConfigError(
+            f"eval runs on colocated engines only (rollout.placement={config.rollout.placement}); "
+            "use rollout.placement=colocated, or turn eval off with eval.sets={}"
+        )
+    from megatron_rl.rollout.seeds import MAX_SAMPLES
+
+    if ev.n_samples > MAX_SAMPLES:
+        raise ConfigError(f"eval.n_samples={ev.n_samples} exceeds the {MAX_SAMPLES} that per-sample seeds allow")
+    training_file = sources.prompt_file(config)
+    for name, spec in ev.sets.items():
+        where = f"eval.sets.{name}.source={spec.source!r}"
+        if spec.source == HELD_OUT:
+            if sources.task_name(config) is None:
+                raise ConfigError(
+                    f"{where} needs task:<name> data (data.source={config.data.source!r} is a file): name "
+                    f"a file of held-out prompts (eval.sets.{name}.source=FILE) or turn eval off with eval.sets={{}}"
+                )
+            held_out = sources.held_out_file(config)
+            if held_out is not None and not held_out.is_file():
+                raise ConfigError(f"{where}: {held_out} does not exist (model.hf_path holds no held-out split)")
+            continue
+        path = Path(spec.source)
+        if training_file is not None and path.resolve() == training_file.resolve():
+            raise ConfigError(f"{where} is the training data; evaluate on prompts training never draws")
+        _check_prompt_rows(config, path, where)
 
 
 def _check_reward(config: Config) -> None:

@@ -32,9 +32,22 @@ def _section(tp: Any) -> Optional[type]:
     return tp if dataclasses.is_dataclass(tp) else None
 
 
+def _entries(tp: Any) -> Optional[type]:
+    """The dataclass of a ``dict[str, <dataclass>]`` field (named entries, e.g. eval sets), or None."""
+    if typing.get_origin(tp) is not dict:
+        return None
+    value_type = typing.get_args(tp)[1]
+    return value_type if dataclasses.is_dataclass(value_type) else None
+
+
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Convert a YAML/CLI value to the field's type, or raise naming the key."""
     origin = typing.get_origin(tp)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}={value!r} must be a list, e.g. [1, 4]")
+        (item,) = typing.get_args(tp)
+        return [_coerce(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
     if origin in (Union, types.UnionType):
         options = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
@@ -93,9 +106,32 @@ def _build(cls, data: dict, prefix: str):
                 allowed = "a mapping of its keys" + (" or null" if optional else "")
                 raise ConfigError(f"{key} must be {allowed}, got {value!r}")
             kwargs[name] = _build(section, value, key)
+        elif _entries(tp) is not None:
+            kwargs[name] = _build_entries(_entries(tp), value, key)
         else:
             kwargs[name] = _coerce(key, value, tp)
     return cls(**kwargs)
+
+
+def _build_entries(cls, data: Any, key: str) -> dict:
+    """Named entries of one dataclass each; an entry's own errors get its key in front."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{key} must be a mapping of names to {{...}}, got {data!r}")
+    entries = {}
+    for name, value in data.items():
+        if value is None:
+            value = {}  # a name alone takes every default
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}.{name} must be a mapping of its keys, got {value!r}")
+        where = f"{key}.{name}"
+        try:
+            entries[str(name)] = _build(cls, value, where)
+        except ConfigError as err:  # the entry's own checks name the field alone
+            message = str(err)
+            raise ConfigError(message if where in message else f"{where}.{message}") from None
+    return entries
 
 
 def _set_dotted(tree: dict, dotted: str, value: str) -> None:

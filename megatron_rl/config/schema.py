@@ -9,6 +9,7 @@ components add their sections here.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Optional
 
 from megatron_rl.models.presets import PRESETS
@@ -318,6 +319,99 @@ class CheckpointConfig:
         _choice("checkpoint", "on_corrupt", self.on_corrupt, ("fallback", "fail"))
 
 
+EVAL_SET_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+"""What an eval set may be called: it becomes part of metric names (val/<set>/...) and files."""
+HELD_OUT = "held_out"
+"""eval set source: the held-out split of the training task (its base's eval.jsonl)."""
+
+
+@dataclasses.dataclass(kw_only=True)
+class EvalSetConfig:
+    """One named eval set: prompts that training never draws, scored with the run's reward.
+    (Its errors name the field alone; the loader puts ``eval.sets.<name>.`` before them.)"""
+
+    source: str = HELD_OUT
+    """held_out: the held-out split of data.source's task (the task base's eval.jsonl, none of
+    whose prompts is among the train.jsonl prompts training draws from); or a JSONL/Parquet
+    file of prompts with answers (fields data.prompt_key and data.answer_key)."""
+    max_prompts: Optional[int] = None
+    """Evaluate only the set's first this many prompts (null: all of them)."""
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            raise ConfigError(f"source must be {HELD_OUT} or a prompt file, got an empty string")
+        if self.max_prompts is not None and self.max_prompts < 1:
+            raise ConfigError(f"max_prompts={self.max_prompts} must be >= 1 (or null: all)")
+
+
+@dataclasses.dataclass(kw_only=True)
+class EvalConfig:
+    """Held-out evaluation between steps, on the job's own vLLM engines with the current
+    weights, on its own random stream: a run evaluates as often as it likes and trains the
+    same. Off unless a set is named and one of every / at_start / at_end asks for it, so
+    ``eval.sets={}`` turns a recipe's evaluation off in one override."""
+
+    sets: dict[str, EvalSetConfig] = dataclasses.field(default_factory=dict)
+    """Eval sets by name (letters, digits, _ . -), e.g. {held_out: {source: held_out}}."""
+    every: int = 0
+    """Evaluate after every this many steps (0: never between steps)."""
+    at_start: bool = False
+    """Evaluate the starting weights before step 1 (a fresh run; logged as step 0)."""
+    at_end: bool = False
+    """Evaluate after the last step (trainer.max_steps)."""
+    n_samples: int = 4
+    """Samples per prompt (the n of avg@n and pass@k)."""
+    temperature: float = 1.0
+    """Sampling temperature; 0: greedy (then n_samples must be 1: every sample is the same)."""
+    top_p: float = 1.0
+    max_new_tokens: Optional[int] = None
+    """Response budget per sample (null: rollout.max_new_tokens)."""
+    pass_k: list[int] = dataclasses.field(default_factory=lambda: [1])
+    """The k of each val/<set>/pass@<k> (each 1..n_samples)."""
+    seed: int = 0
+    """Seeds every sample (with its set, prompt and index), apart from the training stream."""
+
+    def __post_init__(self) -> None:
+        for name in self.sets:
+            if not EVAL_SET_NAME.fullmatch(name):
+                raise ConfigError(
+                    f"eval.sets: the name {name!r} may hold only letters, digits, '_', '.' and '-' "
+                    "(it is part of the metric names val/<set>/...)"
+                )
+        if self.every < 0:
+            raise ConfigError(f"eval.every={self.every} must be >= 0 (0: never between steps)")
+        if self.n_samples < 1:
+            raise ConfigError(f"eval.n_samples={self.n_samples} must be >= 1")
+        if self.temperature < 0:
+            raise ConfigError(f"eval.temperature={self.temperature} must be >= 0 (0: greedy)")
+        if self.temperature == 0 and self.n_samples > 1:
+            raise ConfigError(
+                f"eval.temperature=0 (greedy) draws the same response {self.n_samples} times: set eval.n_samples=1"
+            )
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"eval.top_p={self.top_p} must be in (0, 1]")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ConfigError(f"eval.max_new_tokens={self.max_new_tokens} must be >= 1 (or null: rollout's)")
+        bad = [k for k in self.pass_k if not 1 <= k <= self.n_samples]
+        if bad:
+            raise ConfigError(
+                f"eval.pass_k={self.pass_k}: each k must be in 1..eval.n_samples={self.n_samples} "
+                f"(pass@k needs at least k samples per prompt), got {bad}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.sets) and bool(self.every or self.at_start or self.at_end)
+
+    def due(self, step: int, max_steps: int) -> bool:
+        """Whether the weights after ``step`` are evaluated (step 0: the starting weights)."""
+        if not self.enabled:
+            return False
+        if step == 0:
+            return self.at_start
+        return bool(self.every and step % self.every == 0) or (self.at_end and step == max_steps)
+
+
 @dataclasses.dataclass(kw_only=True)
 class Config:
     """The whole run."""
@@ -342,6 +436,8 @@ class Config:
     """Saving and resuming."""
     monitor: OnlineConfig = dataclasses.field(default_factory=OnlineConfig)
     """Faulty-machine detection beside training (Minder); off unless monitor.enabled=true."""
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+    """Held-out evaluation between steps; off unless eval.sets names a set and it is due."""
 
     @property
     def critic_layout(self) -> ParallelConfig:

@@ -23,7 +23,7 @@ from megatron_rl.config.schema import Config, ConfigError
 from megatron_rl.models.hf_config import ModelArch, arch_from_hf
 from megatron_rl.models.presets import PRESETS
 from megatron_rl.parallel.config import ModelShape
-from megatron_rl.tasks.base_model import BaseModelSettings
+from megatron_rl.tasks.base_model import HELD_OUT_FILE, BaseModelSettings
 from megatron_rl.tasks.digits import get_task
 
 TASK_PREFIX = "task:"
@@ -90,4 +90,14 @@ def prompt_file(config: Config) -> Optional[Path]:
         return Path(config.data.source)
     if config.model.hf_path is not None:
         return Path(config.model.hf_path) / "train.jsonl"
+    return None
+
+
+def held_out_file(config: Config) -> Optional[Path]:
+    """The held-out split of task:<name> data that must exist before the run starts (in
+    model.hf_path); None when the trainer writes it with the task base."""
+    if task_name(config) is None:
+        raise ValueError("a held-out split exists only for task:<name> data")
+    if config.model.hf_path is not None:
+        return Path(config.model.hf_path) / HELD_OUT_FILE
     return None

@@ -35,6 +35,8 @@ from megatron_rl.tasks.digits import get_task
 BUILD_VERSION = 1
 FAMILIES = ("qwen3_moe", "qwen2_moe", "qwen3")
 REPORT_FILE = "tiny_base.json"
+HELD_OUT_FILE = "eval.jsonl"
+"""The held-out prompts: none of them is in train.jsonl, the prompts RL training draws."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -219,7 +221,7 @@ def _build(settings: BaseModelSettings, out: Path) -> dict[str, Any]:
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     _write_jsonl(out / "train.jsonl", train)
-    _write_jsonl(out / "eval.jsonl", held_out)
+    _write_jsonl(out / HELD_OUT_FILE, held_out)
     return {
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": vocab,

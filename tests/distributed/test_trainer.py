@@ -76,6 +76,7 @@ def _train(tmp_path, world, base, recipe, *overrides, steps=3, env=None):
         "rollout.n_samples=4",
         "trainer.micro_batch_size=2",
         "rollout.parity_every=1",
+        "eval.sets={}",  # the recipe's held-out split is the task base's; named again where a test evaluates
         *overrides,
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **(env or {}))
@@ -650,6 +651,7 @@ def _world1_dapo(run_dir, base, steps: int) -> list[str]:
         "rollout.prompts_per_step=4",
         "rollout.n_samples=4",
         "trainer.micro_batch_size=2",
+        "eval.sets={}",  # the recipe's held-out split is a task's; this run reads a prompt file
     ]
 
 

@@ -97,6 +97,7 @@ class Launch:
             "trainer.micro_batch_size=2",
             "rollout.seed_per_prompt=true",
             "rollout.parity_every=1",
+            "eval.sets={}",  # the recipe's held-out split is a task's; this run reads a prompt file
             *overrides,
         ]
         # sbatch exports this environment to the job (PYTHONPATH included: the code under test).

@@ -197,7 +197,7 @@ def test_the_cli_refuses_a_budget_below_seq_length_in_one_line():
 
 def test_disaggregated_rollouts_leave_a_training_world_the_layouts_fit():
     """rollout.placement=disaggregated: the layouts get the launch minus rollout.num_ranks."""
-    disagg = ["rollout.placement=disaggregated", "rollout.num_ranks=2"]
+    disagg = ["rollout.placement=disaggregated", "rollout.num_ranks=2", "eval.sets={}"]  # eval runs colocated
     validate(load_config(DAPO, [*disagg, "parallel.expert_model_parallel_size=2"]), 4)  # EP2 on 2 training ranks
     with pytest.raises(ConfigError, match=r"parallel: .*world.* 2"):  # EP4 needs 4 training ranks
         validate(load_config(DAPO, [*disagg, "parallel.expert_model_parallel_size=4"]), 4)
@@ -238,7 +238,7 @@ def test_rollouts_ahead_need_their_own_ranks_and_a_rollout_correction():
         load_config(DAPO, ["rollout.max_staleness=1"])
     with pytest.raises(ConfigError, match="rollout.max_staleness=-1 must be >= 0"):
         load_config(DAPO, ["rollout.max_staleness=-1"])
-    ahead = ["rollout.placement=disaggregated", "rollout.num_ranks=1", "rollout.max_staleness=1"]
+    ahead = ["rollout.placement=disaggregated", "rollout.num_ranks=1", "rollout.max_staleness=1", "eval.sets={}"]
     with pytest.raises(
         ConfigError,
         match=r"rollout.max_staleness=1 trains on samples of an older policy: "
@@ -252,7 +252,7 @@ def test_partial_rollouts_need_rollouts_running_ahead_on_their_own_ranks():
     needs = "rollout.partial=true needs rollout.placement=disaggregated and rollout.max_staleness >= 1"
     with pytest.raises(ConfigError, match=needs + r" \(got colocated, 0\)"):
         load_config(DAPO, ["rollout.partial=true"])
-    disagg = ["rollout.placement=disaggregated", "rollout.num_ranks=1"]
+    disagg = ["rollout.placement=disaggregated", "rollout.num_ranks=1", "eval.sets={}"]  # eval runs colocated
     with pytest.raises(ConfigError, match=needs + r" \(got disaggregated, 0\)"):
         load_config(DAPO, [*disagg, "rollout.partial=true"])
     ahead = [
