@@ -27,7 +27,7 @@ examples:
   megatron-rl plot runs/dapo --keys reward/mean,actor/entropy
 
 Overrides are dotted key=value pairs over the config tree (sections: model, parallel,
-trainer, algorithm, rollout, data, checkpoint, monitor); unknown keys and bad values fail at once,
+trainer, algorithm, rollout, data, checkpoint, monitor, eval); unknown keys and bad values fail at once,
 naming the key and what is allowed.
 """
 
@@ -139,6 +139,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     f"run dir: {summary['run_dir']}  reward (mean of first 5 steps of this run) "
                     f"{summary['first_reward']:.3f} -> (last 5) {summary['last_reward']:.3f}"
                 )
+                for name, ((first_step, first), (last_step, last)) in summary.get("val_accuracy", {}).items():
+                    print(f"val/{name}/accuracy {first:.3f} (step {first_step}) -> {last:.3f} (step {last_step})")
             return summary["exit_code"]
         raise AssertionError(args.command)
     except ConfigError as err:

@@ -1,5 +1,11 @@
 """Per-step metrics: metrics.jsonl always, the loggers of trainer.loggers (TensorBoard by
-default: trainer/loggers.py), a progress line."""
+default: trainer/loggers.py), a progress line.
+
+A row holds a step's training metrics, and its held-out evaluation (``val/<set>/...``)
+when one ran after it; the evaluation of the starting weights (``eval.at_start``) is a row
+of its own, step 0, with no training metrics. The progress line carries the latest
+accuracy of the first eval set on.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ class MetricsLog:
         self.total = total_steps
         self._file = None
         self.loggers = list(loggers)
+        self._val: str | None = None
+        """The latest eval accuracy, as the progress line shows it."""
         if not enabled:
             return
         path = Path(run_dir) / "metrics.jsonl"
@@ -53,6 +61,11 @@ class MetricsLog:
         print(self.line(record), flush=True)
 
     def line(self, r: dict) -> str:
+        accuracy = next((k for k in r if k.startswith("val/") and k.endswith("/accuracy")), None)
+        if accuracy is not None:
+            self._val = f"val {r[accuracy]:.3f}"
+        if "reward/mean" not in r:  # the evaluation of the starting weights
+            return "  ".join([f"step {r['step']:>4d}/{self.total}", f"{self._val} (starting weights)", _eval_time(r)])
         parts = [
             f"step {r['step']:>4d}/{self.total}",
             f"reward {r['reward/mean']:.3f}",
@@ -65,6 +78,8 @@ class MetricsLog:
         if r.get("rollout/staleness_max"):
             parts.append(f"stale {r['rollout/staleness_mean']:.1f}")
         parts += [f"{r['throughput/tokens_per_s']:.0f} tok/s", f"{r['timing/step_s']:.1f}s"]
+        if self._val is not None:
+            parts.append(self._val + (f" ({_eval_time(r)})" if accuracy is not None else ""))
         return "  ".join(parts)
 
     def close(self) -> None:
@@ -72,3 +87,7 @@ class MetricsLog:
             self._file.close()
         for logger in self.loggers:
             logger.close()
+
+
+def _eval_time(r: dict) -> str:
+    return f"eval {r['timing/eval_s']:.1f}s"

@@ -5,7 +5,8 @@ shapes and filters) -> the step's rows in the training layout -> forward passes 
 gradients (HAPO's per-token temperatures, critic values, old logprobs and the
 train/inference mismatch, reference logprobs) -> advantages -> PPO epochs over
 mini-batches for the critic and the actor -> weight sync into vLLM (and the parity guard)
--> metrics -> checkpoint.
+-> metrics -> held-out evaluation when due (``eval``: on the engines, apart from
+training) -> checkpoint.
 
 The recipe decides which phases do anything (a critic, a KL reference, HAPO's token
 fields, T-PPO windows, VAPO's value warm-up); one code path serves every recipe. Where the
@@ -17,6 +18,7 @@ runs inside ``critic.active()``, which switches Megatron's process groups to the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 import time
@@ -118,6 +120,8 @@ class RLTrainer:
         self.monitor = _start_monitor(cfg, self.run_dir)
         self.slurm = SlurmEnv.from_environ()
         self.history: list[dict] = []
+        self.eval_history: list[dict] = []
+        """The metric rows that hold val/ metrics (the step-0 row of eval.at_start too)."""
         self.probe: Optional[TrainBatch] = None
         """VAPO: the first warm-up batch; the critic's loss on it before and after warm-up."""
         self.last_save_s = 0.0
@@ -237,7 +241,9 @@ class RLTrainer:
             window=recipe.generation_window,
             prompt_seed=cfg.trainer.seed if cfg.rollout.seed_per_prompt else None,
         )
-        self.source = self._source(loader, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
+        self.source = self._source(loader, decode)
+        self.evaluator = self._evaluator(tokenizer, dataset, decode) if cfg.eval.enabled else None
         self.weight_sync = WeightSync(
             self.actor.chunks, self.arch, self.engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20))
         )
@@ -267,6 +273,26 @@ class RLTrainer:
         pool = WindowPool(cfg.rollout.prompts_per_step * cfg.rollout.n_samples, cfg.rollout.n_samples, row_multiple)
         return WindowSource(self.generate, self.continue_, loader, pool, recipe, self.verifier.score_batch, decode)
 
+    def _evaluator(self, tokenizer, dataset, decode):
+        """The eval phase on the colocated engines (validation refuses eval elsewhere)."""
+        from megatron_rl.evaluation.phase import Evaluator
+        from megatron_rl.evaluation.sets import load_sets
+        from megatron_rl.rollout import Sampling
+
+        ev = self.cfg.eval
+        sets = load_sets(self.cfg, self.base_dir, tokenizer, (r.prompt_ids for r in dataset.records))
+        sampling = Sampling(
+            n=ev.n_samples,
+            max_tokens=ev.max_new_tokens or self.cfg.rollout.max_new_tokens,
+            temperature=ev.temperature,
+            top_p=ev.top_p,
+            stop_token_ids=(tokenizer.eos_token_id,),
+            logprobs=False,
+        )
+        return Evaluator(
+            ev, sets, self.engine, self.verifier.score_batch, decode, sampling, self.run_dir / "eval", self.rank == 0
+        )
+
     def _resume(self) -> int:
         """Load the step chosen at start (the newest intact one, any saved layout) and push its
         weights into vLLM; that step, or 0 for a fresh run."""
@@ -291,6 +317,8 @@ class RLTrainer:
         stop. Rollout ranks that fail or hang end the run with exit 1 (requeue) after the saves
         in flight commit."""
         step = self.first_step - 1
+        if step == 0 and self.cfg.eval.due(0, self.cfg.trainer.max_steps):  # the starting weights, as step 0
+            self.log.write(self.evaluate(0, {"step": 0}))
         try:
             for step in range(self.first_step, self.cfg.trainer.max_steps + 1):
                 if self.step(step):
@@ -329,6 +357,7 @@ class RLTrainer:
         metrics["timing/train_s"] = time.perf_counter() - train_start
         self.sync_weights(step, rollout.rows, metrics)
         self.step_metrics(metrics, started, snapshot_waited, rollout.generated_tokens + trained_tokens)
+        self.evaluate(step, metrics)
         faulty = self.agree_to_stop(metrics)
         self.history.append(metrics)
         self.log.write(metrics)
@@ -343,6 +372,14 @@ class RLTrainer:
         if warning and self.rank == 0:
             print(warning, file=sys.stderr, flush=True)
         return self.error is not None
+
+    def evaluate(self, step: int, metrics: dict) -> dict:
+        """The eval sets on the weights after ``step`` when eval is due, into ``metrics``
+        (after the step's own timings: timing/step_s and throughput leave eval out)."""
+        if self.evaluator is not None and self.cfg.eval.due(step, self.cfg.trainer.max_steps):
+            metrics.update(self.evaluator.evaluate(step))
+            self.eval_history.append(metrics)
+        return metrics
 
     def sampling_for_step(self):
         """HAPO samples each token at its own temperature, from the last step's entropy statistics."""
@@ -644,6 +681,13 @@ class RLTrainer:
         if rewards:
             first, last = rewards[:5], rewards[-5:]
             summary.update(first_reward=sum(first) / len(first), last_reward=sum(last) / len(last))
+        if self.eval_history:
+            first, last = self.eval_history[0], self.eval_history[-1]
+            summary["val_accuracy"] = {  # set -> (step, accuracy) of the run's first and last evaluation
+                key.split("/")[1]: ((first["step"], first[key]), (last["step"], last[key]))
+                for key in first
+                if key.startswith("val/") and key.endswith("/accuracy")
+            }
         return summary
 
 

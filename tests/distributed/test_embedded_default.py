@@ -5,6 +5,9 @@ ignores the prompt and always answers the most frequent digit (0.324), from a st
 chance (0.1). The reference run (examples/reference/dapo_reward_curve.json) has 0.14 over
 steps 1-5 and 0.41 over steps 21-25 (43 s on the 2-core machine).
 
+It evaluates its task's held-out prompts at the start, every 10 steps and at the end; the
+held-out accuracy must rise as the reward does.
+
 The run is deterministic for its seed, so its first steps must equal the reference's (which
 stores rewards to 4 decimals): a change of behaviour shows here, and the reference cannot
 go stale unnoticed. Only the first steps: a CPU of another kind may order a float sum
@@ -22,6 +25,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 MAJORITY_ANSWER_REWARD = 0.324
+VAL_GAIN = 0.1
+"""How much the held-out accuracy must rise from the start to step 25."""
 STEPS = 25
 STEPS_EQUAL_TO_REFERENCE = 5
 REFERENCE = Path(__file__).resolve().parents[2] / "examples" / "reference" / "dapo_reward_curve.json"
@@ -40,12 +45,18 @@ def test_make_train_reward_rises_above_the_majority_answer(tmp_path):
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    rewards = [
-        json.loads(line)["reward/mean"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    ]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [r for r in rows if "val/held_out/accuracy" in r]
+    rewards = [r["reward/mean"] for r in rows if r["step"] > 0]
     assert len(rewards) == STEPS
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert first < 0.25 and last > MAJORITY_ANSWER_REWARD, (first, last, rewards)
+    # The held-out split is evaluated at the start (a step-0 row of its own), every 10 steps
+    # and at the end, and RL lifts it too. The reference was recorded without evaluation:
+    # the first steps equal to it show that evaluating the start changed nothing trained.
+    assert [r["step"] for r in evaluated] == [0, 10, 20, STEPS] and rows[0]["step"] == 0
+    start, end = evaluated[0]["val/held_out/accuracy"], evaluated[-1]["val/held_out/accuracy"]
+    assert start < 0.25 and end > start + VAL_GAIN, (start, end)
     reference = json.loads(REFERENCE.read_text())["reward_mean_per_step"]
     first_steps = [round(r, 4) for r in rewards[:STEPS_EQUAL_TO_REFERENCE]]
     assert first_steps == reference[:STEPS_EQUAL_TO_REFERENCE], (

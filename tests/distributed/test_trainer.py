@@ -116,14 +116,28 @@ def _check(rows):
 @pytest.fixture(scope="module")
 def grpo_tp2(tmp_path_factory, bases):
     """GRPO, dense actor at TP2, two colocated vLLM replicas (world 2), prompts seeded one by
-    one (the same samples whichever engine draws them): (run root, metric rows)."""
+    one (the same samples whichever engine draws them), evaluated on the base's held-out
+    prompts after steps 2 and 3: (run root, metric rows). The disaggregated run below, which
+    does not evaluate, must train exactly what this one does."""
     root = tmp_path_factory.mktemp("grpo-tp2")
-    rows, _ = _train(root, 2, bases["qwen3"], "grpo", *GRPO_TP2)
+    rows, _ = _train(root, 2, bases["qwen3"], "grpo", *GRPO_TP2, *_eval_on(bases["qwen3"]))
     return root, rows
+
+
+def _eval_on(base):
+    """Evaluation of the base's 32 held-out prompts (a file: these runs read the base's train.jsonl)."""
+    return (
+        f"eval.sets.held_out.source={base}/eval.jsonl",
+        "eval.at_start=false",  # one row per step: the resumed run below compares them
+        "eval.every=2",
+        "eval.at_end=true",
+        "eval.pass_k=[1,2,4]",
+    )
 
 
 GRPO_TP2 = ("parallel.tensor_model_parallel_size=2", "rollout.seed_per_prompt=true")
 NOT_COMPARED = (
+    "val/",
     "timing/",
     "throughput/",
     "rollout/logprob_abs_diff",
@@ -132,14 +146,15 @@ NOT_COMPARED = (
     "rollout/weight_check_elements",
     "rollout/weight_sync_broadcast",
 )
-"""Times, how the weight sync gathered, and what vLLM's logprobs enter (they may differ in
-the last bits with the batch an engine runs a prompt in); everything trained on is compared
-exactly."""
+"""Times, how the weight sync gathered, what vLLM's logprobs enter (they may differ in the
+last bits with the batch an engine runs a prompt in) and the evaluation one run does;
+everything trained on is compared exactly."""
 
 
 def test_grpo_dense_tp2_world2_then_resume_in_dp2(grpo_tp2, bases):
     root, rows = grpo_tp2
     _check(rows)
+    _check_eval(root / "run-grpo", rows, evaluated=[2, 3], prompts=32, n=4, pass_k=[1, 2, 4])
     # Resume from the step-3 checkpoint in another layout (DP2 instead of TP2) for one more step.
     resumed, out = _train(root, 2, bases["qwen3"], "grpo", "rollout.seed_per_prompt=true", steps=4)
     assert "step 3" in out and "resumed from" in out, out[-2000:]
@@ -147,6 +162,27 @@ def test_grpo_dense_tp2_world2_then_resume_in_dp2(grpo_tp2, bases):
     assert resumed[:3] == rows  # the first run's rows are kept as they were
     # vLLM sampled step 4 with the loaded weights: its logprobs match Megatron's recomputation.
     assert resumed[3]["rollout/logprob_abs_diff"] < 1e-3, resumed[3]
+
+
+def _check_eval(run_dir, rows, evaluated, prompts, n, pass_k):
+    """val/ metrics after the evaluated steps only, each recomputed from eval/step_<N>.jsonl
+    (pass@k independently, from the binomials)."""
+    import math
+
+    assert [r["step"] for r in rows if "val/held_out/accuracy" in r] == evaluated
+    for r in rows:
+        if r["step"] not in evaluated:
+            continue
+        records = [json.loads(line) for line in (run_dir / "eval" / f"step_{r['step']}.jsonl").read_text().splitlines()]
+        assert [x["prompt_id"] for x in records] == list(range(prompts)) and {x["n"] for x in records} == {n}
+        samples = prompts * n
+        assert r["val/held_out/accuracy"] == pytest.approx(sum(x["mean_score"] * n for x in records) / samples)
+        assert r["val/held_out/response_length"] == pytest.approx(sum(x["mean_length"] * n for x in records) / samples)
+        assert r["val/held_out/truncated"] == pytest.approx(sum(x["truncated"] for x in records) / samples)
+        for k in pass_k:
+            exact = sum(1 - math.comb(n - x["correct"], k) / math.comb(n, k) for x in records) / prompts
+            assert r[f"val/held_out/pass@{k}"] == pytest.approx(exact, abs=1e-12), (k, r)
+        assert r["timing/eval_s"] > 0
 
 
 def test_disaggregated_rollouts_train_what_colocated_ones_do(tmp_path, grpo_tp2, bases):

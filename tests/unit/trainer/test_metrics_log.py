@@ -39,3 +39,14 @@ def test_non_finite_values_are_written_as_null(tmp_path):
     log.write({**_row(1), "actor/grad_norm": float("nan")})
     log.close()
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["actor/grad_norm"] is None
+
+
+def test_the_progress_line_carries_the_latest_val_accuracy(tmp_path):
+    log = MetricsLog(tmp_path, enabled=True, total_steps=3)
+    start = {"step": 0, "val/held_out/accuracy": 0.1, "val/held_out/pass@4": 0.3, "timing/eval_s": 2.0}
+    assert log.line(start) == "step    0/3  val 0.100 (starting weights)  eval 2.0s"
+    assert log.line(_row(1)).endswith("1.0s  val 0.100")
+    evaluated = {**_row(2), "val/held_out/accuracy": 0.25, "timing/eval_s": 1.5}
+    assert log.line(evaluated).endswith("1.0s  val 0.250 (eval 1.5s)")
+    log.close()
+    assert MetricsLog(tmp_path, enabled=True, total_steps=3).line(_row(1)).endswith("1.0s")  # no eval, no val
