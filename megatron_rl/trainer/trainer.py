@@ -357,8 +357,9 @@ class RLTrainer:
         metrics["timing/train_s"] = time.perf_counter() - train_start
         self.sync_weights(step, rollout.rows, metrics)
         self.step_metrics(metrics, started, snapshot_waited, rollout.generated_tokens + trained_tokens)
-        self.evaluate(step, metrics)
         faulty = self.agree_to_stop(metrics)
+        if not (faulty or self.stop_signal is not None):  # a stop saves first: eval must not delay a preemption
+            self.evaluate(step, metrics)
         self.history.append(metrics)
         self.log.write(metrics)
         self.checkpoint(step, stopping=faulty or self.stop_signal is not None)
