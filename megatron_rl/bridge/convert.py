@@ -24,14 +24,8 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-from megatron_rl.bridge.export import (
-    DEFAULT_MAX_FILE_BYTES,
-    HFGroup,
-    assemble_hf,
-    config_dtype,
-    config_with_dtype,
-    hf_groups,
-)
+from megatron_rl.bridge.export import DEFAULT_MAX_FILE_BYTES, assemble_hf, config_dtype, config_with_dtype
+from megatron_rl.bridge.export_plan import HFGroup, hf_groups
 from megatron_rl.bridge.families import PER_EXPERT, canonical
 from megatron_rl.bridge.hf_files import TensorSpec, side_files, write_checkpoint
 from megatron_rl.bridge.inputs import check_checkpoint, check_hf_model_dir, check_new_checkpoint_root, check_new_hf_dir

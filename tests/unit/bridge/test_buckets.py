@@ -4,7 +4,7 @@ Buckets are size-bounded, never split a group (a decoder layer: vLLM's load need
 layers) and place every tensor on a cache line of its own.
 """
 
-from megatron_rl.bridge.export import PackedGroup, pack_buckets
+from megatron_rl.bridge.gather_plan import PackedGroup, pack_buckets
 from megatron_rl.bridge.layer_names import hf_layer_prefix, megatron_layer_index
 from megatron_rl.utils.alignment import CACHE_LINE_ALIGN, DTYPE_VIEW_ALIGN, align_up
 
