@@ -49,7 +49,7 @@ def _root(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _LocalPieces:
     """Live views of this rank's main-replica pieces, and the parameter storage they view."""
 
@@ -64,11 +64,12 @@ class _ModelEntries:
 
     plans: dict[tuple[ModelArch, str], ExportPlan] = dataclasses.field(default_factory=dict)
     """By (arch, style)."""
-    gathers: dict[tuple[ModelArch, str, bool], "GatherPlan"] = dataclasses.field(default_factory=dict)
+    gathers: dict[tuple[ModelArch, str, bool], GatherPlan] = dataclasses.field(default_factory=dict)
     """By (arch, style, by_layer)."""
     buffers: dict[tuple[ModelArch, str], GatherBuffers] = dataclasses.field(default_factory=dict)
     """By (arch, style)."""
     local: Optional[_LocalPieces] = None
+    """Replaced when a parameter's storage moved (:meth:`ExportPlans.local_pieces`)."""
 
 
 class ExportPlans:
@@ -99,7 +100,7 @@ class ExportPlans:
             plans[arch, style] = build_plan(chunks, arch, style)
         return plans[arch, style]
 
-    def gather_plan(self, chunks, arch: ModelArch, style: str = PER_EXPERT, by_layer: bool = False) -> "GatherPlan":
+    def gather_plan(self, chunks, arch: ModelArch, style: str = PER_EXPERT, by_layer: bool = False) -> GatherPlan:
         """The collectives and copies of one stream (collective on first use)."""
         gathers = self._of(chunks).gathers
         key = (arch, style, by_layer)
@@ -251,7 +252,7 @@ def _views(arena: torch.Tensor, placed: tuple[Placed, ...]) -> dict[str, torch.T
 
 
 def _shared_bucket(
-    gather: "GatherPlan", bucket: Bucket, arena: torch.Tensor, local: dict[PieceKey, torch.Tensor]
+    gather: GatherPlan, bucket: Bucket, arena: torch.Tensor, local: dict[PieceKey, torch.Tensor]
 ) -> "SharedBucket":
     """One bucket's HF items and this rank's copies in the shared arena, built once and
     reused by every later sync (slicing costs more than a small copy)."""
@@ -266,7 +267,7 @@ def _shared_bucket(
     return cached
 
 
-def _shared_arena(gather: "GatherPlan", buffers: GatherBuffers, nbytes: int, device) -> Optional[torch.Tensor]:
+def _shared_arena(gather: GatherPlan, buffers: GatherBuffers, nbytes: int, device) -> Optional[torch.Tensor]:
     """The host-shared bucket buffer (:mod:`megatron_rl.bridge.host_arena`) when every rank
     is on this CPU host, else None (collective; the same answer on every rank)."""
     if not gather.same_host or torch.device(device).type != "cpu" or host_arena.transport_setting() != "auto":
