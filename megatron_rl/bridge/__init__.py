@@ -11,7 +11,8 @@ The exports take an :class:`ExportPlans` to keep their plan and buffers from one
 the next (the weight sync owns one); without it each call plans afresh.
 """
 
-from megatron_rl.bridge.export import ExportPlan, ExportPlans, iter_hf_buckets, iter_hf_tensors, save_hf
+from megatron_rl.bridge.export import ExportPlans, iter_hf_buckets, iter_hf_tensors, save_hf
+from megatron_rl.bridge.export_plan import ExportPlan
 from megatron_rl.bridge.families import EXPERT_STYLES, FUSED, PER_EXPERT, SUPPORTED_FAMILIES, detect_style, rules_for
 from megatron_rl.bridge.load import load_hf, tensor_map
 from megatron_rl.bridge.mapping import BridgeError

@@ -24,9 +24,10 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-from megatron_rl.bridge.export import DEFAULT_MAX_FILE_BYTES, assemble_hf, config_dtype, config_with_dtype, hf_groups
+from megatron_rl.bridge.export import DEFAULT_MAX_FILE_BYTES, assemble_hf, config_dtype, config_with_dtype
+from megatron_rl.bridge.export_plan import HFGroup, hf_groups
 from megatron_rl.bridge.families import PER_EXPERT, canonical
-from megatron_rl.bridge.hf_files import side_files, write_checkpoint
+from megatron_rl.bridge.hf_files import TensorSpec, side_files, write_checkpoint
 from megatron_rl.bridge.inputs import check_checkpoint, check_hf_model_dir, check_new_checkpoint_root, check_new_hf_dir
 from megatron_rl.bridge.load import load_hf, tensor_map
 from megatron_rl.bridge.mapping import BridgeError
@@ -136,20 +137,20 @@ def megatron_to_hf(
     dtype = dtype or config_dtype(hf_config)
     copies, no_tokenizer = _source_side_files(metadata.extra.get("hf_source_dir"))
 
-    def dtype_of(megatron_names) -> torch.dtype:
-        return dtype or fmt.DTYPES[metadata.tensors[stored[megatron_names[0]]].dtype]
+    def dtype_of(group: HFGroup) -> torch.dtype:
+        return dtype or fmt.DTYPES[metadata.tensors[stored[group.megatron[0]]].dtype]
 
-    specs = [(h, tmap.hf_shapes[h], dtype_of(names)) for names, hf in groups for h in hf]
+    specs = [TensorSpec(h, tmap.hf_shapes[h], dtype_of(group)) for group in groups for h in group.hf]
     with Reader(fmt.step_dir(root, step), metadata) as reader:
 
         def stream():
-            for names, hf in (progress or iter)(groups):
-                full = {m: reader.full_tensor(stored[m]) for m in names}
-                for h in hf:
-                    yield h, assemble_hf(h, tmap, full).to(dtype_of(names))
+            for group in (progress or iter)(groups):
+                full = {m: reader.full_tensor(stored[m]) for m in group.megatron}
+                for h in group.hf:
+                    yield h, assemble_hf(h, tmap, full).to(dtype_of(group))
 
         out = write_checkpoint(
-            out_dir, specs, stream(), config_with_dtype(hf_config, specs[0][2]), max_file_bytes, copy_files=copies
+            out_dir, specs, stream(), config_with_dtype(hf_config, specs[0].dtype), max_file_bytes, copy_files=copies
         )
     return HFExport(out, [c.name for c in copies], no_tokenizer)
 

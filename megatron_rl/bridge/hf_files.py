@@ -15,7 +15,7 @@ import shutil
 import struct
 import tempfile
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Iterator, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -123,6 +123,14 @@ class SliceReader:
 # ---- writing
 
 
+class TensorSpec(NamedTuple):
+    """A tensor to write, known before its data arrives (the header is written first)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
 def _nbytes(shape: Sequence[int], dtype: torch.dtype) -> int:
     n = 1
     for s in shape:
@@ -130,7 +138,7 @@ def _nbytes(shape: Sequence[int], dtype: torch.dtype) -> int:
     return n * torch.tensor([], dtype=dtype).element_size()
 
 
-def plan_files(specs: Sequence[tuple[str, tuple[int, ...], torch.dtype]], max_file_bytes: int) -> list[list[int]]:
+def plan_files(specs: Sequence[TensorSpec], max_file_bytes: int) -> list[list[int]]:
     """Split tensors (in order) into files of at most ``max_file_bytes`` (one big tensor
     alone may exceed it)."""
     files: list[list[int]] = [[]]
@@ -148,14 +156,14 @@ def plan_files(specs: Sequence[tuple[str, tuple[int, ...], torch.dtype]], max_fi
 class StreamingSafetensorsWriter:
     """Writes one safetensors file whose tensors are known in advance, one at a time."""
 
-    def __init__(self, path: Path, specs: Sequence[tuple[str, tuple[int, ...], torch.dtype]]):
+    def __init__(self, path: Path, specs: Sequence[TensorSpec]):
         header: dict = {"__metadata__": {"format": "pt"}}
         offset = 0
         self._expected = []
         for name, shape, dtype in specs:
             n = _nbytes(shape, dtype)
             header[name] = {"dtype": DTYPE_TAGS[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
-            self._expected.append((name, tuple(shape), dtype))
+            self._expected.append(TensorSpec(name, tuple(shape), dtype))
             offset += n
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
@@ -165,7 +173,7 @@ class StreamingSafetensorsWriter:
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         want = self._expected[self._next]
-        got = (name, tuple(tensor.shape), tensor.dtype)
+        got = TensorSpec(name, tuple(tensor.shape), tensor.dtype)
         if got != want:
             raise RuntimeError(f"safetensors writer expected {want}, got {got}")
         data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
@@ -175,13 +183,13 @@ class StreamingSafetensorsWriter:
     def close(self) -> None:
         self._file.close()
         if self._next != len(self._expected):
-            missing = [n for n, _, _ in self._expected[self._next :]]
+            missing = [spec.name for spec in self._expected[self._next :]]
             raise RuntimeError(f"safetensors file closed before tensors {missing[:5]} were written")
 
 
 def write_checkpoint(
     out_dir: str | os.PathLike,
-    specs: Sequence[tuple[str, tuple[int, ...], torch.dtype]],
+    specs: Sequence[TensorSpec],
     tensors: Iterable[tuple[str, torch.Tensor]],
     config: Optional[dict],
     max_file_bytes: int,

@@ -364,9 +364,9 @@ def gather_received_bytes(chunks, arch: ModelArch) -> int:
     total = 0
     for unit in ExportPlans().export_plan(chunks, arch).units:  # collective: a fresh plan
         itemsize = unit.dtype.itemsize
-        for owner, parts in unit.sources:
-            if owner != rank:
-                total += sum(math.prod(shape) for _, _, shape in parts) * itemsize
+        for source in unit.sources:
+            if source.owner != rank:
+                total += sum(math.prod(part.shape) for part in source.parts) * itemsize
     return total
 
 
@@ -397,7 +397,7 @@ def bench_bucket(chunks, arch: ModelArch, engine, plan: Plan, bucket_bytes: int)
         weight_sync.sync()
     sync = _repeat(lambda: stats.append(weight_sync.sync()), plan.iterations)
     last = stats[-1]
-    kept = sum(t.numel() * t.element_size() for t in weight_sync.plans.buffers(chunks, arch, PER_EXPERT).values())
+    kept = sum(t.numel() * t.element_size() for t in weight_sync.plans.buffers(chunks, arch, PER_EXPERT).tensors())
 
     def gather_only():  # the sync's own plans and buffers: its gather, without the engine
         for _ in iter_hf_buckets(chunks, arch, bucket_bytes, dtype=dtype, plans=weight_sync.plans):

@@ -187,7 +187,7 @@ def transports_case(layout):
         return {
             "buckets": len(shared),
             "same_host": plans.gather_plan(chunks, arch, by_layer=True).same_host,
-            "shared_arena": "shared_arena" in plans.buffers(chunks, arch, PER_EXPERT),
+            "shared_arena": plans.buffers(chunks, arch, PER_EXPERT).shared_arena is not None,
             "used": used,
         }
     finally:

@@ -4,7 +4,7 @@ Buckets are size-bounded, never split a group (a decoder layer: vLLM's load need
 layers) and place every tensor on a cache line of its own.
 """
 
-from megatron_rl.bridge.export import pack_buckets
+from megatron_rl.bridge.gather_plan import PackedGroup, pack_buckets
 from megatron_rl.bridge.layer_names import hf_layer_prefix, megatron_layer_index
 from megatron_rl.utils.alignment import CACHE_LINE_ALIGN, DTYPE_VIEW_ALIGN, align_up
 
@@ -13,7 +13,7 @@ GROUPS = [[1024]] + [[1024, 1024]] * 3 + [[1024], [1024]]
 
 
 def _indices(buckets):
-    return [[index for index, _ in bucket] for bucket in buckets]
+    return [[packed.index for packed in bucket] for bucket in buckets]
 
 
 def test_every_group_once_in_order_and_whole():
@@ -30,7 +30,8 @@ def test_every_group_once_in_order_and_whole():
 
 def test_tensors_start_on_cache_lines_from_each_bucket_start():
     buckets, largest = pack_buckets([[3, 100], [1], [64]], bucket_bytes=192)
-    assert buckets == [[(0, [0, 64])], [(1, [0]), (2, [64])]]  # 3 B and 100 B take 64 B and 128 B
+    # 3 B and 100 B take 64 B and 128 B
+    assert buckets == [[PackedGroup(0, [0, 64])], [PackedGroup(1, [0]), PackedGroup(2, [64])]]
     assert largest == 192
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from megatron_rl.bridge.hf_files import INDEX_FILE, HFCheckpoint, write_checkpoint
+from megatron_rl.bridge.hf_files import INDEX_FILE, HFCheckpoint, TensorSpec, write_checkpoint
 
 
 def tensors():
@@ -20,7 +20,7 @@ def tensors():
 
 
 def specs(ts):
-    return [(n, tuple(t.shape), t.dtype) for n, t in ts.items()]
+    return [TensorSpec(n, tuple(t.shape), t.dtype) for n, t in ts.items()]
 
 
 def read_all(path):
