@@ -17,7 +17,7 @@ the shared arena), is checked against vLLM's own logprobs every step (the parity
 on DP2 against the host run number for number.
 
 Across nodes the weight sync cannot share memory, so it gathers by gloo broadcasts
-(``rollout/weight_sync_broadcast``, bridge/export.py), and every node's rank writes its own
+(``rollout/weight_sync_broadcast``, bridge/gather_plan.py), and every node's rank writes its own
 data file into the shared run directory (the metadata names each writer's host). Prompts are
 seeded one by one, so which engine draws a prompt does not change its samples.
 """
