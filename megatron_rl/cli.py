@@ -24,6 +24,7 @@ examples:
   megatron-rl convert hf-to-megatron --hf HF_DIR --out CKPT --tp 2 --ep 2
   megatron-rl convert megatron-to-hf --ckpt CKPT --out HF_DIR
   megatron-rl ckpt inspect CKPT --verify
+  megatron-rl eval --config runs/dapo/config.yaml --ckpt runs/dapo --json val.json
   megatron-rl plot runs/dapo --keys reward/mean,actor/entropy
 
 Overrides are dotted key=value pairs over the config tree (sections: model, parallel,
@@ -155,8 +156,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def entry() -> NoReturn:
-    """The process entry (``megatron-rl``, ``python -m megatron_rl``). A ``train`` that
-    returned ends its process at once, without the interpreter's teardown
+    """The process entry (``megatron-rl``, ``python -m megatron_rl``). A ``train`` or ``eval``
+    that returned ends its process at once, without the interpreter's teardown
     (launch.process_exit); one that raised, and every other command, exit as usual. Ctrl-C
     outside the training loop is one line and the shell's status for SIGINT, no traceback."""
     try:
@@ -166,7 +167,7 @@ def entry() -> NoReturn:
 
         print("megatron-rl: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
         sys.exit(INTERRUPTED)
-    if sys.argv[1:2] == ["train"]:
+    if sys.argv[1:2] in (["train"], ["eval"]):  # both hold a vLLM engine, whose teardown only costs time
         from megatron_rl.launch.process_exit import end_process
 
         end_process(code)

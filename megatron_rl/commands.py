@@ -1,6 +1,6 @@
 """Subcommands with their own parsers, and the ones other installed packages add.
 
-The runtime's own (convert, ckpt, plot, monitor) are listed here; a package beside it (the
+The runtime's own (convert, ckpt, eval, plot, monitor) are listed here; a package beside it (the
 lab's benchmarks, megatron_rl_lab) declares more under the entry-point group
 `megatron_rl.commands`, so the runtime runs them without importing that package by name.
 An entry named `monitor.eval` is a subcommand of `monitor`.
@@ -34,7 +34,13 @@ RUNTIME = {
         "HF <-> Megatron checkpoints: hf-to-megatron, megatron-to-hf; see `convert --help`",
     ),
     "ckpt": Subcommand("megatron_rl.checkpoint.cli", "inspect and verify checkpoints; see `ckpt --help`"),
-    "plot": Subcommand("megatron_rl.trainer.plot", "draw a run's reward/length/entropy curves to RUN_DIR/curves.png"),
+    "eval": Subcommand(
+        "megatron_rl.evaluation.cli",
+        "evaluate a checkpoint or an HF model on the config's eval sets, as the trainer does; see `eval --help`",
+    ),
+    "plot": Subcommand(
+        "megatron_rl.trainer.plot", "draw a run's reward/length/entropy curves and its val curves to RUN_DIR/curves.png"
+    ),
     "monitor": Subcommand(
         "megatron_rl.monitor.cli",
         "faulty-machine detection (Minder): detect, train-denoiser, and the lab's eval, synth; see `monitor --help`",

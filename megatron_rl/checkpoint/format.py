@@ -62,6 +62,12 @@ def step_dir(root: Path, step: int) -> Path:
     return Path(root) / f"step_{int(step)}"
 
 
+def step_of_dir(path: Path) -> Optional[int]:
+    """The step a ``step_<N>`` directory's name gives, None for any other name."""
+    match = _STEP_DIR.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
 def tmp_dir(root: Path, step: int) -> Path:
     return Path(root) / f".tmp_step_{int(step)}"
 

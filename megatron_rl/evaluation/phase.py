@@ -23,11 +23,11 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch.distributed as dist
 
-from megatron_rl.config.schema import EvalConfig
+from megatron_rl.config.schema import Config, EvalConfig
 from megatron_rl.evaluation.metrics import PromptResult, set_metrics
 from megatron_rl.evaluation.sets import EvalSet
 from megatron_rl.rollout.engine import RolloutEngine, Sampling
@@ -35,6 +35,20 @@ from megatron_rl.rollout.seeds import MAX_SAMPLES
 
 Score = Callable[[list[str], list[str]], tuple[list[float], dict]]
 Decode = Callable[[list[int]], str]
+
+
+def eval_sampling(cfg: Config, eos_token_id: int) -> Sampling:
+    """How every eval sample is drawn: n = eval.n_samples, the eval budget (rollout's when
+    unset), temperature and top_p; no logprobs."""
+    ev = cfg.eval
+    return Sampling(
+        n=ev.n_samples,
+        max_tokens=ev.max_new_tokens or cfg.rollout.max_new_tokens,
+        temperature=ev.temperature,
+        top_p=ev.top_p,
+        stop_token_ids=(eos_token_id,),
+        logprobs=False,
+    )
 
 
 def sample_seed(seed: int, set_name: str, prompt_id: int) -> int:
@@ -57,6 +71,7 @@ class Evaluator:
         sampling: Sampling,
         out_dir: Path,
         write: bool,
+        records_name: Optional[str] = None,
     ):
         self.config = config
         self.sets = list(sets)
@@ -68,6 +83,8 @@ class Evaluator:
         self.out_dir = Path(out_dir)
         """Where ``step_<N>.jsonl`` goes (RUN_DIR/eval)."""
         self.write = write
+        self.records_name = records_name
+        """The per-prompt file's name (None: ``step_<N>.jsonl``, the run's)."""
 
     def evaluate(self, step: int) -> dict[str, float]:
         """The val/<set>/... metrics of the current weights and timing/eval_s; writes
@@ -123,7 +140,7 @@ class Evaluator:
     def _write(self, step: int, results: dict[str, list[PromptResult]]) -> None:
         """RUN_DIR/eval/step_<N>.jsonl, whole or not at all (written aside, then renamed)."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        path = self.out_dir / f"step_{step}.jsonl"
+        path = self.out_dir / (self.records_name or f"step_{step}.jsonl")
         tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
         with tmp.open("w") as f:
             for name, per_prompt in results.items():

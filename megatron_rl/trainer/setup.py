@@ -19,6 +19,7 @@ from megatron_rl.models.builder import BuildOptions, build_model, wrap_for_train
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import ParallelConfig
 from megatron_rl.parallel.state import ParallelContext
+from megatron_rl.utils import dtypes
 
 
 def base_model_dir(cfg: Config, rank: int) -> Path:
@@ -34,6 +35,35 @@ def base_model_dir(cfg: Config, rank: int) -> Path:
         make_tiny_base(directory, settings)
     torch.distributed.barrier()
     return directory
+
+
+def build_options(cfg: Config) -> BuildOptions:
+    """How the run's models are built (dtype and the MoE and recompute knobs of ``model``)."""
+    return BuildOptions(
+        dtype=cfg.model.dtype,
+        moe_token_dispatcher_type=cfg.model.moe_token_dispatcher_type,
+        moe_aux_loss_coeff=cfg.model.moe_aux_loss_coeff,
+        recompute_activations=cfg.model.recompute_activations,
+    )
+
+
+def engine_config(cfg: Config, arch: ModelArch, cache_dir: Optional[Path]):
+    """The colocated vLLM engines' settings (the trainer's, and `megatron-rl eval`'s, which
+    must sample as the run's eval phase did)."""
+    from megatron_rl.rollout import EngineConfig
+
+    return EngineConfig(
+        tensor_parallel_size=cfg.rollout.tensor_parallel_size,
+        dtype=dtypes.long_name(cfg.model.dtype),
+        max_model_len=min(arch.max_position_embeddings, cfg.trainer.seq_length),
+        seed=cfg.trainer.seed,
+        cpu_kv_cache_gib=cfg.rollout.kv_cache_gib,
+        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+        cpu_linear=cfg.rollout.cpu_linear,
+        log_level=cfg.rollout.log_level,
+        cache_dir=None if cache_dir is None else str(cache_dir),
+        record_routes=arch.is_moe,
+    )
 
 
 def prompt_files(cfg: Config, base_dir: Path) -> list[Path]:

@@ -39,7 +39,6 @@ from megatron_rl.launch.roles import ROLLOUT, RoleWorld, init_roles
 from megatron_rl.launch.signals import StopSignals, stop_line
 from megatron_rl.launch.slurm_env import SlurmEnv
 from megatron_rl.launch.status import write_status
-from megatron_rl.models.builder import BuildOptions
 from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.models.route_replay import RouteReplay
 from megatron_rl.parallel import initialize, initialize_alongside
@@ -69,7 +68,6 @@ from megatron_rl.trainer.rows import train_row_multiple
 from megatron_rl.trainer.sources import GroupSource, RolloutSource, WindowSource
 from megatron_rl.trainer.state import RunCheckpoint, choose_resume_step
 from megatron_rl.trainer.windows import WindowPool
-from megatron_rl.utils import dtypes
 
 ACTOR_METRICS = ("actor/pg_loss", "actor/clipfrac", "actor/entropy", "actor/grad_norm", "actor/kl_loss")
 
@@ -143,12 +141,7 @@ class RLTrainer:
         critic_layout = self._critic_layout(actor_layout) if recipe.use_critic else None
         if cfg.critic_parallel is not None and critic_layout is None and self.rank == 0:
             print(f"critic_parallel is ignored: algorithm.recipe={cfg.algorithm.recipe} trains no critic", flush=True)
-        options = BuildOptions(
-            dtype=cfg.model.dtype,
-            moe_token_dispatcher_type=cfg.model.moe_token_dispatcher_type,
-            moe_aux_loss_coeff=cfg.model.moe_aux_loss_coeff,
-            recompute_activations=cfg.model.recompute_activations,
-        )
+        options = setup.build_options(cfg)
         self.actor = setup.build_trainable("actor", arch, actor_layout, options, cfg.trainer.lr, self.base_dir)
         self.critic = (
             setup.build_trainable(
@@ -187,7 +180,7 @@ class RLTrainer:
 
         from megatron_rl.data import PromptDataset, PromptFields, PromptLoader
         from megatron_rl.rewards import build_verifier
-        from megatron_rl.rollout import EngineConfig, RolloutEngine, Sampling
+        from megatron_rl.rollout import RolloutEngine, Sampling
         from megatron_rl.rollout.remote import RolloutClient
         from megatron_rl.rollout.sync import WeightSync
 
@@ -205,18 +198,7 @@ class RLTrainer:
             dataset, batch_size=1 if windowed else cfg.rollout.prompts_per_step, seed=cfg.trainer.seed
         )
         self.verifier = build_verifier(setup.verifier_name(cfg))
-        engine_config = EngineConfig(
-            tensor_parallel_size=cfg.rollout.tensor_parallel_size,
-            dtype=dtypes.long_name(cfg.model.dtype),
-            max_model_len=min(self.arch.max_position_embeddings, cfg.trainer.seq_length),
-            seed=cfg.trainer.seed,
-            cpu_kv_cache_gib=cfg.rollout.kv_cache_gib,
-            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-            cpu_linear=cfg.rollout.cpu_linear,
-            log_level=cfg.rollout.log_level,
-            cache_dir=str(self.run_dir / "cache"),
-            record_routes=self.arch.is_moe,
-        )
+        engine_config = setup.engine_config(cfg, self.arch, self.run_dir / "cache")
         self.client: Optional[RolloutClient] = None
         """The rollout ranks' handle (disaggregated rollouts), which also takes rollouts ahead."""
         self.engine: RolloutBackend
@@ -275,22 +257,19 @@ class RLTrainer:
 
     def _evaluator(self, tokenizer, dataset, decode):
         """The eval phase on the colocated engines (validation refuses eval elsewhere)."""
-        from megatron_rl.evaluation.phase import Evaluator
+        from megatron_rl.evaluation.phase import Evaluator, eval_sampling
         from megatron_rl.evaluation.sets import load_sets
-        from megatron_rl.rollout import Sampling
 
-        ev = self.cfg.eval
         sets = load_sets(self.cfg, self.base_dir, tokenizer, (r.prompt_ids for r in dataset.records))
-        sampling = Sampling(
-            n=ev.n_samples,
-            max_tokens=ev.max_new_tokens or self.cfg.rollout.max_new_tokens,
-            temperature=ev.temperature,
-            top_p=ev.top_p,
-            stop_token_ids=(tokenizer.eos_token_id,),
-            logprobs=False,
-        )
         return Evaluator(
-            ev, sets, self.engine, self.verifier.score_batch, decode, sampling, self.run_dir / "eval", self.rank == 0
+            self.cfg.eval,
+            sets,
+            self.engine,
+            self.verifier.score_batch,
+            decode,
+            eval_sampling(self.cfg, tokenizer.eos_token_id),
+            self.run_dir / "eval",
+            self.rank == 0,
         )
 
     def _resume(self) -> int:

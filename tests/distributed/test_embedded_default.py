@@ -8,6 +8,10 @@ steps 1-5 and 0.41 over steps 21-25 (43 s on the 2-core machine).
 It evaluates its task's held-out prompts at the start, every 10 steps and at the end; the
 held-out accuracy must rise as the reward does.
 
+`megatron-rl eval` on the run's final checkpoint, with the run's config, reproduces its last
+`val/` numbers and per-prompt records exactly (the same weights through the same weight sync,
+engine settings and per-sample seeds).
+
 The run is deterministic for its seed, so its first steps must equal the reference's (which
 stores rewards to 4 decimals): a change of behaviour shows here, and the reference cannot
 go stale unnoticed. Only the first steps: a CPU of another kind may order a float sum
@@ -57,8 +61,24 @@ def test_make_train_reward_rises_above_the_majority_answer(tmp_path):
     assert [r["step"] for r in evaluated] == [0, 10, 20, STEPS] and rows[0]["step"] == 0
     start, end = evaluated[0]["val/held_out/accuracy"], evaluated[-1]["val/held_out/accuracy"]
     assert start < 0.25 and end > start + VAL_GAIN, (start, end)
+    _eval_reproduces_the_last_evaluation(tmp_path / "run", evaluated[-1], tmp_path / "val.json")
     reference = json.loads(REFERENCE.read_text())["reward_mean_per_step"]
     first_steps = [round(r, 4) for r in rewards[:STEPS_EQUAL_TO_REFERENCE]]
     assert first_steps == reference[:STEPS_EQUAL_TO_REFERENCE], (
         "regenerate examples/reference after a deliberate change"
     )
+
+
+def _eval_reproduces_the_last_evaluation(run_dir, last_row, report_file):
+    cmd = [sys.executable, "-m", "megatron_rl", "eval", "--config", str(run_dir / "config.yaml")]
+    cmd += ["--ckpt", str(run_dir), "--json", str(report_file)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    report = json.loads(report_file.read_text())
+    assert report["model"]["step"] == STEPS and report["sets"]["held_out"]["samples"] == 4 * 256
+    val = {k: v for k, v in last_row.items() if k.startswith("val/")}
+    assert {k: v for k, v in report["metrics"].items() if k.startswith("val/")} == val  # exact, fp32
+    records = report_file.with_name("val.prompts.jsonl").read_text()
+    assert records == (run_dir / "eval" / f"step_{STEPS}.jsonl").read_text()
+    row = [line.split() for line in proc.stdout.splitlines() if line.startswith("held_out ")]  # the table's
+    assert row and row[0][:4] == ["held_out", "256", "1024", f"{val['val/held_out/accuracy']:.4f}"], proc.stdout

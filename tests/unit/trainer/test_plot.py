@@ -1,4 +1,5 @@
-"""`megatron-rl plot`: curves from metrics.jsonl, and one clear error for bad run dirs."""
+"""`megatron-rl plot`: curves from metrics.jsonl (val curves beside the training ones), and
+one clear error for bad run dirs."""
 
 import json
 import struct
@@ -6,7 +7,7 @@ import struct
 import pytest
 
 from megatron_rl.cli import main as cli_main
-from megatron_rl.trainer.plot import PlotError, load_series, plot_run
+from megatron_rl.trainer.plot import PlotError, load_series, plot_run, read_rows, val_panels
 
 
 def _write(run_dir, rows):
@@ -60,3 +61,26 @@ def test_bad_inputs_name_what_is_wrong(tmp_path, capsys):
     assert cli_main(["plot", str(tmp_path / "ok"), "--keys", "critic/value_loss"]) == 2
     err = capsys.readouterr().err
     assert "'critic/value_loss'" in err and "reward/mean" in err  # names the key and lists what is there
+
+
+EVAL_ROWS = [  # a run that evaluates: the starting weights as a step-0 row with no training keys
+    {"step": 0, "val/held_out/accuracy": 0.1, "val/held_out/pass@1": 0.1, "val/held_out/pass@4": 0.3},
+    *ROWS[:2],
+    {**ROWS[2], "val/held_out/accuracy": 0.4, "val/held_out/pass@1": 0.4, "val/held_out/pass@4": 0.7},
+]
+
+
+def test_val_curves_go_beside_the_training_ones(tmp_path):
+    _write(tmp_path / "plain", ROWS)
+    _write(tmp_path / "evaluated", [{**r, "val/held_out/response_length": 3.0} for r in EVAL_ROWS])
+    panels = val_panels(read_rows(tmp_path / "evaluated" / "metrics.jsonl"))
+    assert list(panels) == ["held_out"]  # one panel per set: its accuracy and pass@k, not its length
+    assert panels["held_out"] == {
+        "val/held_out/accuracy": ([0, 3], [0.1, 0.4]),
+        "val/held_out/pass@1": ([0, 3], [0.1, 0.4]),
+        "val/held_out/pass@4": ([0, 3], [0.3, 0.7]),
+    }
+    plain = _png_size(plot_run(tmp_path / "plain"))
+    evaluated = _png_size(plot_run(tmp_path / "evaluated"))
+    assert evaluated[0] > 1.8 * plain[0] and evaluated[1] == plain[1]  # a second column, as tall
+    assert _png_size(plot_run(tmp_path / "evaluated", ["reward/mean"], tmp_path / "one.png"))[0] == evaluated[0]
