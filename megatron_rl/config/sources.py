@@ -58,10 +58,12 @@ def base_settings(config: Config):
         return None
     spec = gym_spec(config)
     if spec is not None:
-        from megatron_rl.tasks.gym_base import GymBaseSettings
+        from megatron_rl.tasks.gym_base import WARMUP_CORRECT_FRACTION, GymBaseSettings
 
         try:
-            model = BaseModelSettings.from_arch(PRESETS[config.model.preset], seed=config.trainer.seed)
+            model = BaseModelSettings.from_arch(
+                PRESETS[config.model.preset], seed=config.trainer.seed, warmup_correct_fraction=WARMUP_CORRECT_FRACTION
+            )
         except ValueError as err:
             raise ConfigError(f"model.preset={config.model.preset!r}: {err}") from None
         return GymBaseSettings(model=model, spec=spec)

@@ -158,16 +158,18 @@ def held_out_indices(train: GymSpec, seed: int, size: int) -> tuple[GymSpec, lis
     """A held-out set of ``size`` entries of ``train``'s dataset and options under ``seed``, none
     of whose questions occur in the training set (nor twice in the held-out set).
 
-    Small option ranges make reasoning-gym generate the same question under different seeds
-    (count_bits up to 15 has 15 questions), so a different seed alone is not enough: the
-    questions of the training set are filtered out. Returns the spec to generate from (its
-    size covers the indices) and the indices; raises ValueError when the dataset has too
-    few distinct questions beside the training set.
+    A different seed alone is not enough: reasoning-gym draws entry ``i`` from a generator
+    seeded with ``seed + i``, so seeds ``s`` and ``s + 1`` share all but one entry, and small
+    option ranges repeat questions anyway (count_bits up to 15 has 15). The questions of the
+    training set are filtered out; a seed of at least ``train.seed + train.size`` avoids the
+    shared entries. Returns the spec to generate from (its size covers the indices) and the
+    indices; raises ValueError when the dataset has too few questions beside the training set.
     """
     if seed == train.seed:
         raise ValueError(f"held-out seed {seed} is the training seed: pick another")
     seen = {entry["question"] for entry in build_dataset(train)}
-    spec = GymSpec(train.dataset, train.options, seed, size * HELD_OUT_DRAWS)
+    # Enough draws to step over the whole training range of generator seeds, then some.
+    spec = GymSpec(train.dataset, train.options, seed, train.size + size * HELD_OUT_DRAWS)
     dataset, picked = build_dataset(spec), []
     for i in range(spec.size):
         question = dataset[i]["question"]
