@@ -89,7 +89,7 @@ def check_spec(spec: GymSpec) -> None:
     try:
         build_dataset(spec)[0]
     except Exception as err:  # reasoning-gym validates with asserts; bad types fail anywhere inside
-        reason = str(err) or type(err).__name__
+        reason = " ".join(str(err).split()) or type(err).__name__  # one line, as every config error
         raise ValueError(f"reasoning-gym rejects {spec.dataset} options {dict(spec.options)}: {reason}") from None
 
 
