@@ -27,7 +27,7 @@ from megatron_rl.data.reasoning_gym import GymSpec
 from megatron_rl.models.hf_config import ModelArch, arch_from_hf
 from megatron_rl.models.presets import PRESETS
 from megatron_rl.parallel.config import ModelShape
-from megatron_rl.tasks.base_model import BaseModelSettings
+from megatron_rl.tasks.base_model import BaseBuild, BaseModelSettings
 from megatron_rl.tasks.digits import get_task
 
 TASK_PREFIX = "task:"
@@ -49,7 +49,7 @@ def gym_spec(config: Config) -> Optional[GymSpec]:
     return GymSpec(data.source[len(GYM_PREFIX) :], dict(data.options), seed, data.size)
 
 
-def base_settings(config: Config):
+def base_settings(config: Config) -> Optional[BaseBuild]:
     """The base the RL trainer builds and starts from (a task's :class:`BaseModelSettings`, or
     a reasoning-gym dataset's ``GymBaseSettings``); None when it starts from model.hf_path.
     A prompt file without hf_path is refused: the base's tokenizer and warm-up come from a
