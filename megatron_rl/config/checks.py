@@ -134,7 +134,17 @@ def _check_smoke_batch(config: Config, world_size: int) -> None:
 
 def _check_prompts(config: Config) -> None:
     """The prompt file exists and its first rows hold a prompt and an answer (the data module's
-    own reader and row parser); task:<name> data names a known task."""
+    own reader and row parser); task:<name> data names a known task; reasoning_gym:<dataset>
+    data names a dataset whose config takes data.options."""
+    spec = sources.gym_spec(config)
+    if spec is not None:
+        from megatron_rl.data.reasoning_gym import check_spec
+
+        try:
+            check_spec(spec)
+        except ValueError as err:
+            raise ConfigError(f"data.source={config.data.source!r}: {err}") from None
+        return
     name = sources.task_name(config)
     if name is not None:
         from megatron_rl.tasks import get_task
@@ -212,7 +222,18 @@ def _check_eval(config: Config) -> None:
 
 
 def _check_reward(config: Config) -> None:
-    """A named reward exists; ``auto`` needs no lookup (nor the verifiers' imports)."""
+    """A named reward exists; ``auto`` needs no lookup (nor the verifiers' imports).
+    reasoning-gym prompts carry references only its reward reads, and only they carry them."""
+    gym = sources.gym_spec(config) is not None
+    if config.data.reward not in ("auto", "reasoning_gym") and gym:
+        raise ConfigError(
+            f"data.reward={config.data.reward!r}: reasoning_gym:<dataset> data is scored by "
+            "data.reward=reasoning_gym (or auto)"
+        )
+    if config.data.reward == "reasoning_gym" and not gym:
+        raise ConfigError(
+            f"data.reward=reasoning_gym needs data.source=reasoning_gym:<dataset>, not {config.data.source!r}"
+        )
     if config.data.reward == "auto":
         return
     from megatron_rl.rewards.registry import REWARDS

@@ -282,15 +282,34 @@ class DataConfig:
     """Where prompts come from and how responses are scored."""
 
     source: str = "task:digits_max"
-    """A JSONL/Parquet file of prompts with answers, or task:<name> for a built-in synthetic task."""
+    """A JSONL/Parquet file of prompts with answers, task:<name> for a built-in synthetic task,
+    or reasoning_gym:<dataset> for a reasoning-gym dataset (its questions, scored by its own
+    score_answer)."""
     prompt_key: str = "prompt"
     answer_key: str = "answer"
     reward: str = "auto"
-    """Verifier name (math, or the task's own); auto = the task's verifier, math for files."""
+    """Verifier name (math, digits, reasoning_gym); auto = the source's own: the task's verifier
+    for task:<name>, reasoning_gym for reasoning_gym:<dataset>, math for files."""
+    options: dict = dataclasses.field(default_factory=dict)
+    """reasoning_gym:<dataset> only: keyword arguments of the dataset's config, e.g.
+    {min_terms: 2, max_terms: 2} for chain_sum (data.options.max_n=15 on the command line)."""
+    seed: Optional[int] = None
+    """reasoning_gym:<dataset> only: the seed the training set is generated from (null:
+    trainer.seed)."""
+    size: int = 1000
+    """reasoning_gym:<dataset> only: entries in the training set."""
 
     def __post_init__(self) -> None:
         if not self.source:
-            raise ConfigError("data.source must name a file or task:<name>")
+            raise ConfigError("data.source must name a file, task:<name> or reasoning_gym:<dataset>")
+        if not isinstance(self.options, dict):
+            raise ConfigError(f"data.options must be a mapping of the dataset's options, got {self.options!r}")
+        if self.size < 1:
+            raise ConfigError(f"data.size={self.size} must be >= 1")
+        if not self.source.startswith("reasoning_gym:") and (self.options or self.seed is not None):
+            raise ConfigError(
+                f"data.options and data.seed apply to reasoning_gym:<dataset> sources only, not {self.source!r}"
+            )
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -9,6 +9,8 @@ against is the one the trainer builds:
   ``model.preset`` names (:func:`base_settings`), built by the trainer.
 - ``trainer.job=smoke`` without hf_path: the architecture ``model.preset`` names
   (models.presets), which the smoke job builds.
+- RL on ``reasoning_gym:<dataset>`` data: prompts from reasoning-gym (:func:`gym_spec`);
+  without hf_path the trainer builds the dataset's tiny base (``tasks.gym_base``).
 - RL on a prompt file without hf_path: no model to start from, a :class:`ConfigError`.
 """
 
@@ -20,10 +22,12 @@ from pathlib import Path
 from typing import Optional
 
 from megatron_rl.config.schema import Config, ConfigError
+from megatron_rl.data.reasoning_gym import SOURCE_PREFIX as GYM_PREFIX
+from megatron_rl.data.reasoning_gym import GymSpec
 from megatron_rl.models.hf_config import ModelArch, arch_from_hf
 from megatron_rl.models.presets import PRESETS
 from megatron_rl.parallel.config import ModelShape
-from megatron_rl.tasks.base_model import HELD_OUT_FILE, BaseModelSettings
+from megatron_rl.tasks.base_model import HELD_OUT_FILE, BaseBuild, BaseModelSettings
 from megatron_rl.tasks.digits import get_task
 
 TASK_PREFIX = "task:"
@@ -35,12 +39,34 @@ def task_name(config: Config) -> Optional[str]:
     return source[len(TASK_PREFIX) :] if source.startswith(TASK_PREFIX) else None
 
 
-def base_settings(config: Config) -> Optional[BaseModelSettings]:
-    """The task base the RL trainer builds and starts from; None when it starts from
-    model.hf_path. A prompt file without hf_path is refused: the base's tokenizer and
-    warm-up come from a task, so no base exists for arbitrary prompts."""
+def gym_spec(config: Config) -> Optional[GymSpec]:
+    """The training set of ``reasoning_gym:<dataset>`` data (not yet checked against
+    reasoning-gym: the validation pass does that); None for other sources."""
+    data = config.data
+    if not data.source.startswith(GYM_PREFIX):
+        return None
+    seed = config.trainer.seed if data.seed is None else data.seed
+    return GymSpec(data.source[len(GYM_PREFIX) :], dict(data.options), seed, data.size)
+
+
+def base_settings(config: Config) -> Optional[BaseBuild]:
+    """The base the RL trainer builds and starts from (a task's :class:`BaseModelSettings`, or
+    a reasoning-gym dataset's ``GymBaseSettings``); None when it starts from model.hf_path.
+    A prompt file without hf_path is refused: the base's tokenizer and warm-up come from a
+    task, so no base exists for arbitrary prompts."""
     if config.model.hf_path is not None:
         return None
+    spec = gym_spec(config)
+    if spec is not None:
+        from megatron_rl.tasks.gym_base import WARMUP_CORRECT_FRACTION, GymBaseSettings
+
+        try:
+            model = BaseModelSettings.from_arch(
+                PRESETS[config.model.preset], seed=config.trainer.seed, warmup_correct_fraction=WARMUP_CORRECT_FRACTION
+            )
+        except ValueError as err:
+            raise ConfigError(f"model.preset={config.model.preset!r}: {err}") from None
+        return GymBaseSettings(model=model, spec=spec)
     name = task_name(config)
     if name is None:
         raise ConfigError(
@@ -85,7 +111,9 @@ def model_shape(config: Config) -> ModelShape:
 
 def prompt_file(config: Config) -> Optional[Path]:
     """The prompt file an RL run reads that must exist before it starts; None when the
-    trainer writes it (the task base's ``train.jsonl``)."""
+    trainer writes it (the task base's ``train.jsonl``) or reasoning-gym generates the prompts."""
+    if gym_spec(config) is not None:
+        return None
     if task_name(config) is None:
         return Path(config.data.source)
     if config.model.hf_path is not None:

@@ -1,5 +1,6 @@
-"""Prompt data for RL: JSONL/Parquet rows -> chat-templated ids, a seeded resumable order,
-batches, and group expansion (each prompt -> G samples)."""
+"""Prompt data for RL: JSONL/Parquet rows or reasoning-gym entries (``data.reasoning_gym``)
+-> chat-templated ids, a seeded resumable order, batches, and group expansion (each prompt
+-> G samples)."""
 
 from megatron_rl.data.batching import PromptBatch, PromptLoader
 from megatron_rl.data.prompts import PromptDataset, PromptFields, PromptRecord, encode_prompt, parse_row

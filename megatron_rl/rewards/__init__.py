@@ -1,5 +1,6 @@
-"""Rule-based rewards: math answers checked by math-verify under a time limit, and the
-synthetic digit task's exact-match verifier, found by name through ``build_verifier``.
+"""Rule-based rewards: math answers checked by math-verify and reasoning-gym answers by the
+dataset's own scorer, both under a time limit, and the synthetic digit task's exact-match
+verifier, found by name through ``build_verifier``.
 
 No process groups here (docs/design.md, rules): scoring is per response; the trainer decides
 which rank scores what.

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol, Sequence
 
 from megatron_rl.rewards.math_verifier import MathVerifier
+from megatron_rl.rewards.reasoning_gym import ReasoningGymVerifier
 from megatron_rl.tasks.verifier import DigitAnswerVerifier
 
 
@@ -20,6 +21,7 @@ class Verifier(Protocol):
 REWARDS: dict[str, Callable[..., Verifier]] = {
     "math": MathVerifier,
     "digits": DigitAnswerVerifier,
+    "reasoning_gym": ReasoningGymVerifier,
 }
 
 

@@ -24,7 +24,7 @@ import time
 import types
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from megatron_rl.models.hf_config import ModelArch, arch_from_hf
 from megatron_rl.parallel.config import ModelShape
@@ -155,6 +155,10 @@ class BaseModelSettings:
         payload = json.dumps({"build": BUILD_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
+    def build(self, out: Path) -> dict[str, Any]:
+        """Build the base into the empty directory ``out``; returns the report."""
+        return _build(self, out)
+
 
 def hf_config(settings: BaseModelSettings, vocab_size: int, eos_id: int, pad_id: int):
     """The transformers config of the chosen family."""
@@ -249,8 +253,18 @@ def read_report(directory: Path | str) -> Optional[dict[str, Any]]:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+class BaseBuild(Protocol):
+    """What :func:`make_tiny_base` builds from: a frozen dataclass (saved in the report) that
+    names its cache entry and builds into a directory. :class:`BaseModelSettings` for a digit
+    task, ``tasks.gym_base.GymBaseSettings`` for a reasoning-gym dataset."""
+
+    def content_hash(self) -> str: ...
+
+    def build(self, out: Path) -> dict[str, Any]: ...
+
+
 def make_tiny_base(
-    directory: Path | str, settings: BaseModelSettings = BaseModelSettings(), *, verbose: bool = True
+    directory: Path | str, settings: BaseBuild = BaseModelSettings(), *, verbose: bool = True
 ) -> dict[str, Any]:
     """Build (or reuse) the base model in ``directory``; returns the report dict.
 
@@ -267,7 +281,7 @@ def make_tiny_base(
         staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
         staging.chmod(0o755)  # mkdtemp makes it private; the run directory is not
         try:
-            report = _build(settings, staging)
+            report = settings.build(staging)
             (staging / REPORT_FILE).write_text(
                 json.dumps(
                     {"settings_hash": digest, "settings": dataclasses.asdict(settings), "report": report},

@@ -178,7 +178,7 @@ class RLTrainer:
         client of the rollout ranks' engines), the source."""
         from transformers import AutoTokenizer
 
-        from megatron_rl.data import PromptDataset, PromptFields, PromptLoader
+        from megatron_rl.data import PromptLoader
         from megatron_rl.rewards import build_verifier
         from megatron_rl.rollout import RolloutEngine, Sampling
         from megatron_rl.rollout.remote import RolloutClient
@@ -187,11 +187,7 @@ class RLTrainer:
         cfg, recipe = self.cfg, self.recipe
         tokenizer = AutoTokenizer.from_pretrained(self.base_dir)
         self.pad_token_id = tokenizer.pad_token_id or 0
-        dataset = PromptDataset(
-            setup.prompt_files(cfg, self.base_dir),
-            tokenizer,
-            fields=PromptFields(prompt=cfg.data.prompt_key, answer=cfg.data.answer_key),
-        )
+        dataset = setup.prompt_dataset(cfg, self.base_dir, tokenizer)
         windowed = recipe.generation_window is not None
         # T-PPO refills single rows of the pool: its loader hands out one prompt at a time.
         loader = PromptLoader(
