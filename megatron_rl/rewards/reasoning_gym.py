@@ -9,12 +9,9 @@ the answer, e.g. a program) is killed by the pool and scores 0.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-
 from megatron_rl.data.reasoning_gym import GymSpec, build_dataset, extract_answer, reference, resolve
-from megatron_rl.rewards.timed_pool import TimedWorkerPool
+from megatron_rl.rewards.pooled_verifier import OK, PooledVerifier
 
-OK = "ok"
 NO_ANSWER = "format_failures"
 STAT_KEYS = ("total", "correct", "timeouts", NO_ANSWER, "errors")
 
@@ -28,7 +25,7 @@ def score_response(response: str, ref: str) -> tuple[float, str]:
     return float(dataset.score_answer(answer, entry)), OK
 
 
-class ReasoningGymVerifier:
+class ReasoningGymVerifier(PooledVerifier):
     """Scores responses to reasoning-gym prompts with the dataset's ``score_answer``.
 
     Same interface as the other rewards; ``totals`` accumulates the batch stats.
@@ -36,41 +33,13 @@ class ReasoningGymVerifier:
 
     def __init__(self, *, timeout_s: float = 5.0, num_workers: int = 1):
         warmup = GymSpec("chain_sum", {}, seed=0, size=1)  # any entry: importing reasoning-gym takes seconds
-        self._pool = TimedWorkerPool(
+        super().__init__(
             "megatron_rl.rewards.reasoning_gym:score_response",
-            num_workers=num_workers,
+            ("", reference(warmup, 0, str(build_dataset(warmup)[0]["answer"]))),
+            STAT_KEYS,
             timeout_s=timeout_s,
-            warmup_args=("", reference(warmup, 0, str(build_dataset(warmup)[0]["answer"]))),
+            num_workers=num_workers,
         )
-        self.totals = dict.fromkeys(STAT_KEYS, 0)
 
-    def score_batch(self, responses: Sequence[str], answers: Sequence[str]) -> tuple[list[float], dict[str, int]]:
-        """Scores (one float per response) and counts of each outcome in this batch."""
-        if len(responses) != len(answers):
-            raise ValueError(f"got {len(responses)} responses but {len(answers)} answers")
-        results = self._pool.map([(str(r), str(a)) for r, a in zip(responses, answers)])
-        stats = dict.fromkeys(STAT_KEYS, 0)
-        stats["total"] = len(results)
-        scores = []
-        for result in results:
-            score = 0.0
-            if result.status == "ok":
-                score, kind = result.value
-                if kind != OK:
-                    stats[kind] += 1
-            else:
-                stats["timeouts" if result.status == "timeout" else "errors"] += 1
-            stats["correct"] += int(score >= 1.0)
-            scores.append(float(score))
-        for key, value in stats.items():
-            self.totals[key] += value
-        return scores, stats
-
-    def close(self) -> None:
-        self._pool.close()
-
-    def __enter__(self) -> "ReasoningGymVerifier":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def is_correct(self, score: float) -> bool:
+        return score >= 1.0  # partial credit counts in the reward, not as correct
