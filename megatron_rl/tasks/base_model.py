@@ -188,12 +188,39 @@ def _write_jsonl(path: Path, examples) -> None:
             f.write(json.dumps({"prompt": e.prompt, "answer": e.answer}) + "\n")
 
 
+def warm_up(model, encoded, settings: BaseModelSettings, pad_id: int) -> list[float]:
+    """The supervised warm-up of a task base, with the settings' steps, batch, lr and seed."""
+    from megatron_rl.tasks.warmup import supervised_warmup
+
+    return supervised_warmup(
+        model,
+        encoded,
+        steps=settings.warmup_steps,
+        batch_size=settings.warmup_batch_size,
+        lr=settings.warmup_lr,
+        seed=settings.seed,
+        pad_id=pad_id,
+    )
+
+
+def save_base(model, tokenizer, out: Path) -> None:
+    """Model and tokenizer as one HF directory that vLLM, transformers and the trainer load
+    alike; greedy by default, with the tokenizer's eos and pad."""
+    from transformers import GenerationConfig
+
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
+    )
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+
+
 def _build(settings: BaseModelSettings, out: Path) -> dict[str, Any]:
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM
 
     from megatron_rl.tasks.tokenizer import train_tokenizer
-    from megatron_rl.tasks.warmup import accuracy, encode_warmup, supervised_warmup
+    from megatron_rl.tasks.warmup import accuracy, encode_warmup
 
     started, cpu_started = time.perf_counter(), time.process_time()
     task, train, held_out = _split_prompts(settings)
@@ -205,25 +232,13 @@ def _build(settings: BaseModelSettings, out: Path) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     max_new_tokens = max(len(tokenizer(training_text(e)[1], add_special_tokens=False).input_ids) for e in train) + 2
     encoded = encode_warmup(tokenizer, task, train, settings.seed, settings.warmup_correct_fraction)
-    losses = supervised_warmup(
-        model,
-        encoded,
-        steps=settings.warmup_steps,
-        batch_size=settings.warmup_batch_size,
-        lr=settings.warmup_lr,
-        seed=settings.seed,
-        pad_id=tokenizer.pad_token_id,
-    )
+    losses = warm_up(model, encoded, settings, tokenizer.pad_token_id)
     warmup_seconds = time.perf_counter() - started
     greedy = accuracy(model, tokenizer, held_out, max_new_tokens)
     sampled = accuracy(model, tokenizer, held_out, max_new_tokens, sample=True, seed=settings.seed)
     majority = Counter(e.answer for e in held_out).most_common(1)[0][1] / len(held_out)
 
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
-    )
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
+    save_base(model, tokenizer, out)
     _write_jsonl(out / "train.jsonl", train)
     _write_jsonl(out / HELD_OUT_FILE, held_out)
     return {

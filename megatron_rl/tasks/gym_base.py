@@ -117,11 +117,10 @@ def _accuracy(model, tokenizer, items: Sequence[GymExample], max_new_tokens: int
 
 def _build(settings: GymBaseSettings, out: Path) -> dict[str, Any]:
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM
 
-    from megatron_rl.tasks.base_model import hf_config
+    from megatron_rl.tasks.base_model import hf_config, save_base, warm_up
     from megatron_rl.tasks.tokenizer import train_tokenizer
-    from megatron_rl.tasks.warmup import supervised_warmup
 
     started, cpu_started = time.perf_counter(), time.process_time()
     base = settings.model
@@ -148,24 +147,12 @@ def _build(settings: GymBaseSettings, out: Path) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_config(
         hf_config(base, vocab, tokenizer.eos_token_id, tokenizer.pad_token_id), dtype=torch.float32
     )
-    losses = supervised_warmup(
-        model,
-        encoded,
-        steps=base.warmup_steps,
-        batch_size=base.warmup_batch_size,
-        lr=base.warmup_lr,
-        seed=base.seed,
-        pad_id=tokenizer.pad_token_id,
-    )
+    losses = warm_up(model, encoded, base, tokenizer.pad_token_id)
     warmup_seconds = time.perf_counter() - started
     greedy = _accuracy(model, tokenizer, held_out, max_new_tokens)
     sampled = _accuracy(model, tokenizer, held_out, max_new_tokens, sample=True, seed=base.seed)
 
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
-    )
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
+    save_base(model, tokenizer, out)
     for name, items in (("train.jsonl", train), ("eval.jsonl", held_out)):
         (out / name).write_text("".join(json.dumps({"prompt": e.prompt, "answer": e.answer}) + "\n" for e in items))
     return {
