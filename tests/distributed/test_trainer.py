@@ -52,6 +52,20 @@ def bases(tmp_path_factory):
     }
 
 
+def _tiny_run(run_dir, base) -> list[str]:
+    """The overrides every run of this module shares: the module's tiny base and its prompts,
+    small steps (4 prompts x 4 samples), micro-batches of 2."""
+    return [
+        f"trainer.run_dir={run_dir}",
+        f"model.hf_path={base}",
+        f"data.source={base}/train.jsonl",
+        "data.reward=digits",
+        "rollout.prompts_per_step=4",
+        "rollout.n_samples=4",
+        "trainer.micro_batch_size=2",
+    ]
+
+
 def _train(tmp_path, world, base, recipe, *overrides, steps=3, env=None):
     run_dir, port = tmp_path / f"run-{recipe}", _free_port()
     cmd = [
@@ -65,16 +79,10 @@ def _train(tmp_path, world, base, recipe, *overrides, steps=3, env=None):
         "train",
         "--config",
         "examples/dapo.yaml",
-        f"trainer.run_dir={run_dir}",
-        f"model.hf_path={base}",
-        f"data.source={base}/train.jsonl",
-        "data.reward=digits",
+        *_tiny_run(run_dir, base),
         f"algorithm.recipe={recipe}",
         "algorithm.overrides={}",
         f"trainer.max_steps={steps}",
-        "rollout.prompts_per_step=4",
-        "rollout.n_samples=4",
-        "trainer.micro_batch_size=2",
         "rollout.parity_every=1",
         "eval.sets={}",  # the recipe's held-out split is the task base's; named again where a test evaluates
         *overrides,
@@ -566,13 +574,7 @@ def _disaggregated_grpo(run_dir, base, *overrides) -> list[str]:
         "train",
         "--config",
         "examples/grpo.yaml",
-        f"trainer.run_dir={run_dir}",
-        f"model.hf_path={base}",
-        f"data.source={base}/train.jsonl",
-        "data.reward=digits",
-        "rollout.prompts_per_step=4",
-        "rollout.n_samples=4",
-        "trainer.micro_batch_size=2",
+        *_tiny_run(run_dir, base),
         "rollout.placement=disaggregated",
         "rollout.num_ranks=1",
         *overrides,
@@ -679,14 +681,8 @@ def _world1_dapo(run_dir, base, steps: int) -> list[str]:
         "train",
         "--config",
         "examples/dapo.yaml",
-        f"trainer.run_dir={run_dir}",
-        f"model.hf_path={base}",
-        f"data.source={base}/train.jsonl",
-        "data.reward=digits",
+        *_tiny_run(run_dir, base),
         f"trainer.max_steps={steps}",
-        "rollout.prompts_per_step=4",
-        "rollout.n_samples=4",
-        "trainer.micro_batch_size=2",
         "eval.sets={}",  # the recipe's held-out split is a task's; this run reads a prompt file
     ]
 
