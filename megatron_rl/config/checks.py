@@ -15,7 +15,7 @@ from pathlib import Path
 from megatron_rl.config import sources
 from megatron_rl.config.loggers import check_loggers
 from megatron_rl.config.schema import HELD_OUT, Config, ConfigError
-from megatron_rl.parallel.config import LayoutError, ModelShape
+from megatron_rl.parallel.config import LayoutError, ModelShape, sequence_multiple
 
 FIRST_ROWS = 8
 """Rows of a prompt file read by the check (the trainer reads and reports all of them)."""
@@ -103,23 +103,28 @@ def _check_layouts(config: Config, world_size: int, shape: ModelShape) -> None:
 
 
 def _check_token_budget(config: Config) -> None:
-    """Packed rows are split over TP ranks under sequence parallelism: the budget must be
-    a multiple of each layout's TP (the budget >= seq_length is the schema's check)."""
+    """Sequences and packed rows must split evenly over the layout's ranks: under context
+    parallelism every sequence into 2·CP chunks, and under sequence parallelism every CP rank's
+    share over the TP ranks once more. Padded rows are trainer.seq_length long; a packed row
+    at most trainer.max_tokens_per_micro_batch (>= seq_length is the schema's check)."""
     budget = config.trainer.max_tokens_per_micro_batch
-    if budget is None:
-        return
     for section, layout in (("parallel", config.parallel), ("critic_parallel", config.critic_parallel)):
-        if layout is not None and layout.sequence_parallel_enabled and budget % layout.tp:
-            raise ConfigError(
-                f"trainer.max_tokens_per_micro_batch={budget} must be a multiple of "
-                f"{section}.tensor_model_parallel_size={layout.tp} (sequence parallelism "
-                "splits every packed row over the TP ranks)"
-            )
-        if layout is not None and layout.cp > 1:
-            raise ConfigError(
-                f"trainer.max_tokens_per_micro_batch needs {section}.context_parallel_size=1 "
-                f"(got {layout.cp}): packed rows under CP need Transformer Engine's THD attention"
-            )
+        if layout is None:
+            continue
+        tp = layout.tp if layout.sequence_parallel_enabled else 1
+        multiple = sequence_multiple(layout.cp, tp)
+        why = (
+            f"{section}: context_parallel_size={layout.cp} splits every sequence into 2·CP chunks"
+            + (f", each a multiple of tensor_model_parallel_size={layout.tp} (sequence parallelism)" if tp > 1 else "")
+            if layout.cp > 1
+            else f"sequence parallelism splits every packed row over {section}.tensor_model_parallel_size={layout.tp}"
+        )
+        if budget is None:
+            if layout.cp > 1 and config.trainer.seq_length % multiple:
+                length = config.trainer.seq_length
+                raise ConfigError(f"trainer.seq_length={length} must be a multiple of {multiple}: {why}")
+        elif budget % multiple:
+            raise ConfigError(f"trainer.max_tokens_per_micro_batch={budget} must be a multiple of {multiple}: {why}")
 
 
 def _check_smoke_batch(config: Config, world_size: int) -> None:

@@ -12,9 +12,10 @@ quadratic in each sequence's length, not the row's.
 What it computes is ``DotProductAttention``'s result up to rounding: the same softmax scale,
 grouped-query key/value heads repeated as Megatron repeats them (query head ``j`` reads group
 ``j // (heads // groups)``), causal masking, and attention dropout in training only, drawn under
-the same model-parallel RNG fork. What it does not support (context parallelism, attention bias,
-explicit masks, mask types other than causal, sliding windows, softmax offsets, cross-attention)
-it refuses with a ``ValueError``.
+the same model-parallel RNG fork. Under context parallelism (CP > 1), padded or packed, it
+exchanges keys and values over the CP group (``models.cp_attention``). What it does not support
+(attention bias, explicit masks, mask types other than causal, sliding windows, softmax offsets,
+cross-attention) it refuses with a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.utils import is_layer_window_attention
 from megatron.core.utils import divide
+
+from megatron_rl.models.cp_attention import context_parallel_attention
 
 Tensor = torch.Tensor
 
@@ -62,9 +65,15 @@ class SdpaAttention(MegatronModule):
         self.attn_mask_type = attn_mask_type
         self.attention_type = attention_type
         if pg_collection is None:
-            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp", "cp"])
         self.pg_collection = pg_collection
         self.tp_group = pg_collection.tp
+        self.cp_group = getattr(pg_collection, "cp", None)
+        if config.context_parallel_size > 1 and (self.cp_group is None or self.cp_group.size() == 1):
+            raise ValueError(
+                f"context_parallel_size={config.context_parallel_size} but the attention was built "
+                "without a CP process group of that size"
+            )
         tp_size = self.tp_group.size()
         projection_size = config.kv_channels * config.num_attention_heads
         self.hidden_size_per_partition = divide(projection_size, tp_size)
@@ -90,8 +99,11 @@ class SdpaAttention(MegatronModule):
         packed_seq_params=None,
     ) -> Tensor:
         _refuse_unsupported_call(attention_mask, attn_mask_type, attention_bias)
-        key, value = _repeat_groups(key, query.size(-2)), _repeat_groups(value, query.size(-2))
         dropout_p = self.dropout_p if self.training else 0.0
+        if self.config.context_parallel_size > 1:
+            with self._dropout_rng(dropout_p):
+                return self._context_parallel(query, key, value, packed_seq_params, dropout_p)
+        key, value = _repeat_groups(key, query.size(-2)), _repeat_groups(value, query.size(-2))
         with self._dropout_rng(dropout_p):
             if packed_seq_params is None:
                 return self._padded_rows(query, key, value, dropout_p)
@@ -124,6 +136,21 @@ class SdpaAttention(MegatronModule):
         if not outputs:  # a row of zero tokens
             return query.flatten(1)
         return torch.cat(outputs).flatten(1)
+
+    def _context_parallel(self, query: Tensor, key: Tensor, value: Tensor, packed_seq_params, dropout_p: float):
+        """This CP rank's share of the row: [s, b, heads, dim] (padded) or [t, heads, dim] (packed)
+        queries, keys and values of the local groups -> [s, b, heads*dim] or [t, heads*dim]."""
+        cp = self.cp_group.size()
+        if packed_seq_params is None:
+            segments = [query.size(0) * cp]
+        else:
+            segments = [end - start for start, end in _sequence_bounds(packed_seq_params, query.size(0) * cp)]
+            query, key, value = (x.unsqueeze(1) for x in (query, key, value))
+        context = context_parallel_attention(
+            query, key, value, segments, self.cp_group, _repeat_groups, self.softmax_scale, dropout_p
+        )
+        context = context.reshape(context.size(0), context.size(1), -1)
+        return context if packed_seq_params is None else context.squeeze(1)
 
     def _causal_sdpa(self, query: Tensor, key: Tensor, value: Tensor, dropout_p: float) -> Tensor:
         """[b, heads, s, dim] queries, keys and values -> [b, heads, s, dim]."""
@@ -160,11 +187,6 @@ def _sequence_bounds(packed_seq_params, num_tokens: int) -> list[tuple[int, int]
 
 def _refuse_unsupported_config(config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str) -> None:
     """ValueError for a layer this module would not compute as DotProductAttention does."""
-    if config.context_parallel_size != 1:
-        raise ValueError(
-            f"SdpaAttention does not support context parallelism (context_parallel_size="
-            f"{config.context_parallel_size}); it needs Transformer Engine's attention."
-        )
     if attn_mask_type != AttnMaskType.causal:
         raise ValueError(f"SdpaAttention supports only the causal mask type, got {attn_mask_type}.")
     if attention_type != "self":

@@ -7,7 +7,6 @@ the same ranks. DP and EDP are derived from the world size. Field names are Mega
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from typing import Optional
 
 #: Megatron's rank order for the dense mapping (the expert mapping drops cp and uses ep).
@@ -16,6 +15,12 @@ RANK_ORDER = "tp-cp-ep-dp-pp"
 
 class LayoutError(ValueError):
     """A parallel layout that cannot run; the message says why in one sentence."""
+
+
+def sequence_multiple(cp_size: int, tp_sequence_parallel: int = 1) -> int:
+    """What every sequence's length must be a multiple of: 2·CP chunks, each a multiple of
+    TP under sequence parallelism (the local row is split over TP once more)."""
+    return 2 * cp_size * tp_sequence_parallel if cp_size > 1 else tp_sequence_parallel
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -42,7 +47,7 @@ class ParallelConfig:
     virtual_pipeline_model_parallel_size: Optional[int] = None
     """VPP: model chunks per pipeline stage (interleaved schedule); None = off."""
     context_parallel_size: int = 1
-    """CP: the sequence split over this many ranks (needs Transformer Engine)."""
+    """CP: every sequence split over this many ranks (Megatron's load-balanced 2·CP chunks)."""
     expert_model_parallel_size: int = 1
     """EP: experts distributed over this many ranks."""
     expert_tensor_parallel_size: Optional[int] = None
@@ -131,10 +136,6 @@ class ParallelConfig:
             raise LayoutError(
                 "virtual_pipeline_model_parallel_size needs pipeline_model_parallel_size >= 2, "
                 f"got pipeline_model_parallel_size={self.pp}"
-            )
-        if self.cp > 1 and importlib.util.find_spec("transformer_engine") is None:
-            raise LayoutError(
-                f"context_parallel_size={self.cp} (CP>1) needs Transformer Engine, which is not installed"
             )
         if model is not None:
             self._validate_model(model)

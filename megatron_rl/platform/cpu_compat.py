@@ -282,6 +282,9 @@ MODE_RULES = {
     "(schedules' total_num_tokens, causal masks, clip_grads, optimizer init, p2p buffers)",
     "mode.type_strings": "`.type() == 'torch.cuda.FloatTensor'` filters in clip_grads, "
     "optimizer and distrib_optimizer (CPU tensors reported under the CUDA type names)",
+    "mode.pin_memory": "pin_memory=True in torch calls (context parallelism's rotary "
+    "embedding split, rope_utils.get_pos_emb_on_this_cp_rank): pinned host memory needs an "
+    "accelerator, and on the CPU the tensor is host memory already",
 }
 
 
@@ -297,6 +300,8 @@ class _CudaToCpuMode(TorchFunctionMode):
                 args = tuple(CPU if _is_cuda_device(a) else a for a in args)
             if "device" in kwargs and _is_cuda_device(kwargs["device"]):
                 kwargs = dict(kwargs, device=CPU)
+        if "mode.pin_memory" not in _disabled and kwargs.get("pin_memory"):
+            kwargs = dict(kwargs, pin_memory=False)
         if "mode.type_strings" not in _disabled and func is torch.Tensor.type and len(args) == 1 and not kwargs:
             name = func(*args)
             return name.replace("torch.", "torch.cuda.", 1) if not args[0].is_cuda else name

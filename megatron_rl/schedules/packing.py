@@ -48,11 +48,14 @@ class PackedMicroBatch:
     row_batch: TrainBatch
     """[k, s] the sequences as rows (s = the longest of them): what the losses read."""
     padded_length: int
-    """T >= the real tokens; the tail is one padding segment of its own."""
+    """T >= the sequences' slots; the tail is one padding segment of its own."""
+    sequence_multiple: int = 1
+    """Each sequence takes a slot of its length rounded up to this (2·CP under context
+    parallelism, whose split cuts every sequence into 2·CP chunks); padding ends the slot."""
 
     def __post_init__(self) -> None:
-        if self.padded_length < max(self.num_tokens, 1):
-            raise ValueError(f"padded_length={self.padded_length} < {self.num_tokens} real tokens")
+        if self.padded_length < max(sum(self._slots), 1):
+            raise ValueError(f"padded_length={self.padded_length} < the {sum(self._slots)} positions of its sequences")
 
     @property
     def num_rows(self) -> int:
@@ -73,11 +76,18 @@ class PackedMicroBatch:
         return self._cu_seqlens.to(self.row_batch.tokens.device)
 
     @cached_property
+    def _slots(self) -> list[int]:
+        """Each sequence's positions in the row: its length rounded up to `sequence_multiple`."""
+        return [_round_up(n, self.sequence_multiple) for n in self._lengths.tolist()]
+
+    def segment_lengths(self) -> list[int]:
+        """The row's segments in order: every sequence's slot, then the tail's padding (if any)."""
+        tail = self.padded_length - sum(self._slots)
+        return self._slots + ([tail] if tail else [])
+
+    @cached_property
     def _cu_seqlens(self) -> Tensor:
-        lengths = self._lengths.tolist()
-        if self.padded_length > self.num_tokens:
-            lengths.append(self.padded_length - self.num_tokens)
-        return torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        return torch.tensor([0, *self.segment_lengths()], dtype=torch.int32).cumsum(0, dtype=torch.int32)
 
     @cached_property
     def max_seqlen(self) -> int:
@@ -116,7 +126,7 @@ class PackedMicroBatch:
         """[k, s, ...] rows -> [1, T, ...]: each sequence's real positions, then `fill`."""
         flat = x.reshape(-1, *x.shape[2:]).index_select(0, self._flat_index(x.device))
         out = x.new_full((self.padded_length, *x.shape[2:]), fill)
-        out[: flat.shape[0]] = flat
+        out[self._row_positions.to(x.device)] = flat
         return out[None]
 
     def as_rows(self, y: Tensor) -> Tensor:
@@ -124,7 +134,7 @@ class PackedMicroBatch:
         k, s = self.row_batch.num_rows, self.row_batch.seq_length
         index = self._flat_index(y.device)
         rows = y.new_zeros((k * s, *y.shape[2:]))
-        rows = rows.index_copy(0, index, y[0, : index.numel()])
+        rows = rows.index_copy(0, index, y[0].index_select(0, self._row_positions.to(y.device)))
         return rows.reshape(k, s, *y.shape[2:])
 
     def to(self, device: torch.device) -> "PackedMicroBatch":
@@ -132,6 +142,15 @@ class PackedMicroBatch:
 
     def _flat_index(self, device) -> Tensor:
         return self._cpu_flat_index.to(device)
+
+    @cached_property
+    def _row_positions(self) -> Tensor:
+        """Position in the packed row of each real token, in packed order (slots may end in padding)."""
+        lengths = self._lengths
+        slot_starts = torch.tensor([0, *self._slots], dtype=torch.long).cumsum(0)[:-1]
+        token_starts = torch.cumsum(lengths, 0) - lengths
+        within = torch.arange(int(lengths.sum())) - torch.repeat_interleave(token_starts, lengths)
+        return torch.repeat_interleave(slot_starts, lengths) + within
 
     @cached_property
     def _cpu_flat_index(self) -> Tensor:
@@ -206,6 +225,9 @@ class Microbatching:
     max_tokens: Optional[int] = None
     multiple: int = 1
     uniform_length: bool = False
+    sequence_multiple: int = 1
+    """Packed: each sequence's slot in a row is its length rounded up to this (context
+    parallelism splits every sequence into 2·CP chunks; see `for_layout`)."""
 
     def __post_init__(self) -> None:
         if self.micro_batch_size < 1:
@@ -220,11 +242,19 @@ class Microbatching:
     def packed(self) -> bool:
         return self.max_tokens is not None
 
-    def for_layout(self, multiple: int, interleaved: bool) -> "Microbatching":
+    def for_layout(self, multiple: int, interleaved: bool, cp_size: int = 1) -> "Microbatching":
         """This placement as a layout runs it: packed rows a multiple of `multiple` (TP under
         sequence parallelism), one row length per call under the interleaved pipeline
-        schedule. The runner and the trainer's packing metrics both ask here."""
-        return dataclasses.replace(self, multiple=math.lcm(self.multiple, multiple), uniform_length=interleaved)
+        schedule, and under context parallelism every sequence in a slot of a multiple of
+        2·CP·`multiple` (each CP rank's local row is then again a multiple of `multiple`).
+        The runner and the trainer's packing metrics both ask here."""
+        slot = 2 * cp_size * multiple if cp_size > 1 else 1
+        return dataclasses.replace(
+            self,
+            multiple=math.lcm(self.multiple, multiple, slot),
+            uniform_length=interleaved,
+            sequence_multiple=math.lcm(self.sequence_multiple, slot),
+        )
 
     def dp_split(self, batch: TrainBatch, dp_size: int) -> list[Tensor]:
         """Every DP rank's rows of `batch` ([N / dp_size] int64 each, ascending). Packed: the
@@ -256,13 +286,12 @@ class Microbatching:
                     f"micro_batch_size={self.micro_batch_size} must divide this rank's {local.num_rows} rows"
                 )
             return [list(range(i, i + self.micro_batch_size)) for i in range(0, local.num_rows, self.micro_batch_size)]
-        lengths = local.sequence_lengths().tolist()
-        return balanced_bins(lengths, range(local.num_rows), self.max_tokens)
+        return balanced_bins(self._slot_lengths(local), range(local.num_rows), self.max_tokens)
 
     def row_lengths(self, local: TrainBatch, bins: list[list[int]]) -> list[int]:
         """Each bin's packed row: its tokens rounded up to the multiple (an empty bin: one
         multiple; under `uniform_length` every row is padded to their maximum)."""
-        lengths = local.sequence_lengths().tolist()
+        lengths = self._slot_lengths(local)
         rows = [_round_up(max(sum(lengths[i] for i in b), 1), self.multiple) for b in bins]
         return [max(rows)] * len(rows) if self.uniform_length and rows else rows
 
@@ -305,7 +334,11 @@ class Microbatching:
         chosen = local.select(torch.tensor(rows, dtype=torch.long))
         longest = int(chosen.sequence_lengths().max()) if rows else 1
         padded = length if length is not None else self.row_lengths(local, [rows])[0]
-        return PackedMicroBatch(chosen.columns(longest), padded)
+        return PackedMicroBatch(chosen.columns(longest), padded, self.sequence_multiple)
+
+    def _slot_lengths(self, local: TrainBatch) -> list[int]:
+        """Each row's positions once packed: its length rounded up to `sequence_multiple`."""
+        return [_round_up(n, self.sequence_multiple) for n in local.sequence_lengths().tolist()]
 
 
 def _round_up(n: int, multiple: int) -> int:

@@ -17,6 +17,11 @@ each microbatch returns its exact share ℓ_mb of the mini-batch loss, times
 num_microbatches·DP (the CP factor the schedule applies cancels with DDP's). The gradient
 is then Σ_ranks Σ_mb ∇ℓ_mb = ∇(mini-batch loss) for any microbatch count, DP or PP split,
 with the default DDP config (average_in_collective either way).
+
+Context parallelism (`schedules.context_parallel`): the CP ranks of a DP rank hold the same
+rows; the model reads each rank's share of every sequence, the losses read whole rows
+gathered back, so denominators and metrics are summed over DP only (not DP×CP), and each CP
+rank's gradient covers its own tokens: DDP's sum over DP×CP is the whole gradient.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ import torch.distributed as dist
 
 from megatron_rl import platform
 from megatron_rl.models import route_replay
+from megatron_rl.parallel.sequence_split import sequence_multiple
 from megatron_rl.schedules.batch import TrainBatch
+from megatron_rl.schedules.context_parallel import ContextShard
 from megatron_rl.schedules.objectives import ActorLoss, CriticLoss, LossOutput
 from megatron_rl.schedules.packing import Microbatching, PackedMicroBatch
 from megatron_rl.schedules.vocab_parallel import vocab_parallel_logprobs
@@ -215,12 +222,6 @@ def train_step(
 
 
 def _check_layout(groups, config, training: bool) -> None:
-    if groups.cp.size() > 1:
-        raise ValueError(
-            "context_parallel_size > 1 is not supported by megatron_rl.schedules: "
-            "the batch is not split over CP ranks (and Megatron's local layer spec "
-            "has no CP attention); use context_parallel_size=1"
-        )
     if training and config.calculate_per_token_loss:
         raise ValueError(
             "TransformerConfig.calculate_per_token_loss must be False: the "
@@ -241,12 +242,13 @@ def _check_tokens(batch: TrainBatch, vocab_size: int) -> None:
 
 
 def _global_norms(local: dict[str, Tensor], groups) -> dict[str, Tensor]:
-    """Sum each additive denominator over DP (and CP); an empty mini-batch gives 1 (loss 0)."""
+    """Sum each additive denominator over DP (CP ranks hold the same rows); an empty
+    mini-batch gives 1 (loss 0)."""
     names = sorted(local)
     device = platform.current().device
     counts = torch.stack([local[n].to(torch.long) for n in names]).to(device)
-    if groups.dp_cp.size() > 1:
-        dist.all_reduce(counts, group=groups.dp_cp)
+    if groups.dp.size() > 1:
+        dist.all_reduce(counts, group=groups.dp)
     return {n: c.clamp_min(1) for n, c in zip(names, counts)}
 
 
@@ -259,14 +261,22 @@ def _microbatching(micro: Optional[Micro]) -> Microbatching:
 def _microbatches(local: TrainBatch, micro: Optional[Micro], groups, config) -> tuple[list, list]:
     """This rank's micro-batches and each one's local rows. Packed: as many on every DP
     rank (empty ones appended); rows a multiple of TP under sequence parallelism; under the
-    interleaved pipeline schedule one row length per call (see schedules.packing)."""
+    interleaved pipeline schedule one row length per call (see schedules.packing). Under CP
+    each one is this rank's `ContextShard` of it."""
     micro = _microbatching(micro)
-    if not micro.packed:
-        bins = micro.bins(local)
-        return micro.micro_batches(local, bins, len(bins)), bins
     tp = groups.tp.size() if config is not None and config.sequence_parallel else 1
+    cp = groups.cp.size()
+    if not micro.packed:
+        multiple = sequence_multiple(cp, tp)
+        if local.seq_length % multiple:
+            raise ValueError(
+                f"seq_length={local.seq_length} must be a multiple of {multiple} "
+                f"(2·CP·TP with sequence parallelism; CP={cp}, TP={tp})"
+            )
+        bins = micro.bins(local)
+        return _context_shards(micro.micro_batches(local, bins, len(bins)), groups), bins
     interleaved = config is not None and (config.virtual_pipeline_model_parallel_size or 1) > 1
-    micro = micro.for_layout(tp, interleaved)
+    micro = micro.for_layout(tp, interleaved, cp)
     bins = micro.bins(local)
     agreed = torch.tensor(
         [len(bins), max(micro.row_lengths(local, bins) + [micro.multiple])], device=platform.current().device
@@ -274,7 +284,15 @@ def _microbatches(local: TrainBatch, micro: Optional[Micro], groups, config) -> 
     if groups.dp.size() > 1:
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=groups.dp)
     count, length = int(agreed[0]), (int(agreed[1]) if interleaved else None)
-    return micro.micro_batches(local, bins, count, length), bins + [[] for _ in range(count - len(bins))]
+    microbatches = _context_shards(micro.micro_batches(local, bins, count, length), groups)
+    return microbatches, bins + [[] for _ in range(count - len(bins))]
+
+
+def _context_shards(microbatches: list, groups) -> list:
+    """Each micro-batch as this CP rank runs it (unchanged without CP)."""
+    if groups.cp.size() == 1:
+        return microbatches
+    return [ContextShard(mb, groups.cp) for mb in microbatches]
 
 
 def _empty_loss(output: Tensor, sum_names, max_names) -> LossOutput:
@@ -288,7 +306,11 @@ def _empty_loss(output: Tensor, sum_names, max_names) -> LossOutput:
 
 
 def _packed_seq_params(mb, model):
-    """Megatron's THD description of a packed micro-batch (None for padded rows)."""
+    """Megatron's THD description of a packed micro-batch (None for padded rows). Under CP the
+    offsets are the whole row's: Megatron's rotary embedding and the attention split each
+    sequence themselves."""
+    if isinstance(mb, ContextShard):
+        mb = mb.packed
     if not isinstance(mb, PackedMicroBatch):
         return None
     from megatron.core.packed_seq_params import PackedSeqParams
@@ -327,7 +349,7 @@ def _run(model_chunks, microbatches: list, loss_func: Callable, forward_only: bo
             data_iterator=[iter(microbatches) for _ in chunks] if len(chunks) > 1 else iter(microbatches),
             model=chunks if len(chunks) > 1 else chunks[0],
             num_microbatches=len(microbatches),
-            seq_length=first.tokens.shape[1],
+            seq_length=first.tokens.shape[1] * model_groups(chunks).cp.size(),  # Megatron divides by CP
             micro_batch_size=first.tokens.shape[0],
             forward_only=forward_only,
         )
@@ -389,10 +411,10 @@ def _reduce_metrics(store: list[dict], num_sums: int, num_maxes: int, groups) ->
         for record in store:
             sums += record["sums"].to(device)
             maxes = torch.maximum(maxes, record["maxes"].to(device))
-        if groups.dp_cp.size() > 1:
-            dist.all_reduce(sums, group=groups.dp_cp)
+        if groups.dp.size() > 1:  # CP ranks computed the same whole-row metrics
+            dist.all_reduce(sums, group=groups.dp)
             if num_maxes:
-                dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=groups.dp_cp)
+                dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=groups.dp)
     packed = torch.cat([sums, maxes])
     _broadcast_from_last_stage(packed, groups)
     return packed

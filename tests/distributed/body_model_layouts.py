@@ -188,6 +188,22 @@ def packed_schedule_cases(world_size):
         "packed-moe-actor-tp2_pp2_ep2-dapo": partial(sched.actor_case, "moe", layouts["tp2_pp2_ep2"], "dapo", budget),
         "packed-moe-actor-tp2_pp2_ep4-grpo": partial(sched.actor_case, "moe", layouts["tp2_pp2_ep4"], "grpo", budget),
         "packed-dense-critic-tp2_pp2": partial(sched.critic_case, "dense", layouts["tp2_pp2"], budget),
+        # context parallelism with the experts folded over the CP ranks: EP4 spans CP2 x DP2
+        # (ETP = TP2), and EP2 x EDP4 under CP4
+        "cp-moe-actor-cp2_tp2_ep4-dapo": partial(
+            sched.actor_case,
+            "moe",
+            dict(context_parallel_size=2, tensor_model_parallel_size=2, expert_model_parallel_size=4),
+            "dapo",
+            1,
+        ),
+        "packed-cp-moe-actor-cp4_ep2-grpo": partial(
+            sched.actor_case,
+            "moe",
+            dict(context_parallel_size=4, expert_model_parallel_size=2),
+            "grpo",
+            sched.Microbatching(max_tokens=32),
+        ),
     }
 
 

@@ -5,9 +5,10 @@ sequences, so the router's token order is plainly [s, b]). There, with the route
 model chose itself fed back, the logprobs are bitwise those without replay and every
 (token, layer) agrees; with random routes (-1 on the first positions: the router's own)
 the used experts are exactly the given ones, and the logprobs move. Every other layout
-(TP with sequence parallelism, EP, ETP, PP and VPP) gets the same weights and the same
-random routes: its logprobs, and its loss and gradients of a forward-backward with full
-activation recompute, equal the reference's, and every recompute took its queued routes.
+(TP with sequence parallelism, EP, ETP, PP and VPP, CP with the routes split like the
+tokens) gets the same weights and the same random routes: its logprobs, and its loss and
+gradients of a forward-backward with full activation recompute (through the RL schedules),
+equal the reference's, and every recompute took its queued routes.
 
 Usage: body_route_replay.py WORLD_SIZE
 """
@@ -20,10 +21,12 @@ import torch.distributed as dist
 from megatron_rl import platform
 from megatron_rl.models import build_model
 from megatron_rl.models.builder import BuildOptions
-from megatron_rl.models.route_replay import RouteReplay, set_targets
+from megatron_rl.models.route_replay import RouteReplay
 from megatron_rl.parallel import ParallelConfig, destroy, initialize
 from megatron_rl.parallel.full_tensors import gather_full, load_full, main_grad, params_as
-from megatron_rl.schedules import TrainBatch, compute_logprobs, gather_data_parallel, local_batch
+from megatron_rl.schedules import TrainBatch, compute_logprobs, forward_backward, gather_data_parallel, local_batch
+from megatron_rl.schedules.objectives import LossOutput
+from megatron_rl.schedules.vocab_parallel import vocab_parallel_logprobs
 from megatron_rl_lab.testing.tiny import TINY_QWEN3_MOE
 from megatron_rl_lab.testing.torchrun import run_cases
 
@@ -66,58 +69,48 @@ class Model:
         self.replay = RouteReplay(self.chunks)
 
     def logprobs(self, routes=None, record_used=False):
-        mask = torch.ones(ROWS, SEQ, dtype=torch.bool)
-        mask[:, -1] = False
-        batch = TrainBatch(tokens=tokens(), loss_mask=mask, routes=routes)
+        batch = TrainBatch(tokens=tokens(), loss_mask=_all_but_last(), routes=routes)
         self.replay.begin(record_used=record_used)
         logp, _ = compute_logprobs(self.chunks, local_batch(self.chunks, batch), MBS, ARCH.vocab_size)
         return gather_data_parallel(self.chunks, logp).cpu()
 
     def forward_backward(self, routes):
-        """Mean CE over this rank's rows, forward and backward (recomputed layers)."""
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
-        dp, dp_rank = self.parallel.dp(dist.get_world_size()), _dp_rank(self.chunks)
-        rows = slice(dp_rank * ROWS // dp, (dp_rank + 1) * ROWS // dp)
-        data, labels = tokens()[rows], torch.roll(tokens(), -1, 1)[rows]
-        micro = [(data[i : i + MBS], labels[i : i + MBS], routes[rows][i : i + MBS]) for i in range(0, len(data), MBS)]
+        """Mean CE over all rows through the RL schedules, forward and backward (recomputed
+        layers; under CP the routes are split with the tokens)."""
+        batch = TrainBatch(tokens=tokens(), loss_mask=_all_but_last(), routes=routes)
         self.replay.begin()
-        with platform.megatron_scope():
-            out = get_forward_backward_func()(
-                forward_step_func=_forward_step,
-                data_iterator=[iter(micro) for _ in self.chunks] if len(self.chunks) > 1 else iter(micro),
-                model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
-                num_microbatches=len(micro),
-                seq_length=SEQ,
-                micro_batch_size=MBS,
-                forward_only=False,
-            )
-        local = sum(float(o["loss"]) for o in out) / len(out) if out else None
-        everyone = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, local)
-        losses = [v for v in everyone if v is not None]
+        metrics = forward_backward(self.chunks, local_batch(self.chunks, batch), MeanCrossEntropy(), MBS)
         with params_as(self.chunks, main_grad):
             grads = gather_full(self.chunks)
         left = sum(len(layer.pending) for layer in self.replay.layers)
-        return sum(losses) / len(losses), grads, left
+        return metrics["ce/loss"], grads, left
 
 
-def _dp_rank(chunks):
-    from megatron_rl.schedules import model_groups
+def _all_but_last():
+    mask = torch.ones(ROWS, SEQ, dtype=torch.bool)
+    mask[:, -1] = False
+    return mask
 
-    return model_groups(chunks).dp.rank()
 
+class MeanCrossEntropy:
+    """The schedules' loss contract for the mean next-token cross-entropy of the mini-batch."""
 
-def _forward_step(data_iterator, model):
-    data, labels, routes = next(data_iterator)
-    set_targets(model, routes)
-    out = model(data, torch.arange(SEQ).expand_as(data), None, labels=labels)
+    prefix = "ce"
 
-    def loss_func(output):
-        loss = output.float().mean()
-        return loss, {"loss": loss.detach().clone()}
+    def required_fields(self):
+        return ()
 
-    return out, loss_func
+    def metric_names(self):
+        return ("loss",), ()
+
+    def local_norms(self, batch):
+        return {"tokens": batch.loss_mask.sum()}
+
+    def __call__(self, logits, mb, norms, tp_group):
+        logp, _ = vocab_parallel_logprobs(logits, mb.labels, ARCH.vocab_size, tp_group, mb.temperature)
+        mask = mb.row_batch.loss_mask
+        loss = -torch.where(mask, mb.as_rows(logp), 0.0).sum() / norms["tokens"]
+        return LossOutput(loss, {"loss": loss.detach()})
 
 
 def own_routes(used):
@@ -195,6 +188,7 @@ LAYOUTS = {
     "pp2_vpp2_ep2": dict(
         pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2, expert_model_parallel_size=2
     ),
+    "cp2_ep2": dict(context_parallel_size=2, expert_model_parallel_size=2),  # routes split like the tokens
 }
 
 

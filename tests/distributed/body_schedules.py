@@ -354,6 +354,11 @@ LAYOUTS = {
     "tp2_ep2": dict(tensor_model_parallel_size=2, expert_model_parallel_size=2),
     "ep4": dict(expert_model_parallel_size=4),
     "tp2_ep2_etp1": dict(tensor_model_parallel_size=2, expert_model_parallel_size=2, expert_tensor_parallel_size=1),
+    "cp2": dict(context_parallel_size=2),  # DP2 x CP2
+    "cp4": dict(context_parallel_size=4),
+    "cp2_tp2": dict(context_parallel_size=2, tensor_model_parallel_size=2),  # sequence parallel on
+    "cp2_ep2": dict(context_parallel_size=2, expert_model_parallel_size=2),  # EP spans the CP ranks
+    "cp2_pp2": dict(context_parallel_size=2, pipeline_model_parallel_size=2),
 }
 
 
@@ -379,7 +384,27 @@ def cases():
     )
     out["moe-train_step-tp2_ep2-dapo"] = partial(train_step_case, "moe", LAYOUTS["tp2_ep2"], "dapo", 2)
     out.update(packed_cases())
+    out.update(context_parallel_cases())
     return out
+
+
+def context_parallel_cases():
+    """The same references with every sequence split over CP ranks (schedules.context_parallel):
+    padded rows of 16 positions and packed rows whose sequences take slots of 2·CP(·TP)."""
+    budget = Microbatching(max_tokens=32)
+    return {
+        "cp-dense-actor-cp2-dapo": partial(actor_case, "dense", LAYOUTS["cp2"], "dapo", 1),
+        "cp-dense-actor-cp4-grpo": partial(actor_case, "dense", LAYOUTS["cp4"], "grpo", 2),
+        "cp-dense-actor-cp2_tp2-hapo_kl_nll": partial(actor_case, "dense", LAYOUTS["cp2_tp2"], "hapo_kl_nll", 1),
+        "cp-moe-actor-cp2_ep2-dapo": partial(actor_case, "moe", LAYOUTS["cp2_ep2"], "dapo", 2),
+        "cp-dense-actor-cp2_pp2-grpo": partial(actor_case, "dense", LAYOUTS["cp2_pp2"], "grpo", 1),
+        "cp-dense-critic-cp2": partial(critic_case, "dense", LAYOUTS["cp2"], 2),
+        "packed-cp-dense-actor-cp2-grpo": partial(actor_case, "dense", LAYOUTS["cp2"], "grpo", budget),
+        "packed-cp-moe-actor-cp2_ep2-dapo": partial(actor_case, "moe", LAYOUTS["cp2_ep2"], "dapo", budget),
+        "packed-cp-dense-actor-cp2_tp2-grpo": partial(actor_case, "dense", LAYOUTS["cp2_tp2"], "grpo", budget),
+        "packed-cp-dense-critic-cp2_pp2": partial(critic_case, "dense", LAYOUTS["cp2_pp2"], budget),
+        "cp-moe-train_step-cp2_ep2-dapo": partial(train_step_case, "moe", LAYOUTS["cp2_ep2"], "dapo", 2),
+    }
 
 
 def packed_cases():

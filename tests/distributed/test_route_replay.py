@@ -1,5 +1,5 @@
 """MoE router replay (R3) on gloo, world 4: the routers use the given experts in every
-layout (TP with sequence parallelism, EP, ETP, PP*VPP), forward-only and in a
+layout (TP with sequence parallelism, EP, ETP, PP*VPP, CP), forward-only and in a
 forward-backward with full activation recompute, matching the single-rank model."""
 
 from pathlib import Path
@@ -9,7 +9,7 @@ import pytest
 from megatron_rl_lab.testing.torchrun import launch
 
 BODY = Path(__file__).with_name("body_route_replay.py")
-LAYOUTS = ["tp2_sp_ep2", "tp2_ep2_etp1", "ep4", "pp2_vpp2_ep2"]
+LAYOUTS = ["tp2_sp_ep2", "tp2_ep2_etp1", "ep4", "pp2_vpp2_ep2", "cp2_ep2"]
 LOGP_TOL, LOSS_TOL, GRAD_TOL = 1e-5, 1e-5, 1e-5
 """fp32 reductions in another order (the layout test's tolerances)."""
 

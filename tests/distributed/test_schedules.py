@@ -7,7 +7,9 @@ critic's values and value-loss gradient likewise; train_step's grad norm is the 
 An actor and a critic in two different layouts in one process (the critic's groups built
 alongside, switched in around its work) each still match their references. Packed
 token-budget micro-batches (several sequences per row, THD) match the same padded
-references in every layout above.
+references in every layout above. With every sequence split over context-parallel ranks
+(CP2, CP4, CP2·TP2 with sequence parallelism, CP2·EP2 with the experts folded over the CP
+ranks, CP2·PP2), padded and packed, actor and critic, the same references hold.
 """
 
 from pathlib import Path
@@ -47,6 +49,18 @@ PACKED_ACTOR_CASES = [
     "packed-moe-actor-ep4-grpo",
 ]
 PACKED_CRITIC_CASES = ["packed-dense-critic-pp2", "packed-dense-critic-tp2", "packed-moe-critic-tp2_ep2_etp1"]
+# every sequence split over CP ranks (schedules.context_parallel), padded and packed
+CP_ACTOR_CASES = [
+    "cp-dense-actor-cp2-dapo",
+    "cp-dense-actor-cp4-grpo",
+    "cp-dense-actor-cp2_tp2-hapo_kl_nll",
+    "cp-moe-actor-cp2_ep2-dapo",
+    "cp-dense-actor-cp2_pp2-grpo",
+    "packed-cp-dense-actor-cp2-grpo",
+    "packed-cp-moe-actor-cp2_ep2-dapo",
+    "packed-cp-dense-actor-cp2_tp2-grpo",
+]
+CP_CRITIC_CASES = ["cp-dense-critic-cp2", "packed-cp-dense-critic-cp2_pp2"]
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +89,7 @@ def _check_packed(r, case):
         assert r["row_lengths_per_rank"] >= 2, r["row_lengths_per_rank"]
 
 
-@pytest.mark.parametrize("case", ACTOR_CASES + PACKED_ACTOR_CASES)
+@pytest.mark.parametrize("case", ACTOR_CASES + PACKED_ACTOR_CASES + CP_ACTOR_CASES)
 def test_actor_gradient_and_logprobs_match_single_process(results, case):
     r = _result(results, case)
     _check_packed(r, case)
@@ -84,7 +98,7 @@ def test_actor_gradient_and_logprobs_match_single_process(results, case):
     _check_grads(r)
 
 
-@pytest.mark.parametrize("case", CRITIC_CASES + PACKED_CRITIC_CASES)
+@pytest.mark.parametrize("case", CRITIC_CASES + PACKED_CRITIC_CASES + CP_CRITIC_CASES)
 def test_critic_values_and_gradient_match_single_process(results, case):
     r = _result(results, case)
     _check_packed(r, case)
@@ -92,8 +106,9 @@ def test_critic_values_and_gradient_match_single_process(results, case):
     _check_grads(r)
 
 
-def test_train_step_grad_norm_and_update(results):
-    r = _result(results, "moe-train_step-tp2_ep2-dapo")
+@pytest.mark.parametrize("case", ["moe-train_step-tp2_ep2-dapo", "cp-moe-train_step-cp2_ep2-dapo"])
+def test_train_step_grad_norm_and_update(results, case):
+    r = _result(results, case)
     assert abs(r["grad_norm"] - r["ref_grad_norm"]) < 1e-6 * r["ref_grad_norm"]
     assert r["pg_loss_diff"] < METRIC_TOL
     assert r["update_skipped"] == 0.0 and r["weights_moved"] > 0

@@ -175,7 +175,8 @@ def test_token_budget_is_checked_against_seq_length_and_tp():
         load_config(DAPO, ["trainer.max_tokens_per_micro_batch=40"])
     with pytest.raises(
         ConfigError,
-        match="^trainer.max_tokens_per_micro_batch=99 must be a multiple of parallel.tensor_model_parallel_size=2 ",
+        match="^trainer.max_tokens_per_micro_batch=99 must be a multiple of 2: sequence parallelism splits "
+        "every packed row over parallel.tensor_model_parallel_size=2$",
     ):
         validate(
             load_config(DAPO, ["trainer.max_tokens_per_micro_batch=99", "parallel.tensor_model_parallel_size=2"]), 2
@@ -186,6 +187,28 @@ def test_token_budget_is_checked_against_seq_length_and_tp():
     with pytest.raises(ConfigError, match="one training batch of 256 rows"):
         validate(load_config(DAPO, [*overrides, "trainer.max_tokens_per_micro_batch=null"]), 8)
     validate(load_config(DAPO, [*overrides, "trainer.max_tokens_per_micro_batch=96"]), 8)
+
+
+def test_sequences_must_split_into_two_chunks_per_cp_rank():
+    """CP cuts every sequence into 2·CP chunks (times TP under sequence parallelism): padded
+    rows by trainer.seq_length, packed rows by the token budget."""
+    cp2 = ["parallel.context_parallel_size=2", "trainer.max_tokens_per_micro_batch=null"]
+    validate(load_config(DAPO, cp2), 2)  # seq_length 48 = 4 chunks of 12
+    with pytest.raises(
+        ConfigError,
+        match="^trainer.seq_length=50 must be a multiple of 4: parallel: context_parallel_size=2 splits "
+        "every sequence into 2·CP chunks$",
+    ):
+        validate(load_config(DAPO, [*cp2, "trainer.seq_length=50"]), 2)
+    cp2_tp2 = ["parallel.context_parallel_size=2", "parallel.tensor_model_parallel_size=2"]
+    with pytest.raises(
+        ConfigError,
+        match="^trainer.max_tokens_per_micro_batch=100 must be a multiple of 8: parallel: context_parallel_size=2 "
+        "splits every sequence into 2·CP chunks, each a multiple of tensor_model_parallel_size=2 "
+        r"\(sequence parallelism\)$",
+    ):
+        validate(load_config(DAPO, [*cp2_tp2, "trainer.max_tokens_per_micro_batch=100"]), 4)
+    validate(load_config(DAPO, [*cp2_tp2, "trainer.max_tokens_per_micro_batch=96"]), 4)
 
 
 def test_the_cli_refuses_a_budget_below_seq_length_in_one_line():

@@ -190,7 +190,7 @@ def test_unsupported_inputs_are_refused(world_of_one):
         sdpa(q, k, v, None, attn_mask_type=AttnMaskType.padding)
     with pytest.raises(ValueError, match="cu_seqlens_q must rise"):
         sdpa(q[:, 0], k[:, 0], v[:, 0], None, packed_seq_params=packed_params([2, 1]))
-    with pytest.raises(ValueError, match="context parallelism"):
+    with pytest.raises(ValueError, match="without a CP process group of that size"):
         SdpaAttention(attention_config(context_parallel_size=2), 1, AttnMaskType.causal, "self")
     with pytest.raises(ValueError, match="mask type"):
         SdpaAttention(attention_config(), 1, AttnMaskType.no_mask, "self")

@@ -52,7 +52,7 @@ def test_derived_sizes_fold_dense_and_expert_mappings():
             DENSE,
             "num_layers=4 is not divisible",
         ),
-        (dict(context_parallel_size=2), 2, DENSE, "CP>1) needs Transformer Engine, which is not installed"),
+        (dict(context_parallel_size=3), 4, DENSE, "context_parallel_size x pipeline_model_parallel_size = 1x3x1"),
         (dict(expert_model_parallel_size=2), 2, DENSE, "need a MoE model"),
         (dict(tensor_model_parallel_size=0), 1, None, "must be a positive integer"),
         (

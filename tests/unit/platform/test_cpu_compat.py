@@ -101,6 +101,34 @@ def test_type_strings_rule_inside_scope_only(layer):
         torch.cuda.current_device()
 
 
+class _TwoRankGroup:
+    """The two methods Megatron's rotary split reads from a CP group (rank 1 of 2)."""
+
+    def size(self):
+        return 2
+
+    def rank(self):
+        return 1
+
+
+def test_pin_memory_rule_lets_the_cp_rotary_split_run(layer):
+    """Megatron 0.16.1 builds its CP chunk index with pin_memory=True then .cuda(): without the
+    rule the CPU build refuses; with it rank 1 of CP2 gets chunks 1 and 2 of 4 (of 8 positions)."""
+    from megatron.core.models.common.embeddings.rope_utils import get_pos_emb_on_this_cp_rank
+
+    positions = torch.arange(8.0).reshape(8, 1, 1, 1)
+    with platform.megatron_scope():
+        mine = get_pos_emb_on_this_cp_rank(positions, 0, _TwoRankGroup())
+    assert mine.flatten().tolist() == [2.0, 3.0, 4.0, 5.0]
+    cpu_compat.install(exclude=("mode.pin_memory",))
+    try:
+        with pytest.raises(RuntimeError, match="pin_memory"):
+            with platform.megatron_scope():
+                get_pos_emb_on_this_cp_rank(positions, 0, _TwoRankGroup())
+    finally:
+        cpu_compat.install()
+
+
 def test_unknown_patch_name_is_refused():
     with pytest.raises(ValueError, match="unknown CPU patch"):
         cpu_compat.install(exclude=("no_such_patch",))

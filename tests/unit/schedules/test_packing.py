@@ -60,6 +60,31 @@ def test_packed_row_layout_and_round_trip():
     assert torch.equal(mb.pack(rows, fill=-1.0)[0], torch.tensor([*range(10), -1, -1], dtype=torch.float))
 
 
+def test_a_cp_packed_row_gives_every_sequence_a_slot_of_2cp_chunks():
+    """sequence_multiple=4 (CP2): lengths 3, 5, 2 take slots of 4, 8, 4; padding ends each slot."""
+    batch = batch_of([3, 5, 2]).columns(5)
+    mb = PackedMicroBatch(batch, padded_length=20, sequence_multiple=4)
+    assert mb.segment_lengths() == [4, 8, 4, 4]
+    assert mb.cu_seqlens.tolist() == [0, 4, 12, 16, 20]
+    assert mb.tokens[0].tolist() == [0, 1, 2, 0, 10, 11, 12, 13, 14, 0, 0, 0, 20, 21, 0, 0, 0, 0, 0, 0]
+    assert mb.position_ids[0, :12].tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7]
+    rows = mb.as_rows(torch.arange(20.0)[None, :, None])[..., 0]
+    assert rows.tolist() == [[0, 1, 2, 0, 0], [4, 5, 6, 7, 8], [12, 13, 0, 0, 0]]
+    with pytest.raises(ValueError, match="padded_length=12 < the 16 positions of its sequences"):
+        PackedMicroBatch(batch, padded_length=12, sequence_multiple=4)
+
+
+def test_for_layout_under_cp_pads_sequences_to_2cp_tp_and_bins_by_slots():
+    micro = Microbatching(max_tokens=16).for_layout(2, interleaved=False, cp_size=2)
+    assert (micro.multiple, micro.sequence_multiple) == (8, 8)
+    local = batch_of([3, 5, 2, 7])
+    bins = micro.bins(local)  # every sequence takes 8 positions: two per 16-token row
+    assert sorted(len(b) for b in bins) == [2, 2]
+    assert micro.row_lengths(local, bins) == [16, 16]
+    with pytest.raises(ValueError, match="max_tokens_per_micro_batch=12 must be a positive multiple of 8"):
+        Microbatching(max_tokens=12).for_layout(2, interleaved=False, cp_size=2)
+
+
 def test_as_rows_is_differentiable():
     mb = PackedMicroBatch(batch_of([2, 3]).columns(3), padded_length=6)
     y = torch.ones(1, 6, requires_grad=True)
