@@ -101,8 +101,7 @@ class SdpaAttention(MegatronModule):
         _refuse_unsupported_call(attention_mask, attn_mask_type, attention_bias)
         dropout_p = self.dropout_p if self.training else 0.0
         if self.config.context_parallel_size > 1:
-            with self._dropout_rng(dropout_p):
-                return self._context_parallel(query, key, value, packed_seq_params, dropout_p)
+            return self._context_parallel(query, key, value, packed_seq_params, dropout_p)
         key, value = _repeat_groups(key, query.size(-2)), _repeat_groups(value, query.size(-2))
         with self._dropout_rng(dropout_p):
             if packed_seq_params is None:
@@ -146,8 +145,13 @@ class SdpaAttention(MegatronModule):
         else:
             segments = [end - start for start, end in _sequence_bounds(packed_seq_params, query.size(0) * cp)]
             query, key, value = (x.unsqueeze(1) for x in (query, key, value))
+        if dropout_p > 0:
+            raise ValueError(
+                f"attention dropout ({dropout_p}) under context parallelism is not supported: the CP "
+                "attention recomputes its forward in the backward; set attention_dropout=0"
+            )
         context = context_parallel_attention(
-            query, key, value, segments, self.cp_group, _repeat_groups, self.softmax_scale, dropout_p
+            query, key, value, segments, self.cp_group, _repeat_groups, self.softmax_scale
         )
         context = context.reshape(context.size(0), context.size(1), -1)
         return context if packed_seq_params is None else context.squeeze(1)

@@ -67,8 +67,9 @@ class ContextShard:
         return local_positions(self._segments, self.cp_size, self.cp_group.rank())
 
     @cached_property
-    def _order(self) -> Tensor:
-        return row_order(self._segments, self.cp_size)
+    def _source(self) -> Tensor:
+        """The gathered entry each row position reads."""
+        return row_order(self._segments, self.cp_size).argsort()
 
     def _split(self, x: Optional[Tensor]) -> Optional[Tensor]:
         return None if x is None else x.index_select(1, self._local.to(x.device))
@@ -111,9 +112,7 @@ class ContextShard:
         gathered = gather_from_sequence_parallel_region(
             y.transpose(0, 1).contiguous(), tensor_parallel_output_grad=False, group=self.cp_group
         ).transpose(0, 1)
-        row = torch.empty_like(gathered)
-        row = row.index_copy(1, self._order.to(y.device), gathered)
-        return self.inner.as_rows(row)
+        return self.inner.as_rows(gathered.index_select(1, self._source.to(y.device)))
 
     def to(self, device: torch.device) -> "ContextShard":
         return dataclasses.replace(self, inner=self.inner.to(device))

@@ -478,7 +478,7 @@ class RLTrainer:
         the actor over the step's mini-batches (what the schedules will run)."""
         layout, minis = self.cfg.parallel, self.cfg.algorithm.mini_batches_per_step
         rows = actor_batch.num_rows // minis
-        micro = self.micro.for_layout(layout.tp if layout.sequence_parallel_enabled else 1, layout.vpp > 1)
+        micro = self.micro.for_layout(layout.tp if layout.sequence_parallel_enabled else 1, layout.vpp > 1, layout.cp)
         costs = [micro.cost(actor_batch.rows(m * rows, (m + 1) * rows), layout.dp(self.world)) for m in range(minis)]
         metrics["train/packing_efficiency"] = sum(c["real_tokens"] for c in costs) / sum(
             c["computed_tokens"] for c in costs

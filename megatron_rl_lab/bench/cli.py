@@ -22,6 +22,7 @@ BENCHES: dict[str, str] = {
     "mismatch": "megatron_rl_lab.bench.mismatch",
     "packing": "megatron_rl_lab.bench.packing",
     "async": "megatron_rl_lab.bench.async_rollouts",
+    "cp": "megatron_rl_lab.bench.context_parallel",
 }
 
 

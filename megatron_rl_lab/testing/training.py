@@ -19,6 +19,8 @@ from megatron_rl.models import build_model
 from megatron_rl.models.builder import BuildOptions, wrap_for_training
 from megatron_rl.parallel import ParallelConfig, initialize
 from megatron_rl.parallel.full_tensors import gather_full, params_as
+from megatron_rl.schedules import TrainBatch, local_batch, train_step
+from megatron_rl_lab.testing.losses import MeanCrossEntropy, all_but_last
 from megatron_rl_lab.testing.tiny import TINY_ARCHS
 
 GLOBAL_BATCH, SEQ, MBS = 8, 16, 2
@@ -38,42 +40,22 @@ class TrainingRun:
         chunks = build_model("actor", self.arch, self.parallel, BuildOptions(dtype=dtype))
         self.chunks, self.optimizer = wrap_for_training(chunks, dtype=dtype, lr=1e-2, clip_grad=1.0, weight_decay=0.01)
 
-    def batch(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """This rank's (tokens, labels) micro-batches of ``step``, on the platform's device."""
+    def batch(self, step: int) -> TrainBatch:
+        """``step``'s whole mini-batch (every rank draws the same), on the platform's device."""
         seed = step if self.data == "step" else random.getrandbits(62)
         g = torch.Generator().manual_seed(1000 + seed)
-        tokens = torch.randint(0, self.arch.vocab_size, (GLOBAL_BATCH, SEQ + 1), generator=g)
-        per_rank = GLOBAL_BATCH // self.parallel.dp(self.ctx.world_size)
-        rows = slice(self.ctx.coords.dp * per_rank, (self.ctx.coords.dp + 1) * per_rank)
-        tokens = tokens[rows].to(platform.current().device)
-        return [(tokens[i : i + self.mbs, :-1], tokens[i : i + self.mbs, 1:]) for i in range(0, per_rank, self.mbs)]
+        tokens = torch.randint(0, self.arch.vocab_size, (GLOBAL_BATCH, SEQ), generator=g)
+        batch = TrainBatch(tokens=tokens, loss_mask=all_but_last(GLOBAL_BATCH, SEQ))
+        return batch.to(platform.current().device)
 
     def train(self, steps) -> list[float]:
-        """One optimizer step per entry of ``steps``; the mean loss of each (every rank)."""
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
+        """One optimizer step per entry of ``steps`` through the RL schedules (any layout, CP
+        included); the mini-batch's mean loss of each (every rank)."""
+        loss = MeanCrossEntropy(self.arch.vocab_size)
         losses = []
         for step in steps:
-            micro = self.batch(step)
-            with platform.megatron_scope():
-                for c in self.chunks:
-                    c.zero_grad_buffer()
-                self.optimizer.zero_grad()
-                out = get_forward_backward_func()(
-                    forward_step_func=_forward_step,
-                    data_iterator=[iter(micro) for _ in self.chunks] if len(self.chunks) > 1 else iter(micro),
-                    model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
-                    num_microbatches=len(micro),
-                    seq_length=SEQ,
-                    micro_batch_size=self.mbs,
-                    forward_only=False,
-                )
-                self.optimizer.step()
-            local = sum(float(o["loss"]) for o in out) / len(out) if out else None
-            everyone = [None] * self.ctx.world_size
-            dist.all_gather_object(everyone, local)
-            values = [v for v in everyone if v is not None]
-            losses.append(sum(values) / len(values))
+            local = local_batch(self.chunks, self.batch(step))
+            losses.append(train_step(self.chunks, self.optimizer, local, loss, self.mbs)["ce/loss"])
         return losses
 
     def full_params(self) -> dict[str, torch.Tensor]:
@@ -125,18 +107,6 @@ def _flat_ranges(sub) -> dict:
                 for param, ranges in bucket["param_map"].items():
                     mine[param] = ranges["param"]
     return mine
-
-
-def _forward_step(data_iterator, model):
-    tokens, labels = next(data_iterator)
-    positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
-    out = model(tokens, positions, None, labels=labels)
-
-    def loss_func(output):
-        loss = output.float().mean()
-        return loss, {"loss": loss.detach().clone()}
-
-    return out, loss_func
 
 
 def hold_writer_until_update(ckpt, optimizer, after_s: float) -> list:

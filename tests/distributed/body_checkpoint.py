@@ -231,6 +231,18 @@ def cases(world_size):
             dict(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2),
             dict(tensor_model_parallel_size=2),
         ),
+        # context parallelism shards no weight, but the distributed optimizer's state is split
+        # over DP x CP: saved at CP2 (DP2 x CP2), loaded at TP2 (DP2), and the reverse
+        "dense-cp2-to-tp2": partial(
+            reshard, "dense", "cp2", dict(context_parallel_size=2), dict(tensor_model_parallel_size=2)
+        ),
+        "dense-pp2vpp2-to-cp2": partial(
+            reshard,
+            "dense",
+            "pp2vpp2",
+            dict(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2),
+            dict(context_parallel_size=2),
+        ),
         "dense-pp2vpp2-to-tp2pp2": partial(
             reshard,
             "dense",

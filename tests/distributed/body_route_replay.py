@@ -25,8 +25,7 @@ from megatron_rl.models.route_replay import RouteReplay
 from megatron_rl.parallel import ParallelConfig, destroy, initialize
 from megatron_rl.parallel.full_tensors import gather_full, load_full, main_grad, params_as
 from megatron_rl.schedules import TrainBatch, compute_logprobs, forward_backward, gather_data_parallel, local_batch
-from megatron_rl.schedules.objectives import LossOutput
-from megatron_rl.schedules.vocab_parallel import vocab_parallel_logprobs
+from megatron_rl_lab.testing.losses import MeanCrossEntropy, all_but_last
 from megatron_rl_lab.testing.tiny import TINY_QWEN3_MOE
 from megatron_rl_lab.testing.torchrun import run_cases
 
@@ -69,7 +68,7 @@ class Model:
         self.replay = RouteReplay(self.chunks)
 
     def logprobs(self, routes=None, record_used=False):
-        batch = TrainBatch(tokens=tokens(), loss_mask=_all_but_last(), routes=routes)
+        batch = TrainBatch(tokens=tokens(), loss_mask=all_but_last(ROWS, SEQ), routes=routes)
         self.replay.begin(record_used=record_used)
         logp, _ = compute_logprobs(self.chunks, local_batch(self.chunks, batch), MBS, ARCH.vocab_size)
         return gather_data_parallel(self.chunks, logp).cpu()
@@ -77,40 +76,13 @@ class Model:
     def forward_backward(self, routes):
         """Mean CE over all rows through the RL schedules, forward and backward (recomputed
         layers; under CP the routes are split with the tokens)."""
-        batch = TrainBatch(tokens=tokens(), loss_mask=_all_but_last(), routes=routes)
+        batch = TrainBatch(tokens=tokens(), loss_mask=all_but_last(ROWS, SEQ), routes=routes)
         self.replay.begin()
-        metrics = forward_backward(self.chunks, local_batch(self.chunks, batch), MeanCrossEntropy(), MBS)
+        metrics = forward_backward(self.chunks, local_batch(self.chunks, batch), MeanCrossEntropy(ARCH.vocab_size), MBS)
         with params_as(self.chunks, main_grad):
             grads = gather_full(self.chunks)
         left = sum(len(layer.pending) for layer in self.replay.layers)
         return metrics["ce/loss"], grads, left
-
-
-def _all_but_last():
-    mask = torch.ones(ROWS, SEQ, dtype=torch.bool)
-    mask[:, -1] = False
-    return mask
-
-
-class MeanCrossEntropy:
-    """The schedules' loss contract for the mean next-token cross-entropy of the mini-batch."""
-
-    prefix = "ce"
-
-    def required_fields(self):
-        return ()
-
-    def metric_names(self):
-        return ("loss",), ()
-
-    def local_norms(self, batch):
-        return {"tokens": batch.loss_mask.sum()}
-
-    def __call__(self, logits, mb, norms, tp_group):
-        logp, _ = vocab_parallel_logprobs(logits, mb.labels, ARCH.vocab_size, tp_group, mb.temperature)
-        mask = mb.row_batch.loss_mask
-        loss = -torch.where(mask, mb.as_rows(logp), 0.0).sum() / norms["tokens"]
-        return LossOutput(loss, {"loss": loss.detach()})
 
 
 def own_routes(used):

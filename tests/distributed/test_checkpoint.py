@@ -18,6 +18,8 @@ RESHARD4 = [
     "dense-pp2vpp2-to-tp2",
     "dense-pp2vpp2-to-tp2pp2",
     "moe-bf16-tp2ep2-to-ep4",
+    "dense-cp2-to-tp2",
+    "dense-pp2vpp2-to-cp2",
 ]
 RESHARD8 = ["moe-tp2pp2ep2-to-dp8", "moe-tp2pp2ep2-to-ep4", "moe-tp2pp2ep2-to-pp2vpp2-ep2"]
 LOSS_TOL, WEIGHT_TOL = 1e-5, 1e-4  # different layouts reduce in different orders
