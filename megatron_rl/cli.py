@@ -26,6 +26,7 @@ examples:
   megatron-rl ckpt inspect CKPT --verify
   megatron-rl eval --config runs/dapo/config.yaml --ckpt runs/dapo --json val.json
   megatron-rl plot runs/dapo --keys reward/mean,actor/entropy
+  megatron-rl tool python solve.py --timeout 2
 
 Overrides are dotted key=value pairs over the config tree (sections: model, parallel,
 trainer, algorithm, rollout, data, checkpoint, monitor, eval); unknown keys and bad values fail at once,

@@ -1,6 +1,6 @@
 """Subcommands with their own parsers, and the ones other installed packages add.
 
-The runtime's own (convert, ckpt, eval, plot, monitor) are listed here; a package beside it (the
+The runtime's own (convert, ckpt, eval, plot, monitor, tool) are listed here; a package beside it (the
 lab's benchmarks, megatron_rl_lab) declares more under the entry-point group
 `megatron_rl.commands`, so the runtime runs them without importing that package by name.
 An entry named `monitor.eval` is a subcommand of `monitor`.
@@ -44,6 +44,10 @@ RUNTIME = {
     "monitor": Subcommand(
         "megatron_rl.monitor.cli",
         "faulty-machine detection (Minder): detect, train-denoiser, and the lab's eval, synth; see `monitor --help`",
+    ),
+    "tool": Subcommand(
+        "megatron_rl.environments.tool_cli",
+        "run a file as one sandboxed call of the episodes' Python tool: python FILE; see `tool python --help`",
     ),
 }
 
