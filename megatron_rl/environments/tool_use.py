@@ -44,8 +44,8 @@ class ToolUse:
         ran = list(self.runner.run(calls)) if calls else []
         if len(ran) != len(calls):
             raise RuntimeError(f"the tool runner returned {len(ran)} results for {len(calls)} calls")
-        ran.reverse()
-        answers = [ran.pop() if isinstance(p, ToolCall) else _error(p) for p in parsed]
+        results = iter(ran)  # in call order: the i-th well-formed call's result is the i-th
+        answers = [next(results) if isinstance(p, ToolCall) else _error(p) for p in parsed]
         return Step(
             done=False,
             observation=tuple({"role": "tool", "content": a.content} for a in answers),
