@@ -1,1 +1,2 @@
-"""Environments for multi-turn, tool-using episodes: what the model acts in and the tools it calls."""
+"""Multi-turn, tool-using episodes: the environments that answer a policy's turns, the tool
+calls they parse, the token-in-token-out episode, and the sandbox the Python tool runs in."""

@@ -192,23 +192,32 @@ class RolloutEngine:
     # -- generation -------------------------------------------------------------------
 
     def generate(
-        self, prompts: Sequence[Prompt], sampling: Sampling = Sampling(), seeds: Optional[Sequence[int]] = None
+        self,
+        prompts: Sequence[Prompt],
+        sampling: Sampling = Sampling(),
+        seeds: Optional[Sequence[int]] = None,
+        max_tokens: Optional[Sequence[int]] = None,
     ) -> list[list[Sample]]:
         """``sampling.n`` samples per prompt, in prompt order. ``seeds``: one per prompt
-        (vLLM seeds its samples seed, seed + 1, ...); None: the engine's own generator."""
+        (vLLM seeds its samples seed, seed + 1, ...); None: the engine's own generator.
+        ``max_tokens``: one response budget per prompt (multi-turn episodes each have
+        their own room left); None: ``sampling.max_tokens`` for all."""
         prompt_ids = [self._ids(p) for p in prompts]
         if seeds is not None and len(seeds) != len(prompt_ids):
             raise ValueError(f"{len(seeds)} seeds for {len(prompt_ids)} prompts")
-        outputs, routes = self._run(prompt_ids, sampling, sampling.n, [sampling.max_tokens] * len(prompt_ids), seeds)
+        budgets = [sampling.max_tokens] * len(prompt_ids) if max_tokens is None else [int(m) for m in max_tokens]
+        if len(budgets) != len(prompt_ids) or min(budgets, default=1) < 1:
+            raise ValueError(f"max_tokens needs one budget >= 1 per prompt, got {budgets} for {len(prompt_ids)}")
+        outputs, routes = self._run(prompt_ids, sampling, sampling.n, budgets, seeds)
         return [
             [
                 self._with_routes(
-                    self._sample(ids, [], [], completion, sampling, sampling.max_tokens),
+                    self._sample(ids, [], [], completion, sampling, budget),
                     routes.get((out.request_id, completion.index)),
                 )
                 for completion in out.outputs
             ]
-            for ids, out in zip(prompt_ids, outputs)
+            for ids, budget, out in zip(prompt_ids, budgets, outputs)
         ]
 
     def generate_groups(self, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:
