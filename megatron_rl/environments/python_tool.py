@@ -2,7 +2,7 @@
 
 Every call runs in a fresh sandbox (sandbox.py) and returns a :class:`ToolResult`; it never
 raises and never waits past the call's limits, whatever the code does, so an episode's
-loop needs no error handling of its own. The status is one of STATUSES, for counting:
+loop needs no error handling of its own. The status is one of tool_calls.STATUSES, for counting:
 
 - ``ok``: the code exited 0; the observation is its stdout, then its stderr;
 - ``error``: it exited otherwise; stdout, then ``error: <the traceback's last line>``;
@@ -21,39 +21,27 @@ import asyncio
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from megatron_rl.environments.isolation import IsolationReport, probe_isolation, require_isolation
 from megatron_rl.environments.sandbox import Outcome, Sandbox, SandboxConfig
-
-OK, ERROR, MEMORY, TIMEOUT, OUTPUT_LIMIT, KILLED, SANDBOX_ERROR = (
-    "ok",
-    "error",
-    "memory",
-    "timeout",
-    "output_limit",
-    "killed",
-    "sandbox_error",
+from megatron_rl.environments.tool_calls import (
+    ERROR,
+    KILLED,
+    MEMORY,
+    OK,
+    OUTPUT_LIMIT,
+    SANDBOX_ERROR,
+    TIMEOUT,
+    ToolCall,
+    ToolResult,
 )
-STATUSES = (OK, ERROR, MEMORY, TIMEOUT, OUTPUT_LIMIT, KILLED, SANDBOX_ERROR)
+
 ERROR_LINE_CHARS = 500
 """The error line is cut here: a traceback's last line may repeat a huge value."""
 CPU_LIMIT_SHARE = 0.9
 """A process killed with at least this share of cpu_s used was killed by the CPU limit
 (the kernel's accounting and wait4's differ by a tick or so)."""
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    """One call's result, as the episode records it."""
-
-    observation: str
-    """What the model reads next."""
-    status: str
-    """One of STATUSES."""
-    seconds: float
-    """Wall-clock time of the call, sandbox included."""
 
 
 def _text(data: bytes) -> str:
@@ -138,6 +126,17 @@ class PythonTool:
             return []
         with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(codes)))) as pool:
             return list(pool.map(self, codes))
+
+
+class PythonToolRunner:
+    """The episodes' `ToolRunner` for the ``python`` tool: each call's ``code`` argument in a
+    sandbox of its own, all of a turn's calls at once."""
+
+    def __init__(self, tool: PythonTool, max_workers: int = 8):
+        self.tool, self.max_workers = tool, max_workers
+
+    def run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        return self.tool.run_many([str(call.arguments.get("code", "")) for call in calls], self.max_workers)
 
 
 def run_many(

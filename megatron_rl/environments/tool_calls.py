@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any, Callable, Literal, Mapping, Optional, Protocol, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
 _JSON_TYPES: dict[str, Union[type, tuple[type, ...]]] = {
     "string": str,
@@ -94,12 +94,30 @@ class ToolCallError:
 ParsedCall = Union[ToolCall, ToolCallError]
 
 
+OK, ERROR, MEMORY, TIMEOUT, OUTPUT_LIMIT, KILLED, SANDBOX_ERROR = (
+    "ok",
+    "error",
+    "memory",
+    "timeout",
+    "output_limit",
+    "killed",
+    "sandbox_error",
+)
+STATUSES = (OK, ERROR, MEMORY, TIMEOUT, OUTPUT_LIMIT, KILLED, SANDBOX_ERROR)
+"""How a call ended (the Python tool's meanings are in environments.python_tool); an
+episode counts ``timeout`` as a tool timeout and every status but ``ok`` as a tool error."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ToolResult:
-    """What running one call gave: its output for the policy, and how it ended."""
+    """What running one call gave: what the policy reads next, and how it ended."""
 
-    content: str
-    status: Literal["ok", "error", "timeout"] = "ok"
+    observation: str
+    """What the model reads next."""
+    status: str = OK
+    """One of STATUSES."""
+    seconds: float = 0.0
+    """Wall-clock time of the call (a sandbox's included)."""
 
 
 class ToolRunner(Protocol):

@@ -13,7 +13,7 @@ from typing import Any
 
 from megatron_rl.environments.interface import EnvironmentSetup, EpisodeRecord, EpisodeStart, Step
 from megatron_rl.environments.single_turn import AnswerScorer
-from megatron_rl.environments.tool_calls import ToolCall, ToolCallError, ToolResult, get_tool_parser
+from megatron_rl.environments.tool_calls import ERROR, OK, TIMEOUT, ToolCall, ToolCallError, ToolResult, get_tool_parser
 
 ERROR_PREFIX = "Error: "
 """Opens the tool message of a malformed call."""
@@ -48,10 +48,10 @@ class ToolUse:
         answers = [next(results) if isinstance(p, ToolCall) else _error(p) for p in parsed]
         return Step(
             done=False,
-            observation=tuple({"role": "tool", "content": a.content} for a in answers),
+            observation=tuple({"role": "tool", "content": a.observation} for a in answers),
             tool_calls=len(parsed),
-            tool_errors=sum(a.status == "error" for a in answers),
-            tool_timeouts=sum(a.status == "timeout" for a in answers),
+            tool_errors=sum(a.status not in (OK, TIMEOUT) for a in answers),
+            tool_timeouts=sum(a.status == TIMEOUT for a in answers),
         )
 
     def close(self) -> None:
@@ -59,4 +59,4 @@ class ToolUse:
 
 
 def _error(call: ToolCallError) -> ToolResult:
-    return ToolResult(ERROR_PREFIX + call.message, "error")
+    return ToolResult(ERROR_PREFIX + call.message, ERROR)
