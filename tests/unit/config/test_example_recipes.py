@@ -18,7 +18,7 @@ CLUSTER = sorted((EXAMPLES / "cluster").glob("*.yaml"))
 
 def test_every_recipe_has_a_tiny_and_a_cluster_variant():
     assert sorted(p.stem for p in TINY) == sorted(RECIPES)
-    assert sorted(p.stem.split("_")[0] for p in CLUSTER) == sorted(RECIPES)
+    assert {p.stem.split("_")[0] for p in CLUSTER} == set(RECIPES)  # a recipe may have variants (dapo: _long)
 
 
 @pytest.mark.parametrize("path", TINY, ids=lambda p: p.stem)
