@@ -61,6 +61,11 @@ def block_spec(config, arch: ModelArch, vp_stage: Optional[int], attention: str 
 
     if attention not in ATTENTIONS:
         raise ValueError(f"attention {attention!r} is not one of {', '.join(ATTENTIONS)}")
+    if attention == "unfused" and config.context_parallel_size > 1:
+        raise ValueError(
+            f"attention 'unfused' (Megatron's DotProductAttention) has no context parallelism "
+            f"(context_parallel_size={config.context_parallel_size}); use auto or sdpa"
+        )
     num_experts = arch.num_moe_experts if arch.is_moe else None
     if uses_transformer_engine(attention):
         layer = specs.get_gpt_layer_with_transformer_engine_spec(

@@ -35,8 +35,10 @@ class TrainingRun:
 
     def __init__(self, kind: str, layout: dict, seed: int = 7, data: str = "step", dtype: str = "fp32"):
         self.arch, self.parallel, self.data = TINY_ARCHS[kind], ParallelConfig(**layout), data
-        self.mbs = 1 if self.parallel.virtual_pipeline_model_parallel_size else MBS  # interleaving needs M >= PP
         self.ctx = initialize(self.parallel, seed=seed, model=self.arch.shape())
+        rows_per_rank = GLOBAL_BATCH // self.parallel.dp(self.ctx.world_size)
+        # interleaving needs M >= PP micro-batches; at DP8 a rank has one row
+        self.mbs = 1 if self.parallel.virtual_pipeline_model_parallel_size else min(MBS, rows_per_rank)
         chunks = build_model("actor", self.arch, self.parallel, BuildOptions(dtype=dtype))
         self.chunks, self.optimizer = wrap_for_training(chunks, dtype=dtype, lr=1e-2, clip_grad=1.0, weight_decay=0.01)
 

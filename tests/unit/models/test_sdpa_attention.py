@@ -223,3 +223,17 @@ def test_unfused_attention_stays_selectable_as_the_reference(world_of_one, monke
     assert layer_spec.describe_attention("auto") == "megatron local, SDPA attention"
     with pytest.raises(ValueError, match="BuildOptions.attention 'flash' is not one of auto, sdpa, unfused"):
         BuildOptions(attention="flash")
+
+
+def test_the_unfused_reference_refuses_context_parallelism():
+    """Megatron's DotProductAttention has no CP; the spec says so before any layer is built."""
+    import dataclasses
+
+    from megatron_rl.models.builder import BuildOptions, transformer_config
+    from megatron_rl_lab.testing.tiny import TINY_DENSE
+
+    config = dataclasses.replace(
+        transformer_config(TINY_DENSE, ParallelConfig(), BuildOptions()), context_parallel_size=2
+    )
+    with pytest.raises(ValueError, match="attention 'unfused' .* has no context parallelism .*; use auto or sdpa"):
+        layer_spec.block_spec(config, TINY_DENSE, vp_stage=None, attention="unfused")
