@@ -16,7 +16,9 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
-from typing import NoReturn, Optional, Sequence
+from typing import Optional, Sequence
+
+from megatron_rl.utils.one_line_cli import OneLineParser
 
 BAD_INPUT = 2
 
@@ -25,16 +27,10 @@ class ToolInputError(ValueError):
     """A path or option the command cannot use; the message says what is allowed."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
-        print(f"megatron-rl tool: error: {message} (see megatron-rl tool python --help)", file=sys.stderr)
-        sys.exit(BAD_INPUT)
-
-
 def build_parser() -> argparse.ArgumentParser:
     from megatron_rl.environments.sandbox import SandboxConfig
 
-    parser = _Parser(
+    parser = OneLineParser(
         prog="megatron-rl tool", description="Run one call of an episode's tool and print what the model sees."
     )
     tools = parser.add_subparsers(dest="tool", metavar="TOOL", required=True)

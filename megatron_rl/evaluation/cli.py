@@ -27,7 +27,9 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn, Optional, Sequence
+from typing import Optional, Sequence
+
+from megatron_rl.utils.one_line_cli import OneLineParser
 
 BAD_INPUT = 2
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
@@ -38,14 +40,8 @@ class EvalInputError(ValueError):
     """An option, path or set name the evaluation cannot use; the message says why."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
-        print(f"megatron-rl eval: error: {message} (see megatron-rl eval --help)", file=sys.stderr)
-        sys.exit(BAD_INPUT)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="megatron-rl eval",
         description="Evaluate a checkpoint or an HF model on the config's eval sets, as the trainer's "
         "eval phase does (same sampling and seeds): a table on stdout, a JSON report with --json.",
