@@ -8,7 +8,8 @@ A padded row is one sequence. A packed (THD) row is several: each sequence is pa
 multiple of 2·CP (times TP under sequence parallelism; `packing.Microbatching.for_layout`)
 and split on its own, and the local row is the sequences' local parts in row order. That is
 the layout Megatron's rotary embedding (`get_pos_emb_on_this_cp_rank`, and per sequence for
-THD) and Transformer Engine's CP attention expect, and the one `models.cp_attention` reads.
+THD) and Transformer Engine's CP attention expect, and the one `models.cp_attention` reads;
+the index arithmetic is `parallel.sequence_split`.
 
 Tokens, positions and MoE router-replay routes are split this way (`ContextShard`); the
 loss side never is. The model's per-token outputs (logprobs and entropies computed on the
