@@ -14,7 +14,9 @@ BENCH = Subcommand(
 MONITOR_EVAL = Subcommand(
     "megatron_rl_lab.monitor.cli", "precision/recall/F1 on synthetic traces vs baselines", "eval_main"
 )
-MONITOR_SYNTH = Subcommand("megatron_rl_lab.monitor.cli", "write a synthetic trace (and its fault labels)", "synth_main")
+MONITOR_SYNTH = Subcommand(
+    "megatron_rl_lab.monitor.cli", "write a synthetic trace (and its fault labels)", "synth_main"
+)
 MONITOR_TRAIN_SYNTHETIC = Subcommand(
     "megatron_rl_lab.monitor.cli",
     "train the denoiser on synthetic fault-free traces (how the packaged weights are made)",

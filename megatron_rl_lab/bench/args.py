@@ -47,6 +47,25 @@ def positive_list(convert: Callable[[str], float], example: str) -> Callable[[st
     return parse
 
 
+def bench_parser(sub, name: str, help: str, description: str, epilog: str = "") -> argparse.ArgumentParser:
+    """A bench's subcommand: its one-line help, its description and its epilog of examples
+    printed as written."""
+    return sub.add_parser(
+        name, help=help, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
+def model_option(name_or_path: str, flag: str = "--model"):
+    """The ModelArch a ``--model`` value names (a preset or an HF directory), or the one-line
+    BenchArgumentError that lists the presets."""
+    from megatron_rl_lab.bench.presets import resolve_model
+
+    try:
+        return resolve_model(name_or_path)
+    except ValueError as err:
+        raise BenchArgumentError(f"{flag}: {err}") from None
+
+
 def world_size() -> int:
     """The launch's world size from the launcher's environment (no process group needed)."""
     return int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))

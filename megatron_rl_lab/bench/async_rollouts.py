@@ -51,7 +51,14 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron_rl_lab.bench.args import BenchArgumentError, positive, run_checked, save_json, world_size
+from megatron_rl_lab.bench.args import (
+    BenchArgumentError,
+    bench_parser,
+    positive,
+    run_checked,
+    save_json,
+    world_size,
+)
 
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "grpo.yaml"
 CORRECTION = "algorithm.overrides={rollout_correction: {kind: token_tis, cap: 2.0}}"
@@ -129,13 +136,13 @@ class Launch:
 def add_parser(sub) -> argparse.ArgumentParser:
     from megatron_rl.config.schema import RolloutConfig
 
-    p = sub.add_parser(
+    p = bench_parser(
+        sub,
         "async",
         help="colocated vs disaggregated rollouts at max_staleness 0 and 1, and 1 with "
         "partial rollouts (launches torchrun)",
         description=__doc__.split("\n\n")[0],
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--steps", type=positive, default=8, help="training steps of each run (means over steps 2..N)")
     p.add_argument("--train-ranks", type=positive, default=1, help="training ranks (the colocated run's world size)")

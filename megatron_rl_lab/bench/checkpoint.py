@@ -29,11 +29,11 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from megatron_rl_lab.bench.args import BenchArgumentError, positive, run_checked, world_size
-from megatron_rl_lab.bench.checkpoint_scratch import Scratch, scratch_problem
-from megatron_rl_lab.bench.presets import PRESETS, resolve_model
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import LayoutError, ParallelConfig
+from megatron_rl_lab.bench.args import BenchArgumentError, model_option, positive, run_checked, world_size
+from megatron_rl_lab.bench.checkpoint_scratch import Scratch, scratch_problem
+from megatron_rl_lab.bench.presets import PRESETS
 
 DEFAULT_MODEL = "cpu-dense-85m"
 """The 323 MiB model of the numbers in docs/benchmarks.md."""
@@ -112,10 +112,7 @@ def make_plan(options: CheckpointBenchOptions, world: int) -> Plan:
     """The checked run (no torch, no process group); BenchArgumentError when it cannot run."""
     if options.repeats < 1:
         raise BenchArgumentError(f"--repeats must be >= 1, got {options.repeats}")
-    try:
-        arch = resolve_model(options.model)
-    except ValueError as err:
-        raise BenchArgumentError(f"--model: {err}") from None
+    arch = model_option(options.model)
     if world == 1:
         return _checked(Plan(options, arch, SINGLE_DEVICE_LAYOUT, None), world)
     return _checked(Plan(options, arch), world)

@@ -17,12 +17,12 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl import checkpoint, platform
-from megatron_rl_lab.bench import hardware
-from megatron_rl_lab.bench.checkpoint_scratch import Scratch
-from megatron_rl_lab.bench.training import build_trainable, synthetic_microbatches, train_step
 from megatron_rl.models.builder import BuildOptions
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import ParallelConfig
+from megatron_rl_lab.bench import hardware
+from megatron_rl_lab.bench.checkpoint_scratch import Scratch
+from megatron_rl_lab.bench.training import build_trainable, synthetic_microbatches, train_step
 
 METHODS = ("ours", "torch_dist", "dcp")
 """One scratch subdirectory per method."""

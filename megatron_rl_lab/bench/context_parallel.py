@@ -31,13 +31,15 @@ from typing import Optional
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl_lab.bench.args import (
     BenchArgumentError,
+    bench_parser,
+    model_option,
     positive,
     positive_list,
     run_checked,
     save_json,
     world_size,
 )
-from megatron_rl_lab.bench.presets import model_label, resolve_model
+from megatron_rl_lab.bench.presets import model_label
 
 EPILOG = """\
 examples:
@@ -59,12 +61,12 @@ class Plan:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    p = bench_parser(
+        sub,
         "cp",
         help="one long sequence at CP 1, 2, 4 on the same ranks: activation memory per rank, step time (torchrun)",
         description=__doc__.split("\n\n")[0],
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", default="cpu-dense-5m", help="a preset name or an HF model directory")
     p.add_argument("--seq-length", type=positive, default=8192, help="positions of the sequence (and the packed row)")
@@ -86,10 +88,7 @@ def make_plan(args: argparse.Namespace, world: int) -> Plan:
                 f"--seq-length {args.seq_length} must be a multiple of 2·CP·pack = {multiple} "
                 f"(CP={cp}, pack={args.pack}): every sequence splits into 2·CP chunks"
             )
-    try:
-        arch = resolve_model(args.model)
-    except ValueError as err:
-        raise BenchArgumentError(str(err)) from None
+    arch = model_option(args.model)
     arch = dataclasses.replace(arch, max_position_embeddings=max(arch.max_position_embeddings, args.seq_length))
     return Plan(
         arch=arch,

@@ -23,14 +23,14 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl import platform
-from megatron_rl_lab.bench import hardware, step_profile
-from megatron_rl_lab.bench.args import save_json
-from megatron_rl_lab.bench.plan import Case, MfuSettings
-from megatron_rl_lab.bench.training import build_trainable, synthetic_microbatches, train_step
 from megatron_rl.models.builder import BuildOptions
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.utils import dtypes
 from megatron_rl.utils.flops import training_flops
+from megatron_rl_lab.bench import hardware, step_profile
+from megatron_rl_lab.bench.args import save_json
+from megatron_rl_lab.bench.plan import Case, MfuSettings
+from megatron_rl_lab.bench.training import build_trainable, synthetic_microbatches, train_step
 
 
 def run_case(arch: ModelArch, settings: MfuSettings, case: Case, peak_tflops: float) -> dict:

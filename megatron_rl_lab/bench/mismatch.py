@@ -24,10 +24,18 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from megatron_rl_lab.bench.args import BenchArgumentError, positive, run_checked, save_json, world_size
-from megatron_rl_lab.bench.presets import PRESETS, model_label, resolve_model
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.utils import dtypes
+from megatron_rl_lab.bench.args import (
+    BenchArgumentError,
+    bench_parser,
+    model_option,
+    positive,
+    run_checked,
+    save_json,
+    world_size,
+)
+from megatron_rl_lab.bench.presets import PRESETS, model_label
 
 DESCRIPTION = (
     "Mean |dlogp|, k3 KL(vLLM || Megatron) and router agreement of sampled tokens, "
@@ -58,12 +66,12 @@ class Plan:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    p = bench_parser(
+        sub,
         "mismatch",
         help="train-inference mismatch of a MoE model, without and with router replay",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", default="tiny-moe-4l", help=f"a MoE preset ({', '.join(_moe_presets())}) or an HF dir")
     p.add_argument("--dtype", default="bf16", help="fp32 | bf16 (model, optimizer-free forward and vLLM)")
@@ -86,10 +94,7 @@ def make_plan(args: argparse.Namespace, world: int) -> Plan:
         raise BenchArgumentError(f"bench mismatch runs in one process; WORLD_SIZE={world}")
     if args.dtype not in ("fp32", "bf16"):
         raise BenchArgumentError(f"--dtype {args.dtype!r}; allowed: fp32, bf16")
-    try:
-        arch = resolve_model(args.model)
-    except ValueError as err:
-        raise BenchArgumentError(str(err)) from None
+    arch = model_option(args.model)
     if not arch.is_moe:
         raise BenchArgumentError(f"--model {args.model} is not a MoE model; MoE presets: {', '.join(_moe_presets())}")
     hf_dir = Path(args.model) if args.model not in PRESETS else None

@@ -32,9 +32,17 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from megatron_rl_lab.bench.args import BenchArgumentError, positive, run_checked, save_json, world_size
-from megatron_rl_lab.bench.presets import model_label, resolve_model
 from megatron_rl.models.hf_config import ModelArch
+from megatron_rl_lab.bench.args import (
+    BenchArgumentError,
+    bench_parser,
+    model_option,
+    positive,
+    run_checked,
+    save_json,
+    world_size,
+)
+from megatron_rl_lab.bench.presets import model_label
 
 DISTRIBUTIONS = {"default": 8, "lognormal": 1}
 """distribution -> padded rows per micro-batch."""
@@ -59,12 +67,12 @@ class Plan:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    p = bench_parser(
+        sub,
         "packing",
         help="padded vs packed training step on the same sequences",
         description=__doc__.split("\n\n")[0],
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", default="cpu-dense-5m", help="a preset name or an HF model directory")
     p.add_argument("--distributions", default=",".join(DISTRIBUTIONS), help="comma-separated: default, lognormal")
@@ -85,10 +93,7 @@ def make_plan(args: argparse.Namespace, world: int) -> Plan:
         raise BenchArgumentError(f"--distributions {args.distributions!r}; allowed: {', '.join(DISTRIBUTIONS)}")
     if args.rows % 8:
         raise BenchArgumentError(f"--rows {args.rows} must be a multiple of 8 (the default's rows per micro-batch)")
-    try:
-        arch = resolve_model(args.model)
-    except ValueError as err:
-        raise BenchArgumentError(str(err)) from None
+    arch = model_option(args.model)
     return Plan(
         arch=arch,
         model_label=model_label(args.model),
@@ -195,9 +200,9 @@ def measure(plan: Plan, chunks, optimizer, distribution: str) -> dict:
 
 def run(plan: Plan) -> dict:
     from megatron_rl import platform
-    from megatron_rl_lab.bench.training import build_trainable
     from megatron_rl.models.builder import BuildOptions
     from megatron_rl.parallel import ParallelConfig, initialize
+    from megatron_rl_lab.bench.training import build_trainable
 
     platform.init_distributed()
     initialize(ParallelConfig(), seed=plan.seed, model=plan.arch.shape())

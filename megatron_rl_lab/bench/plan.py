@@ -10,10 +10,18 @@ import dataclasses
 from pathlib import Path
 from typing import Optional
 
-from megatron_rl_lab.bench.args import BenchArgumentError, positive, positive_list, run_checked, world_size
-from megatron_rl_lab.bench.presets import PRESETS, model_label, resolve_model
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import LayoutError, ParallelConfig
+from megatron_rl_lab.bench.args import (
+    BenchArgumentError,
+    bench_parser,
+    model_option,
+    positive,
+    positive_list,
+    run_checked,
+    world_size,
+)
+from megatron_rl_lab.bench.presets import PRESETS, model_label
 
 EPILOG = f"""\
 examples:
@@ -108,13 +116,13 @@ def batch_problem(settings: MfuSettings, case: Case, world: int) -> Optional[str
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """The ``mfu`` subcommand of ``megatron-rl bench``."""
-    p = sub.add_parser(
+    p = bench_parser(
+        sub,
         "mfu",
         help="model FLOPs utilisation of Megatron training steps",
         description="Time Megatron training steps (DDP + distributed optimizer) of one model on "
         "synthetic tokens; report tokens/s, TFLOP/s per device, MFU and peak memory.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", required=True, help="preset name or HF model dir / config.json")
     p.add_argument("--role", choices=("actor", "critic"), default="actor")
@@ -194,10 +202,7 @@ def _cases(args: argparse.Namespace, arch: ModelArch, settings: MfuSettings, wor
 
 def make_plan(args: argparse.Namespace, world: int):
     """(arch, settings, cases, json path) from the arguments; BenchArgumentError if they cannot run."""
-    try:
-        arch = resolve_model(args.model)
-    except ValueError as err:
-        raise BenchArgumentError(f"--model: {err}") from None
+    arch = model_option(args.model)
     if args.warmup < 0:
         raise BenchArgumentError(f"--warmup {args.warmup} must be >= 0")
     if args.seq_length > arch.max_position_embeddings:

@@ -23,9 +23,7 @@ from megatron_rl.models.presets import PRESETS as MODEL_PRESETS
 BENCH_FAMILIES = ("qwen3", "qwen3_moe")
 """The families :func:`megatron_rl_lab.testing.hf_models.save_tiny_model` writes."""
 
-PRESETS: dict[str, ModelArch] = {
-    name: arch for name, arch in MODEL_PRESETS.items() if arch.family in BENCH_FAMILIES
-}
+PRESETS: dict[str, ModelArch] = {name: arch for name, arch in MODEL_PRESETS.items() if arch.family in BENCH_FAMILIES}
 
 
 def resolve_model(name_or_path: str) -> ModelArch:

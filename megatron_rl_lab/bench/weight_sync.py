@@ -32,11 +32,19 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from megatron_rl_lab.bench.args import BenchArgumentError, positive, positive_list, run_checked, save_json, world_size
-from megatron_rl_lab.bench.presets import PRESETS, resolve_model
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import LayoutError, ParallelConfig
 from megatron_rl.utils import dtypes
+from megatron_rl_lab.bench.args import (
+    BenchArgumentError,
+    bench_parser,
+    positive,
+    positive_list,
+    run_checked,
+    save_json,
+    world_size,
+)
+from megatron_rl_lab.bench.presets import PRESETS, resolve_model
 
 DESCRIPTION = (
     "Time the Megatron -> vLLM weight sync per layout and bucket size (run under torchrun): "
@@ -167,12 +175,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """The ``weight-sync`` subcommand for ``megatron-rl bench``."""
-    p = sub.add_parser(
+    p = bench_parser(
+        sub,
         "weight-sync",
         help="Megatron -> vLLM weight sync: time, GB/s, memory, vs a plain copy",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     return add_arguments(p)
 
@@ -449,8 +457,8 @@ def bench_layout(plan: Plan, name: str, layout: ParallelConfig, hf_dir: Path, en
     import torch
     import torch.distributed as dist
 
-    from megatron_rl_lab.bench import hardware
     from megatron_rl.parallel import destroy
+    from megatron_rl_lab.bench import hardware
 
     world = dist.get_world_size()
     chunks = _build_layout(plan, layout, hf_dir)

@@ -51,9 +51,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .synth import FaultLabel, SynthTrace
 from megatron_rl.monitor.trace import STEP_METRICS, metric_order
 from megatron_rl.monitor.windows import Grid
+
+from .synth import FaultLabel, SynthTrace
 
 COUPLED_FAULT_KINDS = (
     "link_half",

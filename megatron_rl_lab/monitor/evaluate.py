@@ -17,13 +17,14 @@ from typing import Callable
 
 import numpy as np
 
-from .baseline import mahalanobis_scores, zscore_scores
-from .coupled import COUPLED_FAULT_KINDS, CoupledConfig, generate_coupled
 from megatron_rl.monitor.denoise import Denoiser, DenoiserConfig, WindowMedian, train_denoiser
 from megatron_rl.monitor.detect import Alert, DetectConfig, Scores, declare, score_grid
 from megatron_rl.monitor.tuning import TUNING, Tuning
-from .synth import FAULT_KINDS, SynthConfig, SynthTrace, generate
 from megatron_rl.monitor.windows import Grid, normal_windows
+
+from .baseline import mahalanobis_scores, zscore_scores
+from .coupled import COUPLED_FAULT_KINDS, CoupledConfig, generate_coupled
+from .synth import FAULT_KINDS, SynthConfig, SynthTrace, generate
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,9 @@ def run_all(
         for m in ms:
             scores = m.score(st.grid)
             for th in (thresholds or {}).get(m.name, m.thresholds):
-                alerts[(m.name, float(th))] = declare(scores, replace(m.cfg, threshold=float(th)), tuning=m.tuning).alerts
+                alerts[(m.name, float(th))] = declare(
+                    scores, replace(m.cfg, threshold=float(th)), tuning=m.tuning
+                ).alerts
         out.append(Outcome(sc, st.labels, alerts))
         if log and (j + 1) % 10 == 0:
             log(f"  {j + 1}/{len(scen)} traces")

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .distractors import job_wide_load, pipeline_phases, sensor_spikes
-from .stepsynth import step_metrics, straggler_fault
 from megatron_rl.monitor.trace import PRIORITY_METRICS, STEP_METRICS, Trace
 from megatron_rl.monitor.windows import Grid
+
+from .distractors import job_wide_load, pipeline_phases, sensor_spikes
+from .stepsynth import step_metrics, straggler_fault
 
 METRICS = PRIORITY_METRICS  # the seven metrics of the published system
 GPU = ("gpu_duty_cycle", "gpu_power", "gpu_graphics_activity", "gpu_tensor_activity")

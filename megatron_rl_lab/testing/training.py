@@ -94,7 +94,6 @@ class TrainingRun:
     def step_count(self) -> list[float]:
         """The distinct Adam step counts of the optimizer's parameter groups."""
         from megatron_rl.checkpoint.optimizer_state import sub_optimizers
-        from megatron_rl.platform.megatron_internals import main_param_and_optimizer_states
 
         groups = (g for s in sub_optimizers(self.optimizer) for g in s.state_dict()["optimizer"]["param_groups"])
         return sorted({g["step"] for g in groups})
