@@ -79,6 +79,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def make_plan(args: argparse.Namespace, world: int) -> Plan:
+    arch = model_option(args.model)
     for cp in args.cp:
         if world % cp:
             raise BenchArgumentError(f"--cp {cp} does not divide WORLD_SIZE={world}; launch with torchrun")
@@ -88,7 +89,6 @@ def make_plan(args: argparse.Namespace, world: int) -> Plan:
                 f"--seq-length {args.seq_length} must be a multiple of 2·CP·pack = {multiple} "
                 f"(CP={cp}, pack={args.pack}): every sequence splits into 2·CP chunks"
             )
-    arch = model_option(args.model)
     arch = dataclasses.replace(arch, max_position_embeddings=max(arch.max_position_embeddings, args.seq_length))
     return Plan(
         arch=arch,
