@@ -12,10 +12,13 @@ held-out accuracy must rise as the reward does.
 `val/` numbers and per-prompt records exactly (the same weights through the same weight sync,
 engine settings and per-sample seeds).
 
-The run is deterministic for its seed, so its first steps must equal the reference's (which
-stores rewards to 4 decimals): a change of behaviour shows here, and the reference cannot
-go stale unnoticed. Only the first steps: a CPU of another kind may order a float sum
-differently, and over many updates such last-bit differences can flip a sampled token.
+The run is deterministic for its seed on one machine, so its first steps are held to the
+reference's (which stores rewards to 4 decimals): a change of behaviour shows here, and the
+reference cannot go stale unnoticed. Step 1 (sampled before any update) must equal it; steps
+2-5 may differ by REFERENCE_DRIFT: a CPU of another kind orders a float sum differently
+(AVX-512 against the reference's machine, 2026-11-28: equal step 1, then 0.125 / 0.1406 /
+0.1094 / 0.2344 against 0.1289 / 0.1367 / 0.1133 / 0.2148), and after an update such
+last-bit differences flip a few of the 128 sampled answers.
 """
 
 import json
@@ -32,7 +35,10 @@ MAJORITY_ANSWER_REWARD = 0.324
 VAL_GAIN = 0.1
 """How much the held-out accuracy must rise from the start to step 25."""
 STEPS = 25
-STEPS_EQUAL_TO_REFERENCE = 5
+STEPS_NEAR_REFERENCE = 5
+REFERENCE_DRIFT = 0.04
+"""Largest |reward - reference| allowed on steps 2-5: twice the largest seen between two
+machines (0.0196, 5 of 256 half-points at step 5)."""
 REFERENCE = Path(__file__).resolve().parents[2] / "examples" / "reference" / "dapo_reward_curve.json"
 
 
@@ -63,9 +69,12 @@ def test_make_train_reward_rises_above_the_majority_answer(tmp_path):
     assert start < 0.25 and end > start + VAL_GAIN, (start, end)
     _eval_reproduces_the_last_evaluation(tmp_path / "run", evaluated[-1], tmp_path / "val.json")
     reference = json.loads(REFERENCE.read_text())["reward_mean_per_step"]
-    first_steps = [round(r, 4) for r in rewards[:STEPS_EQUAL_TO_REFERENCE]]
-    assert first_steps == reference[:STEPS_EQUAL_TO_REFERENCE], (
-        "regenerate examples/reference after a deliberate change"
+    first_steps = [round(r, 4) for r in rewards[:STEPS_NEAR_REFERENCE]]
+    drift = [abs(a - b) for a, b in zip(first_steps, reference)]
+    assert first_steps[0] == reference[0] and max(drift) <= REFERENCE_DRIFT, (
+        "regenerate examples/reference after a deliberate change",
+        first_steps,
+        reference[:STEPS_NEAR_REFERENCE],
     )
 
 
