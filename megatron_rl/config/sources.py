@@ -83,7 +83,7 @@ def base_settings(config: Config) -> Optional[BaseBuild]:
     return _from_preset(config, task=name)
 
 
-TOOL_WARMUP_STEPS = 300
+TOOL_WARMUP_STEPS = 800
 """The tool task's warm-up: copying numbers into a call and out of its output takes the
 2-layer base more steps than the digit tasks' answer format."""
 

@@ -12,9 +12,10 @@ What the warm-up teaches, exactly:
   ``call_fraction`` of the warm-up prompts the first turn is the right call (the prompt's
   two numbers copied into ``print(a * b)``), and after every call's observation the turn is
   ``Answer: <the observation's number>``;
-- not *when* to call: on the other prompts the first turn is a direct ``Answer:`` with a
-  wrong product (of two other numbers), so the base calls the tool on about
-  ``call_fraction`` of its samples and guesses otherwise.
+- not *when* to call: on the other prompts the first turn is a direct, wrong answer (the
+  first factor repeated: ``Answer: 347``), so the base calls the tool on about
+  ``call_fraction`` of its samples and answers wrong otherwise. (A fixed wrong answer, not
+  a random number: the warm-up's steps go to copying digits, not to fitting noise.)
 
 RL has to move the first turn from guessing to calling. The base's report gives its call
 rate, its right-call rate (sampled first turns) and how often it copies an observation
@@ -118,8 +119,7 @@ def warmup_pairs(items: Sequence[Product], call_fraction: float, seed: int) -> l
         if rng.random() < call_fraction:
             pairs.append((prompt, item.call_turn() + END))
         else:
-            wrong = Product(rng.randint(100, 999), rng.randint(100, 999))
-            pairs.append((prompt, f"Answer: {wrong.answer}{END}"))
+            pairs.append((prompt, f"Answer: {item.a}{END}"))
         after = render_chat(item.messages(called=True), add_generation_prompt=True, tools=TOOLS)
         pairs.append((after, f"Answer: {item.answer}{END}"))
     return pairs

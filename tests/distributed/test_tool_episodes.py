@@ -70,7 +70,7 @@ def test_tool_recipe_trains_two_steps_with_tool_output_out_of_the_loss(tmp_path,
         assert r["response_length/mean"] == pytest.approx(sampled + observed)
         if r["actor/updated"]:
             assert r["actor/loss_tokens"] == round(sampled * episodes), r
-            assert r["rollout/logprob_abs_diff"] < 1e-3, r
-            assert r["rollout/parity_max_abs_diff"] < 1e-5, r
+            assert r["rollout/logprob_abs_diff"] < 1e-5, r
+            assert r["rollout/parity_max_abs_diff"] < 1e-4, r  # whole episodes of ~170 tokens
     assert sum(r["episode/tool_calls"] for r in rows) > 0
     assert sum(r["episode/observation_tokens"] for r in rows) > 0
