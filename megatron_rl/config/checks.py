@@ -319,6 +319,12 @@ def _check_environment(config: Config, world_size: int, recipe) -> None:
             f"environment.max_episode_tokens={env.max_episode_tokens} must be <= trainer.seq_length="
             f"{config.trainer.seq_length}: a whole episode is one training row"
         )
+    if config.rollout.parity_every and env.max_episode_tokens >= config.trainer.seq_length:
+        raise ConfigError(
+            f"rollout.parity_every={config.rollout.parity_every} scores whole episodes in vLLM, which needs a position "
+            f"past the longest: environment.max_episode_tokens={env.max_episode_tokens} must be < trainer.seq_length="
+            f"{config.trainer.seq_length}"
+        )
     if "python" in env.tools:
         from megatron_rl.environments.isolation import IsolationError, probe_isolation, require_isolation
 

@@ -57,6 +57,7 @@ def test_the_section_checks_its_own_fields_in_one_line(overrides, message):
             "is not supported yet with eval",
         ),
         (["environment.max_episode_tokens=400"], 1, "environment.max_episode_tokens=400 must be <= trainer.seq_length"),
+        (["rollout.parity_every=1"], 1, "rollout.parity_every=1 scores whole episodes in vLLM, which needs a position"),
     ],
 )
 def test_what_episodes_do_not_cover_is_refused_in_one_line(overrides, world, message):
