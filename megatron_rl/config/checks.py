@@ -47,6 +47,7 @@ def validate(config: Config, world_size: int) -> Config:
     _check_staleness(config, recipe)
     _check_rows_per_step(config, world_size, recipe)
     _check_eval(config)
+    _check_environment(config, world_size, recipe)
     return config
 
 
@@ -151,7 +152,7 @@ def _check_prompts(config: Config) -> None:
             raise ConfigError(f"data.source={config.data.source!r}: {err}") from None
         return
     name = sources.task_name(config)
-    if name is not None:
+    if name is not None and name not in sources.TOOL_TASKS:
         from megatron_rl.tasks import get_task
 
         try:
@@ -291,3 +292,64 @@ def _check_rows_per_step(config: Config, world_size: int, recipe) -> None:
             "(without a token budget) x algorithm.mini_batches_per_step); "
             "raise rollout.prompts_per_step or lower the others"
         )
+
+
+def _check_environment(config: Config, world_size: int, recipe) -> None:
+    """Names against the registries; multi-turn episodes refuse, one line each, what the
+    episode source does not cover yet; the tool sandbox's isolation (probed here, so a
+    missing one stops the run before any model is built)."""
+    env = config.environment
+    from megatron_rl.environments.registry import ENVIRONMENTS
+    from megatron_rl.environments.tool_calls import TOOL_PARSERS
+    from megatron_rl.environments.tools import check_tool_names
+
+    if env.name not in ENVIRONMENTS:
+        raise ConfigError(f"environment.name={env.name!r} is not allowed; choose one of {sorted(ENVIRONMENTS)}")
+    if env.parser not in TOOL_PARSERS:
+        raise ConfigError(f"environment.parser={env.parser!r} is not allowed; choose one of {sorted(TOOL_PARSERS)}")
+    try:
+        check_tool_names(env.tools)
+    except ValueError as err:
+        raise ConfigError(f"environment.tools: {err}") from None
+    if not env.episodes:
+        return
+    _refuse_for_episodes(config, world_size, recipe)
+    if env.max_episode_tokens > config.trainer.seq_length:
+        raise ConfigError(
+            f"environment.max_episode_tokens={env.max_episode_tokens} must be <= trainer.seq_length="
+            f"{config.trainer.seq_length}: a whole episode is one training row"
+        )
+    if config.rollout.parity_every and env.max_episode_tokens >= config.trainer.seq_length:
+        raise ConfigError(
+            f"rollout.parity_every={config.rollout.parity_every} scores whole episodes in vLLM, which needs a position "
+            f"past the longest: environment.max_episode_tokens={env.max_episode_tokens} must be < trainer.seq_length="
+            f"{config.trainer.seq_length}"
+        )
+    if "python" in env.tools:
+        from megatron_rl.environments.isolation import IsolationError, probe_isolation, require_isolation
+
+        try:
+            require_isolation(env.sandbox, probe_isolation())
+        except IsolationError as err:
+            raise ConfigError(f"environment.sandbox: {err}") from None
+
+
+def _refuse_for_episodes(config: Config, world_size: int, recipe) -> None:
+    """What multi-turn episodes do not run with yet, one line each."""
+    name, rollout = config.environment.name, config.rollout
+    refusals = [
+        (rollout.placement != "colocated", f"rollout.placement={rollout.placement} (use colocated)"),
+        (rollout.max_staleness > 0, f"rollout.max_staleness={rollout.max_staleness} (use 0)"),
+        (rollout.partial, "rollout.partial=true (partial rollouts)"),
+        (recipe.generation_window is not None, "generation_window (tppo's windows)"),
+        (recipe.token_aware, "the HAPO pieces (per-token temperatures)"),
+        (rollout.seed_per_prompt, "rollout.seed_per_prompt=true (episodes use the engine's generator)"),
+        (config.eval.enabled, "eval (the eval phase is single-turn; turn it off with eval.sets={})"),
+        (
+            world_size > 1,
+            f"a launch of {world_size} ranks (episodes run on one vLLM replica and their tools on one rank: use 1)",
+        ),
+    ]
+    for refused, what in refusals:
+        if refused:
+            raise ConfigError(f"environment.name={name} is not supported yet with {what}")

@@ -105,7 +105,12 @@ def _build(cls, data: dict, prefix: str):
             if not isinstance(value, dict):
                 allowed = "a mapping of its keys" + (" or null" if optional else "")
                 raise ConfigError(f"{key} must be {allowed}, got {value!r}")
-            kwargs[name] = _build(section, value, key)
+            try:
+                kwargs[name] = _build(section, value, key)
+            except (ConfigError, LayoutError):
+                raise
+            except ValueError as err:  # a section of another package (the sandbox's) names its field alone
+                raise ConfigError(f"{key}.{err}") from None
         elif _entries(tp) is not None:
             kwargs[name] = _build_entries(_entries(tp), value, key)
         else:

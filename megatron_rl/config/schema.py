@@ -12,6 +12,7 @@ import dataclasses
 import re
 from typing import Optional
 
+from megatron_rl.environments.sandbox import SandboxConfig
 from megatron_rl.models.presets import PRESETS
 from megatron_rl.monitor.config import OnlineConfig
 from megatron_rl.parallel.config import ParallelConfig
@@ -431,6 +432,52 @@ class EvalConfig:
         return bool(self.every and step % self.every == 0) or (self.at_end and step == max_steps)
 
 
+SINGLE_TURN = "single_turn"
+"""environment.name of today's rollouts: one answer per prompt, scored by data.reward."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvironmentConfig:
+    """What an episode is (megatron_rl.environments): one answer scored by the reward
+    (single_turn), or assistant turns that call tools, whose output comes back as tokens the
+    policy is not trained on, until a final answer scored by the reward (tools). Names are
+    checked against the registries by checks.validate."""
+
+    name: str = SINGLE_TURN
+    """Environment by name (environments.ENVIRONMENTS): single_turn | tools."""
+    tools: tuple[str, ...] = ()
+    """Tools the prompt lists and the policy may call (environments.tools.TOOLS: python);
+    the tools environment needs at least one, single_turn none."""
+    max_turns: int = 4
+    """Assistant turns of one episode; one still calling tools after the last is truncated."""
+    max_episode_tokens: int = 256
+    """All tokens of one episode, prompt, turns and tool output (<= trainer.seq_length); an
+    episode that reaches it is truncated. Each turn is at most rollout.max_new_tokens."""
+    parser: str = "hermes"
+    """How the policy writes tool calls (environments.tool_calls.TOOL_PARSERS)."""
+    env_threads: int = 8
+    """Environment steps (each a turn's tool calls) run at once."""
+    sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
+    """Limits of one python tool call and whether a run may go on with weaker isolation
+    (environments.sandbox.SandboxConfig)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_episode_tokens", "env_threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"environment.{name}={getattr(self, name)} must be >= 1")
+        if self.name == SINGLE_TURN and self.tools:
+            raise ConfigError(f"environment.tools={list(self.tools)} needs a multi-turn environment, not single_turn")
+        if self.name != SINGLE_TURN and not self.tools:
+            raise ConfigError(f"environment.name={self.name} needs environment.tools, e.g. [python]")
+        if len(set(self.tools)) != len(self.tools):
+            raise ConfigError(f"environment.tools={list(self.tools)} names a tool twice")
+
+    @property
+    def episodes(self) -> bool:
+        """Whether rollouts are multi-turn episodes (trainer.episodes), not single answers."""
+        return self.name != SINGLE_TURN
+
+
 @dataclasses.dataclass(kw_only=True)
 class Config:
     """The whole run."""
@@ -457,6 +504,8 @@ class Config:
     """Faulty-machine detection beside training (Minder); off unless monitor.enabled=true."""
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     """Held-out evaluation between steps; off unless eval.sets names a set and it is due."""
+    environment: EnvironmentConfig = dataclasses.field(default_factory=EnvironmentConfig)
+    """What an episode is: single answers (single_turn, the default) or tool-using turns."""
 
     @property
     def critic_layout(self) -> ParallelConfig:

@@ -29,6 +29,7 @@ from megatron_rl.models.presets import PRESETS
 from megatron_rl.parallel.config import ModelShape
 from megatron_rl.tasks.base_model import HELD_OUT_FILE, BaseBuild, BaseModelSettings
 from megatron_rl.tasks.digits import get_task
+from megatron_rl.tasks.tool_products import TOOL_TASKS, ToolBaseSettings
 
 TASK_PREFIX = "task:"
 
@@ -73,12 +74,23 @@ def base_settings(config: Config) -> Optional[BaseBuild]:
             f"model.hf_path must be set when data.source is a file ({config.data.source}); "
             f"model.preset={config.model.preset!r} builds a base only for task:<name> data"
         )
+    if name in TOOL_TASKS:
+        return ToolBaseSettings(model=_from_preset(config, warmup_steps=TOOL_WARMUP_STEPS))
     try:
         get_task(name)
     except ValueError as err:  # an unknown task lists the valid ones
         raise ConfigError(f"data.source={config.data.source!r}: {err}") from None
+    return _from_preset(config, task=name)
+
+
+TOOL_WARMUP_STEPS = 800
+"""The tool task's warm-up: copying numbers into a call and out of its output takes the
+2-layer base more steps than the digit tasks' answer format."""
+
+
+def _from_preset(config: Config, **settings) -> BaseModelSettings:
     try:
-        return BaseModelSettings.from_arch(PRESETS[config.model.preset], task=name, seed=config.trainer.seed)
+        return BaseModelSettings.from_arch(PRESETS[config.model.preset], seed=config.trainer.seed, **settings)
     except ValueError as err:
         raise ConfigError(f"model.preset={config.model.preset!r}: {err}") from None
 

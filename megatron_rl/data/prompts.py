@@ -40,6 +40,9 @@ class PromptRecord:
     prompt_ids: tuple[int, ...]
     answer: str
     location: str
+    messages: tuple[dict, ...] = ()
+    """The chat messages the ids were rendered from (a multi-turn episode renders them again,
+    with the tools its environment lists)."""
 
 
 def _get(row: Any, dotted: str) -> Any:
@@ -158,7 +161,7 @@ class PromptDataset:
         except DatasetFormatError as exc:
             problems.append(str(exc))
             return None
-        return PromptRecord(tuple(encode_prompt(tokenizer, messages)), answer, location)
+        return PromptRecord(tuple(encode_prompt(tokenizer, messages)), answer, location, tuple(messages))
 
     def __len__(self) -> int:
         return len(self.records)

@@ -24,6 +24,7 @@ at least ``max_turns`` apart (``rollout.seeds`` spaces prompts MAX_SAMPLES apart
 from __future__ import annotations
 
 import dataclasses
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Protocol, Sequence
 
@@ -84,9 +85,9 @@ class EpisodeDriver:
                 if self._turn_closed(episodes[i], sample):
                     asking.append(episodes[i])
             texts = [self.tokenizer.decode(e.last_turn, skip_special_tokens=True) for e in asking]
-            steps = list(self._pool.map(self.environment.step, [e.state for e in asking], texts))
-            for episode, step in zip(asking, steps):
-                self._answer(episode, step)
+            answers = list(self._pool.map(self._step, [e.state for e in asking], texts))
+            for episode, (step, seconds) in zip(asking, answers):
+                self._answer(episode, step, seconds)
         return [e.result() for e in episodes]
 
     def close(self) -> None:
@@ -129,19 +130,25 @@ class EpisodeDriver:
         episode.stop("max_tokens" if at_episode_limit else "turn_length")
         return False
 
-    def _answer(self, episode: Episode, step: Step) -> None:
+    def _step(self, state, text: str) -> tuple[Step, float]:
+        """The environment's answer to one turn and its wall-clock seconds (tool calls)."""
+        start = time.perf_counter()
+        step = self.environment.step(state, text)
+        return step, time.perf_counter() - start
+
+    def _answer(self, episode: Episode, step: Step, seconds: float = 0.0) -> None:
         if step.done:
-            episode.add_step(step)
+            episode.add_step(step, seconds=seconds)
             episode.finish(step.reward)
             return
         limits = self.config.limits
         if episode.counts.turns >= limits.max_turns:
-            episode.add_step(step)
+            episode.add_step(step, seconds=seconds)
             episode.stop("max_turns")
             return
         ids = self.observations.encode(step.observation)
         if len(episode.tokens) + len(ids) >= limits.max_tokens:  # no room left to answer it
-            episode.add_step(step)
+            episode.add_step(step, seconds=seconds)
             episode.stop("max_tokens")
             return
-        episode.add_step(step, ids)
+        episode.add_step(step, ids, seconds)

@@ -112,6 +112,8 @@ class EpisodeCounts:
     tool_timeouts: int = 0
     observation_tokens: int = 0
     sampled_tokens: int = 0
+    env_seconds: float = 0.0
+    """Wall-clock time of the environment's steps (tool calls) of this episode."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,10 +188,12 @@ class Episode:
         self.last_turn = list(sample.token_ids)
         self.counts = _add(self.counts, turns=1, sampled_tokens=len(sample.token_ids))
 
-    def add_step(self, step: Step, observation_ids: Sequence[int] = ()) -> None:
-        """Count the environment's answer and append its observation's tokens (if any)."""
+    def add_step(self, step: Step, observation_ids: Sequence[int] = (), seconds: float = 0.0) -> None:
+        """Count the environment's answer (``seconds``: how long it took) and append its
+        observation's tokens (if any)."""
         self.counts = _add(
             self.counts,
+            env_seconds=seconds,
             tool_calls=step.tool_calls,
             tool_errors=step.tool_errors,
             tool_timeouts=step.tool_timeouts,
@@ -240,7 +244,7 @@ class Episode:
             self._spans.append(Span(start, len(self.tokens), sampled))
 
 
-def _add(counts: EpisodeCounts, **more: int) -> EpisodeCounts:
+def _add(counts: EpisodeCounts, **more: float) -> EpisodeCounts:
     return dataclasses.replace(counts, **{k: getattr(counts, k) + v for k, v in more.items()})
 
 

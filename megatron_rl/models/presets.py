@@ -68,6 +68,9 @@ PRESETS: dict[str, ModelArch] = {
     "tiny-moe-shared-4l": _arch(
         "qwen2_moe", 64, 4, 4, 2, 32, 128, 96, max_positions=128, **_experts(4, 32, **_SHARED_EXPERT)
     ),
+    # The tool task's base (examples/tool_grpo.yaml): tiny-dense with room in the vocabulary
+    # for the merges of the tool schema the prompt lists, so an episode fits its positions.
+    "tiny-dense-tools": _arch("qwen3", 128, 2, 4, 2, 32, 256, 512, max_positions=256),
     # The benchmarks' sizes (docs/benchmarks.md); layers, heads, KV groups and experts divide
     # by 2, so each runs in TP2, PP2 and (MoE) EP2.
     "cpu-dense-5m": _arch("qwen3", 256, 4, 8, 4, 32, 768, 4096),

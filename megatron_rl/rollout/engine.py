@@ -105,6 +105,11 @@ class Sample:
     token (:mod:`megatron_rl.rollout.partial`); None: every token of one version, the one
     the generation ran under."""
 
+    sampled: Optional[list[bool]] = None
+    """Multi-turn episodes: per response token, whether the policy sampled it (True) or the
+    environment appended it (False: tool output and its chat framing, never trained on);
+    None: every response token was sampled."""
+
     @property
     def finished(self) -> bool:
         return self.finish_reason != "window"

@@ -14,8 +14,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from megatron_rl.tasks.chat_format import CHAT_TEMPLATE, END, PAD, SPECIAL_TOKENS
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 320):
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 320, individual_digits: bool = False):
     """Train on ``texts`` and wrap as a transformers ``PreTrainedTokenizerFast``.
+
+    ``individual_digits``: every digit is a token of its own (as in Qwen's tokenizer), so a
+    number is the same tokens wherever it stands (a tool's output and the answer copying it).
 
     The trainer sees the texts in the given order and is single-threaded here
     (``RAYON_NUM_THREADS`` is not needed: ``tokenizers`` BPE merges are deterministic
@@ -24,7 +27,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 320):
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if individual_digits
+        else byte_level
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

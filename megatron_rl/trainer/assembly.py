@@ -11,6 +11,10 @@ Which response tokens count where:
 - train/inference mismatch (``fresh_mask``): the tokens vLLM sampled with the current
   weights (a T-PPO continuation's earlier tokens came from older weights);
 - critic loss (``critic_mask``): finished responses only (a window's cut-off has no outcome yet).
+
+A multi-turn episode's response holds tokens the environment appended (tool output, its chat
+framing; ``Sample.sampled`` False): they are context, out of the policy loss and the
+mismatch (the critic still values them, as it values every response token).
 """
 
 from __future__ import annotations
@@ -131,6 +135,18 @@ class StepBatch:
         return dataclasses.replace(self.for_actor(), loss_mask=self.critic_mask)
 
 
+def sampled_span(samples, prompt_lens: Sequence[int], seq_length: int) -> Tensor:
+    """[N, S] bool in the training layout: False at the response tokens an environment
+    appended (``Sample.sampled``), True elsewhere."""
+    appended = [
+        torch.tensor([not x for x in s.sampled], dtype=torch.bool)
+        if s.sampled is not None
+        else torch.zeros(len(s.token_ids), dtype=torch.bool)
+        for s in samples
+    ]
+    return ~scatter_response(appended, prompt_lens, seq_length).bool()
+
+
 def pack_routes(samples, seq_length: int) -> Optional[Tensor]:
     """[N, S, layers, k] int16 of the samples' routes at their input positions, -1 elsewhere;
     None unless every sample has routes (a dense model's have none)."""
@@ -158,12 +174,13 @@ def assemble(
     responses = [s.token_ids for s in rows.samples]
     tokens, response_mask = pack_sequences(prompts, responses, seq_length, pad_token_id)
     prompt_lens, response_lens = [len(p) for p in prompts], [len(r) for r in responses]
+    sampled = sampled_span(rows.samples, prompt_lens, seq_length)
     return StepBatch(
         rows=rows,
         tokens=tokens,
         response_mask=response_mask,
-        loss_mask=aligned_span(prompt_lens, response_lens, rows.loss_start, seq_length),
-        fresh_mask=aligned_span(prompt_lens, response_lens, rows.fresh_start, seq_length),
+        loss_mask=aligned_span(prompt_lens, response_lens, rows.loss_start, seq_length) & sampled,
+        fresh_mask=aligned_span(prompt_lens, response_lens, rows.fresh_start, seq_length) & sampled,
         critic_mask=response_mask & ~torch.tensor(rows.truncated)[:, None],
         prompt_lens=prompt_lens,
         response_lens=response_lens,

@@ -54,6 +54,9 @@ class Drawn:
     samples: list[list[Sample]]
     version: int = 0
     """Policy version the samples were generated with."""
+    scores: Optional[list[float]] = None
+    """Each sample's score, in sample order, when the draw scored them itself (an
+    environment's rewards); None: the reward function scores their text."""
 
 
 Draw = Callable[[Sampling], Drawn]
@@ -227,9 +230,12 @@ def collect_rollouts(
         drawn = draw(sampling)
         prompts, samples = drawn.prompts, drawn.samples
         batches += 1
-        texts = [decode(s.token_ids) for group in samples for s in group]
-        answers = [a for a, group in zip(prompts.answers, samples) for _ in group]
-        scores, stats = score(texts, answers)
+        if drawn.scores is None:
+            texts = [decode(s.token_ids) for group in samples for s in group]
+            answers = [a for a, group in zip(prompts.answers, samples) for _ in group]
+            scores, stats = score(texts, answers)
+        else:
+            scores, stats = drawn.scores, {}
         for key, value in stats.items():
             stats_total[key] = stats_total.get(key, 0) + value
         lengths = torch.tensor([len(s.token_ids) for group in samples for s in group])

@@ -55,6 +55,9 @@ class RolloutSource(abc.ABC):
     def trained(self) -> None:  # noqa: B027 - an optional hook, a no-op unless a source needs it
         """Called after the update on the rows of the last ``collect``."""
 
+    def close(self) -> None:  # noqa: B027 - an optional hook, a no-op unless a source holds something
+        """Release what the source holds (thread pools, tool sandboxes) at the end of the run."""
+
     @abc.abstractmethod
     def state_dict(self) -> dict:
         """Entries for the checkpoint's ``extra`` (JSON-like)."""

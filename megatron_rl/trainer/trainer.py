@@ -220,16 +220,22 @@ class RLTrainer:
             prompt_seed=cfg.trainer.seed if cfg.rollout.seed_per_prompt else None,
         )
         decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
-        self.source = self._source(loader, decode)
+        self.source = self._source(loader, decode, tokenizer)
         self.evaluator = self._evaluator(tokenizer, dataset, decode) if cfg.eval.enabled else None
         self.weight_sync = WeightSync(
             self.actor.chunks, self.arch, self.engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20))
         )
 
-    def _source(self, loader, decode) -> RolloutSource:
-        """Lockstep groups, or T-PPO's window pool, on the colocated engines or the rollout ranks."""
+    def _source(self, loader, decode, tokenizer) -> RolloutSource:
+        """Lockstep groups, or T-PPO's window pool, on the colocated engines or the rollout
+        ranks; or multi-turn episodes on the colocated engine (``environment``)."""
         cfg, recipe = self.cfg, self.recipe
         row_multiple = train_row_multiple(cfg, self.world, recipe.use_critic)
+        if cfg.environment.episodes:
+            from megatron_rl.trainer.episodes import episode_source
+
+            reward = setup.verifier_name(cfg)
+            return episode_source(cfg, self.engine, tokenizer, loader, recipe, decode, reward, row_multiple)
         if recipe.generation_window is None:
             chunk = cfg.rollout.partial_chunk_tokens if cfg.rollout.partial else None
             ahead = (
@@ -453,7 +459,7 @@ class RLTrainer:
         if self.recipe.generation_window is not None:
             metrics["critic/rows"] = int(batch.critic_mask.any(dim=1).sum())
             metrics["critic/tokens"] = int(batch.critic_mask.sum())
-            metrics["actor/loss_tokens"] = int(batch.loss_mask.sum())
+        metrics["actor/loss_tokens"] = int(batch.loss_mask.sum())
         warming_up = step <= self.recipe.value_warmup_steps
         if self.critic is not None and warming_up and self.probe is None:
             self.probe = critic_batch
@@ -643,6 +649,7 @@ class RLTrainer:
             )
         self.log.close()
         self.verifier.close()
+        self.source.close()
         if self.roles is not None and self.rollout_error is None:
             self.engine.close()  # releases the rollout ranks
         summary = {

@@ -1,0 +1,118 @@
+"""The episode source on a scripted engine (no vLLM): episodes become the single-turn path's
+rows, the environment's tokens carry loss mask 0, the environment's reward is the row's,
+a truncated episode scores 0, DAPO's dynamic sampling drops and refills groups, and the
+episode metrics count what the episodes did."""
+
+import dataclasses
+
+import torch
+
+from megatron_rl.algorithms.recipes import get_recipe
+from megatron_rl.data.batching import PromptLoader
+from megatron_rl.data.prompts import PromptRecord
+from megatron_rl.environments.driver import DriverConfig, EpisodeDriver
+from megatron_rl.environments.episode import EpisodeLimits, encode_prompt
+from megatron_rl.environments.interface import EnvironmentSetup
+from megatron_rl.environments.registry import get_environment
+from megatron_rl.environments.tool_calls import ToolResult
+from megatron_rl.environments.tools import PYTHON
+from megatron_rl.rollout import Sample, Sampling
+from megatron_rl.trainer.assembly import assemble
+from megatron_rl.trainer.episodes import EpisodeSource
+
+
+class EvalRunner:
+    """A stand-in for the sandbox: the code as a Python expression."""
+
+    def run(self, calls):
+        return [ToolResult(str(eval(c.arguments["code"], {"__builtins__": {}}))) for c in calls]
+
+
+class PolicyEngine:
+    """Answers prompt k (by its question) with scripted behaviour: a call then its answer,
+    a direct right answer, or a turn that never ends (cut by the turn budget)."""
+
+    def __init__(self, tokenizer, behaviour):
+        self.tokenizer, self.behaviour = tokenizer, behaviour
+
+    def generate(self, prompts, sampling, seeds=None, max_tokens=None):
+        out = []
+        for ids, budget in zip(prompts, max_tokens):
+            text = self.tokenizer.decode(ids)
+            question = text.rsplit("What is ", 1)[1].split("?")[0]
+            kind = self.behaviour[question]
+            called = "<tool_response>" in text
+            if kind == "runaway":
+                turn = self.tokenizer("1 " * 200, add_special_tokens=False).input_ids[:budget]
+            else:
+                value = str(eval(question)) if kind == "right" or called else "0"
+                reply = f"Answer: {value}" if called or kind != "call" else _call(question)
+                turn = self.tokenizer(reply, add_special_tokens=False).input_ids + [self.tokenizer.eos_token_id]
+            finish = "stop" if turn[-1] == self.tokenizer.eos_token_id else "length"
+            out.append([Sample(list(ids), turn, [-0.5] * len(turn), finish)])
+        return out
+
+
+def _call(question):
+    return f'<tool_call>{{"name": "python", "arguments": {{"code": "{question}"}}}}</tool_call>'
+
+
+class Dataset:
+    def __init__(self, tokenizer, questions):
+        messages = [({"role": "user", "content": f"What is {q}?"},) for q in questions]
+        self.records = [
+            PromptRecord(tuple(encode_prompt(tokenizer, m)), str(eval(q)), f"row {i}", m)
+            for i, (q, m) in enumerate(zip(questions, messages))
+        ]
+
+    def __len__(self):
+        return len(self.records)
+
+    def __getitem__(self, i):
+        return self.records[i]
+
+
+def _source(tokenizer, behaviour, recipe, prompts_per_step=2, group_size=2):
+    env = get_environment("tools", EnvironmentSetup(reward="digits", tools=(PYTHON,), tool_runner=EvalRunner()))
+    limits = EpisodeLimits(max_turns=3, max_tokens=1000, max_turn_tokens=40)
+    driver = EpisodeDriver(PolicyEngine(tokenizer, behaviour), tokenizer, env, DriverConfig(limits=limits))
+    loader = PromptLoader(Dataset(tokenizer, list(behaviour)), batch_size=prompts_per_step, seed=0, shuffle=False)
+    return EpisodeSource(driver, loader, recipe, tokenizer.decode, prompts_per_step, group_size, row_multiple=1)
+
+
+def test_episodes_become_rows_whose_tool_tokens_are_out_of_the_loss(tokenizer):
+    source = _source(tokenizer, {"12 * 34": "call", "56 * 78": "runaway"}, get_recipe("grpo"))
+    rollout = source.collect(Sampling(n=2))
+    rows = rollout.rows
+    assert len(rows) == 4 and rows.group_index == [0, 0, 1, 1]
+    assert rows.correct == [1.0, 1.0, 0.0, 0.0]  # the call's answer is right; the runaway turn is truncated
+    m = rollout.metrics
+    assert m["reward/mean"] == 0.5 and m["episode/turns_mean"] == 1.5 and m["episode/tool_calls"] == 0.5
+    assert m["episode/tool_errors"] == 0 and m["episode/truncated"] == 0.5 and m["timing/tool_s"] >= 0
+    called = rows.samples[0]
+    observation = [t for t, s in zip(called.token_ids, called.sampled) if not s]
+    assert tokenizer.decode(observation) == "<|user|><tool_response>\n408\n</tool_response><|end|><|assistant|>"
+    assert m["episode/observation_tokens"] == len(observation) / 2
+    assert rollout.generated_tokens == sum(sum(s.sampled) for s in rows.samples)
+
+    batch = assemble(rows, seq_length=1000, pad_token_id=0, temperature=1.0)
+    p = len(called.prompt_ids)
+    expected = torch.zeros(1000, dtype=torch.bool)
+    expected[p - 1 : p - 1 + len(called.token_ids)] = torch.tensor(called.sampled)
+    assert torch.equal(batch.loss_mask[0], expected) and torch.equal(batch.fresh_mask[0], expected)
+    assert int(batch.response_mask[0].sum()) == len(called.token_ids)  # the critic still sees every token
+    logprobs = batch.scatter([s.logprobs for s in rows.samples])
+    assert torch.all(logprobs[0][batch.loss_mask[0]] == -0.5) and torch.all(logprobs[0][~expected] == 0)
+    source.close()
+
+
+def test_dynamic_sampling_keeps_only_groups_whose_episodes_differ(tokenizer):
+    behaviour = {"11 * 11": "right", "12 * 12": "call", "13 * 13": "runaway", "14 * 14": "call"}
+    recipe = dataclasses.replace(get_recipe("dapo"), overlong=None)
+    source = _source(tokenizer, behaviour, recipe, prompts_per_step=2, group_size=2)
+    rollout = source.collect(Sampling(n=2))
+    # every group's episodes agree (all right or all truncated): nothing is kept, every batch refills
+    assert rollout.metrics["rollout/kept_groups"] == 0 and len(rollout.rows) == 0
+    assert rollout.metrics["rollout/generation_batches"] == recipe.max_gen_batches
+    assert source.state_dict()["data"] == source.loader.state_dict()
+    source.close()
