@@ -30,7 +30,7 @@ from megatron_rl.environments.interface import EpisodeRecord
 from megatron_rl.rollout import Sample, Sampling
 from megatron_rl.trainer.rollouts import Drawn, TrainRows, collect_rollouts
 from megatron_rl.trainer.rows import usable_groups
-from megatron_rl.trainer.sources import Rollout, RolloutSource
+from megatron_rl.trainer.sources import Rollout, RolloutSource, collection_metrics
 
 EPISODE_COUNTS = ("tool_calls", "tool_errors", "tool_timeouts", "observation_tokens", "sampled_tokens")
 """EpisodeCounts logged as episode/<name>: the mean per episode of a step."""
@@ -102,16 +102,7 @@ class EpisodeSource(RolloutSource):
         self._tally = EpisodeTally()
         result = collect_rollouts(self._draw, sampling, self.recipe, _unscored, self.decode, self.num_groups)
         groups = result.groups[: usable_groups(len(result.groups), self.group_size, self.row_multiple)]
-        metrics = {
-            "reward/mean": result.mean_correct_all,
-            "response_length/mean": result.mean_length_all,
-            "rollout/kept_groups": len(groups),
-            "rollout/generated_groups": result.generated_groups,
-            "rollout/generation_batches": result.generation_batches,
-            "data/prompts_drawn": self.loader.prompts_drawn,
-            "timing/rollout_s": result.seconds,
-            **self._tally.metrics(),
-        }
+        metrics = {**collection_metrics(result, groups, self.loader.prompts_drawn), **self._tally.metrics()}
         return Rollout(TrainRows.from_groups(groups), metrics, float(self._tally.counts["sampled_tokens"]))
 
     def _draw(self, sampling: Sampling) -> Drawn:

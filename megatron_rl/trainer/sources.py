@@ -93,15 +93,7 @@ class GroupSource(RolloutSource):
     def collect(self, sampling: Sampling) -> Rollout:
         result = collect_rollouts(self.draw, sampling, self.recipe, self.score, self.decode, self.num_groups)
         groups = result.groups[: usable_groups(len(result.groups), self.group_size, self.row_multiple)]
-        metrics = {
-            "reward/mean": result.mean_correct_all,
-            "response_length/mean": result.mean_length_all,
-            "rollout/kept_groups": len(groups),
-            "rollout/generated_groups": result.generated_groups,
-            "rollout/generation_batches": result.generation_batches,
-            "data/prompts_drawn": self.position.prompts_drawn,
-            "timing/rollout_s": result.seconds,
-        }
+        metrics = collection_metrics(result, groups, self.position.prompts_drawn)
         version = None
         if self.ahead is not None:
             version = self.ahead.version
@@ -115,6 +107,20 @@ class GroupSource(RolloutSource):
     def load_state_dict(self, extra: dict) -> str:
         self.position.load_state_dict(extra["data"])
         return ""
+
+
+def collection_metrics(result, groups: list[Group], prompts_drawn: int) -> dict:
+    """What every source reports of one step's collection (``collect_rollouts``' result) and
+    the groups it keeps."""
+    return {
+        "reward/mean": result.mean_correct_all,
+        "response_length/mean": result.mean_length_all,
+        "rollout/kept_groups": len(groups),
+        "rollout/generated_groups": result.generated_groups,
+        "rollout/generation_batches": result.generation_batches,
+        "data/prompts_drawn": prompts_drawn,
+        "timing/rollout_s": result.seconds,
+    }
 
 
 def staleness_metrics(groups: list[Group], version: int) -> dict:
