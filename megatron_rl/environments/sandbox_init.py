@@ -30,9 +30,10 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 38, 24
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
-NEW_ROOT = "/tmp"
-"""Where the new root's tmpfs is mounted before pivot_root (hidden from the host: the
-mount namespace is private)."""
+STAGING_DIRS = ("/tmp", "/mnt", "/media", "/srv", "/var/tmp", "/opt")
+"""Where the new root's tmpfs may be mounted before pivot_root (hidden from the host: the
+mount namespace is private): the first of these that exists and holds none of the paths to
+bind, since the tmpfs hides what lies beneath it (a virtual environment under /tmp)."""
 WORKDIR = "/box"
 """The code's working directory inside the built root (a size-limited tmpfs)."""
 STATVFS_TO_MS = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC))
@@ -78,13 +79,23 @@ def _mount_point(target: str, is_dir: bool) -> None:
         open(target, "a").close()
 
 
-def _pivot_root() -> None:
-    """Make NEW_ROOT the root and detach the old one: unlike chroot, nothing of the host's
+def _staging_dir(spec: dict) -> str:
+    """The first of STAGING_DIRS that exists and contains no path the root binds."""
+    sources = [*spec["binds"], *spec["devices"]]
+    for candidate in STAGING_DIRS:
+        inside = any(p == candidate or p.startswith(candidate + "/") for p in sources)
+        if os.path.isdir(candidate) and not inside:
+            return candidate
+    raise SetupError(f"no place to build the root: each of {', '.join(STAGING_DIRS)} is missing or holds a bind")
+
+
+def _pivot_root(new_root: str) -> None:
+    """Make `new_root` the root and detach the old one: unlike chroot, nothing of the host's
     tree stays reachable from this mount namespace afterwards."""
     number = SYS_PIVOT_ROOT.get(platform.machine())
     if number is None:
         raise SetupError(f"pivot_root: no syscall number known for {platform.machine()}")
-    os.chdir(NEW_ROOT)
+    os.chdir(new_root)
     _check(_libc.syscall(number, b".", b"."), "pivot_root")
     _check(_libc.umount2(b".", MNT_DETACH), "umount the old root")
     os.chdir("/")
@@ -95,25 +106,27 @@ def build_root(spec: dict) -> str:
     in spec["devices"], a fresh /proc (with a PID namespace) and a writable, size-limited
     tmpfs working directory; returns the working directory."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates back to the host
-    _mount("tmpfs", NEW_ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
+    new_root = _staging_dir(spec)
+    _mount("tmpfs", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
     for path in spec["binds"]:
-        target = NEW_ROOT + path
+        target = new_root + path
         _mount_point(target, os.path.isdir(path))
         _bind_read_only(path, target)
     for link, points_to in spec["links"]:
-        os.symlink(points_to, NEW_ROOT + link)
+        os.symlink(points_to, new_root + link)
     for device in spec["devices"]:  # writable (/dev/null), so bound without a read-only remount
-        _mount_point(NEW_ROOT + device, is_dir=False)
-        _mount(device, NEW_ROOT + device, None, MS_BIND)
+        _mount_point(new_root + device, is_dir=False)
+        _mount(device, new_root + device, None, MS_BIND)
     if spec["proc"]:
-        os.makedirs(NEW_ROOT + "/proc")
-        _mount("proc", NEW_ROOT + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    os.makedirs(NEW_ROOT + WORKDIR)
+        os.makedirs(new_root + "/proc")
+        _mount("proc", new_root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    os.makedirs(new_root + WORKDIR)
     owner = f",uid={spec['uid']},gid={spec['uid']}" if spec["uid"] is not None else ""
     size = f"size={spec['workdir_mb']}m,mode=0700{owner}"
-    _mount("tmpfs", NEW_ROOT + WORKDIR, "tmpfs", MS_NOSUID | MS_NODEV, size)
-    os.symlink(WORKDIR.lstrip("/"), NEW_ROOT + "/tmp")
-    _pivot_root()
+    _mount("tmpfs", new_root + WORKDIR, "tmpfs", MS_NOSUID | MS_NODEV, size)
+    if not os.path.lexists(new_root + "/tmp"):  # /tmp holds a bind when the interpreter lives there
+        os.symlink(WORKDIR.lstrip("/"), new_root + "/tmp")
+    _pivot_root(new_root)
     _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     return WORKDIR
 

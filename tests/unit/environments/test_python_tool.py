@@ -7,6 +7,7 @@ that every process of the call (children and daemons included) can be found afte
 in the host's /proc."""
 
 import ast
+import re
 import socket
 import time
 import uuid
@@ -100,7 +101,10 @@ def test_a_fork_bomb_meets_the_process_limit(tool):
         "except OSError as err:\n    print('refused after', n, type(err).__name__)\n"
     )
     result = drill(tool, counted)
-    assert result.status == OK and result.observation == "refused after 7 BlockingIOError\n", result
+    # at most max_processes - 1 children beside the code (one run in ~10 under load: fewer, a
+    # sandbox process of the call still counted against the same uid)
+    refused = re.fullmatch(r"refused after (\d+) BlockingIOError\n", result.observation)
+    assert result.status == OK and refused and 1 <= int(refused.group(1)) <= 7, result
     result = drill(tool, "while True:\n    os.fork()\n")
     assert result.status == ERROR and "BlockingIOError" in result.observation, result
 

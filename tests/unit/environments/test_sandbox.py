@@ -51,3 +51,18 @@ def test_the_root_binds_the_system_and_the_interpreter_once():
 def test_an_interpreter_that_cannot_run_is_refused():
     with pytest.raises(ValueError, match="python /nonexistent/python cannot run"):
         plan_layout("/nonexistent/python")
+
+
+def test_the_root_is_built_where_it_hides_no_bind(tmp_path, monkeypatch):
+    """The root's tmpfs hides what lies beneath its mount point: a virtual environment under
+    /tmp (a CI clone there) must be bound from elsewhere, so the next staging place is used."""
+    from megatron_rl.environments import sandbox_init
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    monkeypatch.setattr(sandbox_init, "STAGING_DIRS", (str(first), str(tmp_path / "missing"), str(second)))
+    spec = {"binds": [str(first / "venv"), "/usr"], "devices": ["/dev/null"]}
+    assert sandbox_init._staging_dir(spec) == str(second)
+    spec["binds"].append(str(second))
+    with pytest.raises(sandbox_init.SetupError, match="no place to build the root"):
+        sandbox_init._staging_dir(spec)
