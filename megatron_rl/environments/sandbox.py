@@ -22,7 +22,8 @@ What the code sees (the built root, entered with pivot_root; the host's root is 
   read-only files such as /proc/cpuinfo, /proc/meminfo and /proc/self/mountinfo, which
   names the bound host paths, stay readable, as in any container);
 - ``/box``, the working directory: a tmpfs of ``workdir_mb`` MiB, empty, writable only by
-  the code, gone with the call (``/tmp`` is a symlink to it; HOME and TMPDIR point at it).
+  the code, gone with the call (``/tmp`` is a symlink to it unless the interpreter lives under
+  /tmp; HOME and TMPDIR point at it).
   The code is ``/box/main.py``.
 
 Everything else is invisible: /etc, /home, /root, /work, /tmp, /sys, /run, the run's
