@@ -152,8 +152,7 @@ class BaseModelSettings:
         return arch_from_hf(types.SimpleNamespace(**fields)).shape()
 
     def content_hash(self) -> str:
-        payload = json.dumps({"build": BUILD_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+        return settings_hash(self, "build", BUILD_VERSION)
 
     def build(self, out: Path) -> dict[str, Any]:
         """Build the base into the empty directory ``out``; returns the report."""
@@ -276,6 +275,13 @@ class BaseBuild(Protocol):
     def content_hash(self) -> str: ...
 
     def build(self, out: Path) -> dict[str, Any]: ...
+
+
+def settings_hash(settings: Any, build_key: str, build_version: int) -> str:
+    """16 hex digits naming a base's cache entry: its settings (a dataclass) and the version of
+    the code that builds it, under a key of its own per kind of base."""
+    payload = json.dumps({build_key: build_version, **dataclasses.asdict(settings)}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def make_tiny_base(

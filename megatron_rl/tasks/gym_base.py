@@ -16,7 +16,6 @@ user message, and ``answer``, the entry's answer) and ``tiny_base.json``.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import random
 import time
@@ -26,7 +25,7 @@ from typing import Any, Sequence
 
 from megatron_rl.data.reasoning_gym import GymSpec, build_dataset, held_out_indices, reference, user_message
 from megatron_rl.parallel.config import ModelShape
-from megatron_rl.tasks.base_model import BaseModelSettings
+from megatron_rl.tasks.base_model import BaseModelSettings, settings_hash
 from megatron_rl.tasks.chat_format import END, render_chat
 
 BUILD_VERSION = 1
@@ -83,8 +82,7 @@ class GymBaseSettings:
         return self.model.model_shape()
 
     def content_hash(self) -> str:
-        payload = json.dumps({"gym_build": BUILD_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+        return settings_hash(self, "gym_build", BUILD_VERSION)
 
     def build(self, out: Path) -> dict[str, Any]:
         return _build(self, out)

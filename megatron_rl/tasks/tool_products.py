@@ -30,7 +30,6 @@ prompt/completion pairs, the second's prompt holding the call and its observatio
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import random
 import time
@@ -39,7 +38,7 @@ from typing import Any, Sequence
 
 from megatron_rl.environments.tools import PYTHON
 from megatron_rl.parallel.config import ModelShape
-from megatron_rl.tasks.base_model import HELD_OUT_FILE, BaseModelSettings
+from megatron_rl.tasks.base_model import HELD_OUT_FILE, BaseModelSettings, settings_hash
 from megatron_rl.tasks.chat_format import END, render_chat
 from megatron_rl.tasks.verifier import final_answer
 
@@ -103,8 +102,7 @@ class ToolBaseSettings:
         return self.model.model_shape()
 
     def content_hash(self) -> str:
-        payload = json.dumps({"tool_build": BUILD_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+        return settings_hash(self, "tool_build", BUILD_VERSION)
 
     def build(self, out: Path) -> dict[str, Any]:
         return _build(self, out)
