@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from megatron_rl.parallel.sequence_split import row_order
+from megatron_rl.parallel.sequence_split import gather_source
 
 Tensor = torch.Tensor
 
@@ -54,9 +54,9 @@ def context_parallel_attention(
     """
     from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
-    # the gathered entry each row position reads (index_select keeps only the index for its
-    # backward; index_copy would keep a second copy of the gathered keys and values)
-    source = row_order(segments, cp_group.size()).argsort().to(query.device)
+    # index_select keeps only the index for its backward (index_copy would keep a second copy
+    # of the gathered keys and values)
+    source = gather_source(tuple(segments), cp_group.size()).to(query.device)
     whole = []
     for local in (key, value):
         gathered = gather_from_sequence_parallel_region(

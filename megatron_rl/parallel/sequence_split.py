@@ -10,6 +10,7 @@ order with them: both sides must agree, so they share this module. Pure torch, n
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
@@ -18,7 +19,7 @@ from megatron_rl.parallel.config import sequence_multiple
 
 Tensor = torch.Tensor
 
-__all__ = ["local_positions", "row_order", "sequence_multiple"]
+__all__ = ["gather_source", "local_positions", "row_order", "sequence_multiple"]
 
 
 def local_positions(segment_lengths: Sequence[int], cp_size: int, cp_rank: int) -> Tensor:
@@ -42,3 +43,14 @@ def row_order(segment_lengths: Sequence[int], cp_size: int) -> Tensor:
     """[Σ n] int64: the row position of every entry of the CP ranks' local rows concatenated
     in rank order (what an all-gather over the CP group returns)."""
     return torch.cat([local_positions(segment_lengths, cp_size, r) for r in range(cp_size)])
+
+
+@functools.lru_cache(maxsize=64)
+def gather_source(segment_lengths: tuple[int, ...], cp_size: int) -> Tensor:
+    """[Σ n] int64: for each row position, its entry in the CP ranks' local rows gathered in
+    rank order; ``gathered.index_select(dim, gather_source(...))`` is the row in order.
+
+    Both sides of CP read it, the attention of every layer and the loss side of every
+    micro-batch, for the same few row layouts: it is computed once per layout (read-only: do
+    not write into the returned tensor)."""
+    return row_order(segment_lengths, cp_size).argsort()

@@ -32,7 +32,7 @@ from typing import Optional, Union
 import torch
 import torch.distributed as dist
 
-from megatron_rl.parallel.sequence_split import local_positions, row_order
+from megatron_rl.parallel.sequence_split import gather_source, local_positions
 from megatron_rl.schedules.batch import TrainBatch
 from megatron_rl.schedules.packing import PackedMicroBatch
 
@@ -66,11 +66,6 @@ class ContextShard:
     @cached_property
     def _local(self) -> Tensor:
         return local_positions(self._segments, self.cp_size, self.cp_group.rank())
-
-    @cached_property
-    def _source(self) -> Tensor:
-        """The gathered entry each row position reads."""
-        return row_order(self._segments, self.cp_size).argsort()
 
     def _split(self, x: Optional[Tensor]) -> Optional[Tensor]:
         return None if x is None else x.index_select(1, self._local.to(x.device))
@@ -113,7 +108,8 @@ class ContextShard:
         gathered = gather_from_sequence_parallel_region(
             y.transpose(0, 1).contiguous(), tensor_parallel_output_grad=False, group=self.cp_group
         ).transpose(0, 1)
-        return self.inner.as_rows(gathered.index_select(1, self._source.to(y.device)))
+        source = gather_source(tuple(self._segments), self.cp_size).to(y.device)
+        return self.inner.as_rows(gathered.index_select(1, source))
 
     def to(self, device: torch.device) -> "ContextShard":
         return dataclasses.replace(self, inner=self.inner.to(device))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from megatron_rl.parallel.config import sequence_multiple
-from megatron_rl.parallel.sequence_split import local_positions, row_order
+from megatron_rl.parallel.sequence_split import gather_source, local_positions, row_order
 
 
 def test_a_padded_row_gives_each_rank_an_early_and_a_late_chunk():
@@ -32,3 +32,10 @@ def test_a_sequence_that_does_not_split_into_2cp_chunks_is_refused():
 def test_sequence_multiple_is_2cp_times_tp_under_sequence_parallelism():
     assert sequence_multiple(1) == 1 and sequence_multiple(1, 2) == 2
     assert sequence_multiple(2) == 4 and sequence_multiple(2, 2) == 8 and sequence_multiple(4, 2) == 16
+
+
+def test_gather_source_puts_the_gathered_entries_back_in_row_order():
+    source = gather_source((8, 4), 2)
+    assert source.tolist() == [0, 1, 6, 7, 8, 9, 2, 3, 4, 10, 11, 5]
+    gathered = row_order([8, 4], 2)  # each gathered entry is its row position
+    assert torch.equal(gathered.index_select(0, source), torch.arange(12))
