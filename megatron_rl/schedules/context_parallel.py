@@ -58,10 +58,10 @@ class ContextShard:
         return self.cp_group.size()
 
     @cached_property
-    def _segments(self) -> list[int]:
+    def _segments(self) -> tuple[int, ...]:
         if isinstance(self.inner, PackedMicroBatch):
-            return self.inner.segment_lengths()
-        return [self.inner.seq_length]
+            return tuple(self.inner.segment_lengths())
+        return (self.inner.seq_length,)
 
     @cached_property
     def _local(self) -> Tensor:
@@ -108,7 +108,7 @@ class ContextShard:
         gathered = gather_from_sequence_parallel_region(
             y.transpose(0, 1).contiguous(), tensor_parallel_output_grad=False, group=self.cp_group
         ).transpose(0, 1)
-        source = gather_source(tuple(self._segments), self.cp_size).to(y.device)
+        source = gather_source(self._segments, self.cp_size).to(y.device)
         return self.inner.as_rows(gathered.index_select(1, source))
 
     def to(self, device: torch.device) -> "ContextShard":
