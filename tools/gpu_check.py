@@ -15,7 +15,9 @@ with its own time limit, so a part that fails or hangs costs only its own minute
     mfu-dense        `megatron-rl bench mfu` of gpu-dense-1b, bf16, SDPA attention, with a
                      profile of one more step (time by op category)
     mfu-dense-unfused  the same with Megatron's unfused local attention, for the comparison
-    mfu-moe          `megatron-rl bench mfu` of gpu-moe-2b, bf16, SDPA attention
+    mfu-moe          `megatron-rl bench mfu` of gpu-moe-2b, bf16, SDPA attention, the experts
+                     as grouped GEMMs (what `auto` picks for bf16 on Hopper), with a profile
+    mfu-moe-sequential the same with Megatron's SequentialMLP experts, the baseline
     checkpoint       `megatron-rl bench checkpoint` on CUDA: save stall vs torch DCP
 
 It writes OUT_DIR/<part>.json for each part, OUT_DIR/summary.json (machine, versions, each
@@ -84,8 +86,8 @@ class Part:
 def parts(out: Path) -> list[Part]:
     """Every part, in the order they run (the headline number first). The time limits add up
     to 10 minutes, the longest command a lent machine runs. Measured on one H200: mfu-dense
-    35 s, mfu-moe 44 s, checkpoint 63 s, the GPU test modules up to 246 s together, so the
-    tests get the largest share."""
+    50 s and mfu-moe 51 s with their profiles, the sequential MoE 44 s, checkpoint 63 s, the
+    GPU test modules up to 246 s together, so the tests get the largest share."""
     # The lab's own entry, not `-m megatron_rl bench`: the kit runs the tree from PYTHONPATH,
     # where no installed entry point names the lab's subcommands.
     bench = (sys.executable, "-m", "megatron_rl_lab.bench.cli")
@@ -95,7 +97,7 @@ def parts(out: Path) -> list[Part]:
         return Part(name, (*bench, "mfu", "--model", model, *MFU_SHAPE, *extra, "--json", json_path), limit)
 
     return [
-        mfu("mfu-dense", "gpu-dense-1b", 75, "--profile"),
+        mfu("mfu-dense", "gpu-dense-1b", 60, "--profile"),
         Part(
             "tests",
             (
@@ -112,9 +114,10 @@ def parts(out: Path) -> list[Part]:
                 "--junitxml",
                 str(out / "tests.xml"),
             ),
-            300,
+            270,
         ),
-        mfu("mfu-moe", "gpu-moe-2b", 75, "--profile"),
+        mfu("mfu-moe", "gpu-moe-2b", 70, "--experts", "grouped", "--profile"),
+        mfu("mfu-moe-sequential", "gpu-moe-2b", 60, "--experts", "sequential"),
         mfu("mfu-dense-unfused", "gpu-dense-1b", 60, "--attention", "unfused"),
         Part(
             "checkpoint",
@@ -128,7 +131,7 @@ def parts(out: Path) -> list[Part]:
                 "--json",
                 str(out / "checkpoint.json"),
             ),
-            90,
+            80,
         ),
     ]
 

@@ -40,12 +40,16 @@ class BuildOptions:
     """Full activation recomputation of each layer (memory for compute)."""
     attention: str = "auto"
     """auto | sdpa | unfused: which attention the layers use (models.layer_spec.ATTENTIONS)."""
+    experts: str = "auto"
+    """auto | sequential | grouped: how MoE experts are computed (models.layer_spec.EXPERTS)."""
 
     def __post_init__(self):
-        from megatron_rl.models.layer_spec import ATTENTIONS
+        from megatron_rl.models.layer_spec import ATTENTIONS, EXPERTS
 
         if self.attention not in ATTENTIONS:
             raise ValueError(f"BuildOptions.attention {self.attention!r} is not one of {', '.join(ATTENTIONS)}")
+        if self.experts not in EXPERTS:
+            raise ValueError(f"BuildOptions.experts {self.experts!r} is not one of {', '.join(EXPERTS)}")
 
 
 def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 1) -> int:
@@ -141,7 +145,7 @@ def _build_chunk(role, arch, parallel, options, config, pre_process, post_proces
     kwargs = {"pg_collection": pg_collection} if pg_collection is not None else {}
     return cls(
         config=config,
-        transformer_layer_spec=block_spec(config, arch, vp_stage, options.attention),
+        transformer_layer_spec=block_spec(config, arch, vp_stage, options.attention, options.experts),
         vocab_size=padded_vocab_size(arch.vocab_size, parallel.tp, options.vocab_size_divisible_by),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=pre_process,

@@ -40,6 +40,28 @@ with Megatron's own ``DotProductAttention`` (the score matrix in memory, padded 
 kept as the reference the SDPA attention is measured against."""
 
 
+EXPERTS = ("auto", "sequential", "grouped")
+"""How the local spec computes a MoE layer's experts. sequential: Megatron's SequentialMLP, one
+expert after another; grouped: the same parameters in two grouped GEMMs per call
+(models.grouped_experts); auto: grouped where its kernel is fast (bf16 on a CUDA device of
+compute capability 9.0 or later), else sequential. Transformer Engine's spec keeps its own."""
+
+
+def grouped_experts_pay(config) -> bool:
+    """Whether ``auto`` picks the grouped experts: torch's grouped kernel is a CUTLASS kernel
+    for bf16 on Hopper and later, a per-group loop (no faster than SequentialMLP) elsewhere."""
+    from megatron_rl.models.grouped_experts import row_bytes
+    from megatron_rl.platform.torch_internals import GROUPED_MM_ALIGNMENT, has_grouped_mm
+
+    return (
+        has_grouped_mm()
+        and row_bytes(config) % GROUPED_MM_ALIGNMENT == 0
+        and config.params_dtype == torch.bfloat16
+        and torch.cuda.is_available()
+        and torch.cuda.get_device_capability() >= (9, 0)
+    )
+
+
 def uses_transformer_engine(attention: str) -> bool:
     return attention == "auto" and has_transformer_engine()
 
@@ -51,7 +73,7 @@ def describe_attention(attention: str) -> str:
     return "megatron local, unfused attention" if attention == "unfused" else "megatron local, SDPA attention"
 
 
-def block_spec(config, arch: ModelArch, vp_stage: Optional[int], attention: str = "auto"):
+def block_spec(config, arch: ModelArch, vp_stage: Optional[int], attention: str = "auto", experts: str = "auto"):
     """TransformerBlockSubmodules for the layers this rank builds (this VPP chunk)."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
     from megatron.core.transformer.transformer_block import (
@@ -61,6 +83,8 @@ def block_spec(config, arch: ModelArch, vp_stage: Optional[int], attention: str 
 
     if attention not in ATTENTIONS:
         raise ValueError(f"attention {attention!r} is not one of {', '.join(ATTENTIONS)}")
+    if experts not in EXPERTS:
+        raise ValueError(f"experts {experts!r} is not one of {', '.join(EXPERTS)}")
     if attention == "unfused" and config.context_parallel_size > 1:
         raise ValueError(
             f"attention 'unfused' (Megatron's DotProductAttention) has no context parallelism "
@@ -82,6 +106,8 @@ def block_spec(config, arch: ModelArch, vp_stage: Optional[int], attention: str 
         _replace_torch_norms(layer)
         if attention != "unfused":
             _use_sdpa_attention(layer)
+        if num_experts and (experts == "grouped" or (experts == "auto" and grouped_experts_pay(config))):
+            _use_grouped_experts(layer)
         final_norm = SequenceParallelRMSNorm
     count = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(layer_specs=[layer] * count, layer_norm=final_norm)
@@ -93,6 +119,13 @@ def _use_sdpa_attention(layer) -> None:
     from megatron_rl.models.sdpa_attention import SdpaAttention
 
     layer.submodules.self_attention.submodules.core_attention = SdpaAttention
+
+
+def _use_grouped_experts(layer) -> None:
+    """Local MoE specs: the experts' GEMMs grouped, same parameters (models.grouped_experts)."""
+    from megatron_rl.models.grouped_experts import GroupedGemmExperts
+
+    layer.submodules.mlp.submodules.experts.module = GroupedGemmExperts
 
 
 def _replace_torch_norms(spec) -> None:

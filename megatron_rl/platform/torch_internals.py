@@ -22,3 +22,32 @@ def is_registered_process_group(group) -> bool:
     from torch.distributed.distributed_c10d import _world
 
     return group in _world.pg_map
+
+
+GROUPED_MM_ALIGNMENT = 16
+"""Bytes every row of :func:`grouped_mm`'s operands must be a multiple of."""
+
+
+def grouped_mm(rows, weights, group_ends):
+    """``rows[start_g:end_g] @ weights[g]`` for every group g, as one kernel.
+
+    torch.nn.functional has no public grouped GEMM in torch 2.13.0; ``torch._grouped_mm``
+    (since 2.8) runs a CUTLASS grouped kernel on Hopper for bf16 and a per-group loop
+    elsewhere. ``rows`` is [tokens, in], ``weights`` [groups, in, out], ``group_ends`` the
+    int32 cumulative row counts (empty groups allowed); every row stride must be a multiple of
+    16 bytes (:data:`GROUPED_MM_ALIGNMENT`). Its derivative needs a dense
+    incoming gradient (an expanded one, as ``sum()`` gives, is refused), so the gradient is
+    made contiguous on its way back."""
+    import torch
+
+    out = torch._grouped_mm(rows, weights, offs=group_ends)
+    if out.requires_grad:
+        out.register_hook(torch.Tensor.contiguous)
+    return out
+
+
+def has_grouped_mm() -> bool:
+    """Whether this torch has :func:`grouped_mm`'s kernel."""
+    import torch
+
+    return hasattr(torch, "_grouped_mm")

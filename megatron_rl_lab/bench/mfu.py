@@ -47,8 +47,10 @@ def run_case(arch: ModelArch, settings: MfuSettings, case: Case, peak_tflops: fl
         moe_token_dispatcher_type=settings.moe_token_dispatcher_type,
         recompute_activations=settings.recompute_activations,
         attention=settings.attention,
+        experts=settings.experts,
     )
     chunks, optimizer = build_trainable(settings.role, arch, case.parallel, options)
+    experts = sorted({type(m.experts).__name__ for c in chunks for m in c.modules() if hasattr(m, "router")})
     per_rank = settings.global_batch_size // case.parallel.dp(world)
     micro = synthetic_microbatches(
         per_rank // case.micro_batch_size, case.micro_batch_size, settings.seq_length, arch.vocab_size, settings.seed
@@ -98,6 +100,7 @@ def run_case(arch: ModelArch, settings: MfuSettings, case: Case, peak_tflops: fl
         "mfu": achieved / peak_tflops,
         "peak_memory_gib": peak_memory / 2**30,
         "last_loss": last_loss,
+        "experts_module": experts[0] if experts else None,
         "profile": profile,
     }
 
@@ -190,7 +193,8 @@ def run(arch: ModelArch, settings: MfuSettings, cases: list[Case], json_path: Op
             f"{result['layout']:34s} {result['tokens_per_s']:10.1f} tokens/s  "
             f"{_rate(result['achieved_tflops_per_device'], plat.is_cuda)}/device  "
             f"step {result['step_time_s']:.3f} s  peak mem {result['peak_memory_gib']:.2f} GiB  "
-            f"loss {result['last_loss']:.3f}",
+            f"loss {result['last_loss']:.3f}"
+            + (f"  experts {result['experts_module']}" if result["experts_module"] else ""),
             flush=True,
         )
         if result["profile"]:

@@ -59,6 +59,8 @@ class MfuSettings:
     recompute_activations: bool = False
     attention: str = "auto"
     """auto | sdpa | unfused (models.layer_spec.ATTENTIONS)."""
+    experts: str = "auto"
+    """auto | sequential | grouped: how MoE experts are computed (models.layer_spec.EXPERTS)."""
     profile: bool = False
     """One more step under torch.profiler: where the time went, by op category (.step_profile)."""
     peak_tflops: Optional[float] = None
@@ -157,6 +159,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="auto: Transformer Engine if installed, else SDPA; unfused: Megatron's local attention, for comparison",
     )
     p.add_argument(
+        "--experts",
+        choices=("auto", "sequential", "grouped"),
+        default="auto",
+        help="MoE experts: auto (grouped GEMMs for bf16 on Hopper, else one expert after another), "
+        "sequential (Megatron's SequentialMLP), grouped",
+    )
+    p.add_argument(
         "--peak-tflops",
         type=float,
         default=None,
@@ -220,6 +229,7 @@ def make_plan(args: argparse.Namespace, world: int):
         moe_token_dispatcher_type=args.dispatcher,
         recompute_activations=args.recompute,
         attention=args.attention,
+        experts=args.experts,
         profile=args.profile,
         peak_tflops=args.peak_tflops,
         peak_matmul_size=args.peak_matmul_size,

@@ -73,7 +73,13 @@ def test_every_bench_part_is_a_command_the_bench_accepts(tmp_path):
 
     kit = _kit()
     bench_parts = [p for p in kit.parts(tmp_path) if cli.__name__ in p.argv]
-    assert {p.name for p in bench_parts} == {"mfu-dense", "mfu-dense-unfused", "mfu-moe", "checkpoint"}
+    assert {p.name for p in bench_parts} == {
+        "mfu-dense",
+        "mfu-dense-unfused",
+        "mfu-moe",
+        "mfu-moe-sequential",
+        "checkpoint",
+    }
     for part in bench_parts:
         args = cli.build_parser().parse_args(part.argv[part.argv.index(cli.__name__) + 1 :])
         if args.bench == "mfu":
@@ -95,6 +101,7 @@ def test_an_unknown_part_is_one_line_and_exit_2(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr == (
-        "gpu_check: unknown part(s) bogus; allowed: mfu-dense, tests, mfu-moe, mfu-dense-unfused, checkpoint\n"
+        "gpu_check: unknown part(s) bogus; allowed: mfu-dense, tests, mfu-moe, mfu-moe-sequential, mfu-dense-unfused, "
+        "checkpoint\n"
     )
     assert list(tmp_path.iterdir()) == []

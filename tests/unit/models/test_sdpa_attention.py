@@ -16,28 +16,15 @@ differences reach at most half of that, and a real error (about 3) stays 100 tim
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from megatron_rl import platform
 from megatron_rl.models import layer_spec
 from megatron_rl.models.sdpa_attention import SdpaAttention
-from megatron_rl.parallel import ParallelConfig, destroy, initialize
+from megatron_rl.parallel import ParallelConfig
 
 FP32_TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 BF16_TOLERANCE = dict(atol=3e-2, rtol=3e-2)
 HEADS, GROUPS, HEAD_DIM = 8, 2, 16
-
-
-@pytest.fixture(scope="module")
-def world_of_one(tmp_path_factory):
-    """Megatron's model-parallel state at world 1 (gloo), with the CPU layer."""
-    platform.current()
-    store = tmp_path_factory.mktemp("sdpa") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    initialize(ParallelConfig(), seed=1234)
-    yield
-    destroy()
-    dist.destroy_process_group()
 
 
 def attention_config(dtype=torch.float32, **overrides):

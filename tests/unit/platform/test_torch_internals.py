@@ -29,3 +29,22 @@ def test_the_accessor_names_the_release_it_was_read_from():
 
     assert torch.__version__.startswith(torch_internals.TORCH_VERSION) or torch.cuda.is_available()
     assert torch_internals.TORCH_VERSION in torch_internals.is_registered_process_group.__doc__
+
+
+def test_grouped_mm_is_one_matmul_per_group_and_takes_an_expanded_gradient():
+    """Against one matmul per group (rows 0-3, none, 3-7, 7-10), values and both gradients;
+    ``sum()`` hands back an expanded gradient, which the raw kernel refuses."""
+    import torch
+
+    assert torch_internals.has_grouped_mm()
+    seeded = torch.Generator().manual_seed(0)
+    rows = torch.randn(10, 8, generator=seeded, requires_grad=True)
+    weights = torch.randn(4, 8, 4, generator=seeded, requires_grad=True)
+    bounds = [(0, 3), (3, 3), (3, 7), (7, 10)]
+    torch_internals.grouped_mm(rows, weights, torch.tensor([3, 3, 7, 10], dtype=torch.int32)).sum().backward()
+    got = rows.grad.clone(), weights.grad.clone()
+    rows.grad = weights.grad = None
+    torch.cat([rows[a:b] @ weights[g] for g, (a, b) in enumerate(bounds)]).sum().backward()
+    assert torch.allclose(got[0], rows.grad, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(got[1], weights.grad, rtol=1e-6, atol=1e-6)
+    assert torch.equal(got[1][1], torch.zeros(8, 4))
