@@ -214,7 +214,7 @@ def machine_facts(env: dict) -> dict:
 
 
 def junit_summary(xml_path: Path) -> dict:
-    """pytest's JUnit XML as {counts, tests: [{name, outcome, seconds, message}]}."""
+    """pytest's JUnit XML as {counts, measured, tests: [{name, outcome, seconds, message}]}."""
     tests = []
     for case in ET.parse(xml_path).getroot().iter("testcase"):
         outcome, message = "passed", ""
@@ -231,7 +231,9 @@ def junit_summary(xml_path: Path) -> dict:
             }
         )
     counts = {o: sum(t["outcome"] == o for t in tests) for o in ("passed", "failed", "error", "skipped")}
-    return {"counts": counts, "tests": tests}
+    # What the tests measured (record_testsuite_property: differences against the CPU, times).
+    measured = {p.get("name"): p.get("value") for p in ET.parse(xml_path).getroot().iter("property")}
+    return {"counts": counts, "measured": measured, "tests": tests}
 
 
 def run_part(part: Part, out: Path, env: dict, log) -> dict:

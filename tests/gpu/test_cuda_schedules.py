@@ -166,10 +166,11 @@ def runs(tmp_path_factory) -> dict:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_cuda_matches_cpu(runs, case):
+def test_cuda_matches_cpu(runs, case, record_testsuite_property):
     (cuda, cuda_dir), (cpu, cpu_dir) = runs["cuda"], runs["cpu"]
     result, ref = case_result(cuda, case), case_result(cpu, case)
     assert result["device"].startswith(expected_device("cuda")) and ref["device"] == "cpu", (result, ref)
     report = deviations(result, torch.load(cuda_dir / f"{case}.pt"), ref, torch.load(cpu_dir / f"{case}.pt"))
+    record_testsuite_property(f"deviations[{case}]", json.dumps(report))  # into the kit's tests.json
     found = problems(report, result, TOLERANCES[case.rsplit("-", 1)[1]])
     assert not found, "\n".join([*found, json.dumps(report, indent=1)])
