@@ -201,9 +201,13 @@ def _check_eval(config: Config) -> None:
     if config.trainer.job != "rl":
         raise ConfigError(f"eval needs trainer.job=rl (trainer.job={config.trainer.job} generates nothing)")
     if config.rollout.placement != "colocated":
+        # The rollout ranks' engines would need an eval command that samples a known policy
+        # version (stamped) between the generations ahead of training; not built yet.
         raise ConfigError(
-            f"eval runs on colocated engines only (rollout.placement={config.rollout.placement}); "
-            "use rollout.placement=colocated, or turn eval off with eval.sets={}"
+            f"eval runs on colocated engines only (rollout.placement={config.rollout.placement}, "
+            f"rollout.max_staleness={config.rollout.max_staleness}): the rollout ranks do not evaluate; "
+            "use rollout.placement=colocated, evaluate a saved step with megatron-rl eval --ckpt, "
+            "or turn eval off with eval.sets={}"
         )
     from megatron_rl.rollout.seeds import MAX_SAMPLES
 

@@ -89,7 +89,18 @@ def _write_prompts(path, rows):
     [
         (
             ["rollout.placement=disaggregated", "rollout.num_ranks=1"],
-            "eval runs on colocated engines only (rollout.placement=disaggregated)",
+            "eval runs on colocated engines only (rollout.placement=disaggregated, rollout.max_staleness=0): "
+            "the rollout ranks do not evaluate; use rollout.placement=colocated, evaluate a saved step with "
+            "megatron-rl eval --ckpt, or turn eval off with eval.sets={}",
+        ),
+        (
+            [
+                "rollout.placement=disaggregated",
+                "rollout.num_ranks=1",
+                "rollout.max_staleness=1",
+                "algorithm.overrides.rollout_correction={kind: token_tis, cap: 2.0}",
+            ],
+            "eval runs on colocated engines only (rollout.placement=disaggregated, rollout.max_staleness=1)",
         ),
         (["eval.sets.held_out.source=missing.jsonl"], "eval.sets.held_out.source='missing.jsonl': "),
         (["trainer.job=smoke", "trainer.micro_batch_size=4"], "eval needs trainer.job=rl"),
