@@ -71,6 +71,10 @@ def test_round_trips_through_the_resolved_yaml(tmp_path):
         ([*GYM, "eval.sets.g.size=0"], "eval.sets.g.size=0 must be >= 1"),
         ([*GYM, "eval.sets.g.max_prompts=5"], "eval.sets.g.max_prompts applies to held_out and files; a reasoning_gym"),
         ([*GYM, "eval.sets.g.options=[3]"], "eval.sets.g.options must be a mapping of the dataset's options"),
+        (
+            [*GYM, "eval.sets.g.options={max_n:"],  # a flow mapping the shell split at its space
+            "override eval.sets.g.options='{max_n:' is not valid YAML (quote it whole): while parsing a flow node",
+        ),
     ],
 )
 def test_bad_values_are_one_line_naming_the_key(overrides, message):
