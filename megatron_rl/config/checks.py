@@ -14,7 +14,7 @@ from pathlib import Path
 
 from megatron_rl.config import sources
 from megatron_rl.config.loggers import check_loggers
-from megatron_rl.config.schema import HELD_OUT, Config, ConfigError
+from megatron_rl.config.schema import HELD_OUT, Config, ConfigError, EvalSetConfig
 from megatron_rl.parallel.config import LayoutError, ModelShape, sequence_multiple
 
 FIRST_ROWS = 8
@@ -192,17 +192,22 @@ def _check_prompt_rows(config: Config, path: Path, where: str) -> None:
 
 def _check_eval(config: Config) -> None:
     """Eval runs where it is built (colocated engines, an RL job), and every set names
-    prompts training never draws: the task's held-out split, or a file other than the
-    training data. The size and the answers of a set are checked when the trainer reads it."""
+    prompts training never draws: the task's held-out split, a file other than the training
+    data, or a reasoning-gym dataset its config accepts. The size and the answers of a set
+    are checked when the trainer reads it."""
     ev = config.eval
     if not ev.enabled:
         return
     if config.trainer.job != "rl":
         raise ConfigError(f"eval needs trainer.job=rl (trainer.job={config.trainer.job} generates nothing)")
     if config.rollout.placement != "colocated":
+        # The rollout ranks' engines would need an eval command that samples a known policy
+        # version (stamped) between the generations ahead of training; not built yet.
         raise ConfigError(
-            f"eval runs on colocated engines only (rollout.placement={config.rollout.placement}); "
-            "use rollout.placement=colocated, or turn eval off with eval.sets={}"
+            f"eval runs on colocated engines only (rollout.placement={config.rollout.placement}, "
+            f"rollout.max_staleness={config.rollout.max_staleness}): the rollout ranks do not evaluate; "
+            "use rollout.placement=colocated, evaluate a saved step with megatron-rl eval --ckpt, "
+            "or turn eval off with eval.sets={}"
         )
     from megatron_rl.rollout.seeds import MAX_SAMPLES
 
@@ -211,7 +216,16 @@ def _check_eval(config: Config) -> None:
     training_file = sources.prompt_file(config)
     for name, spec in ev.sets.items():
         where = f"eval.sets.{name}.source={spec.source!r}"
+        if spec.gym:
+            _check_gym_set(where, spec)
+            continue
         if spec.source == HELD_OUT:
+            if sources.gym_spec(config) is not None:
+                raise ConfigError(
+                    f"{where} needs task:<name> data; for {config.data.source} data name a set of its own, "
+                    f"e.g. eval.sets.{name}.source={config.data.source} eval.sets.{name}.seed=1 (questions "
+                    "training draws are skipped)"
+                )
             if sources.task_name(config) is None:
                 raise ConfigError(
                     f"{where} needs task:<name> data (data.source={config.data.source!r} is a file): name "
@@ -225,6 +239,16 @@ def _check_eval(config: Config) -> None:
         if training_file is not None and path.resolve() == training_file.resolve():
             raise ConfigError(f"{where} is the training data; evaluate on prompts training never draws")
         _check_prompt_rows(config, path, where)
+
+
+def _check_gym_set(where: str, spec: EvalSetConfig) -> None:
+    """The dataset exists and its config takes the set's options (reasoning-gym's own checks)."""
+    from megatron_rl.data.reasoning_gym import SOURCE_PREFIX, GymSpec, check_spec
+
+    try:
+        check_spec(GymSpec(spec.source[len(SOURCE_PREFIX) :], dict(spec.options), spec.seed, spec.size))
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from None
 
 
 def _check_reward(config: Config) -> None:

@@ -146,7 +146,11 @@ def _set_dotted(tree: dict, dotted: str, value: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"override {dotted}: {part} is not a section")
-    node[parts[-1]] = yaml.safe_load(value) if value != "" else ""
+    try:
+        node[parts[-1]] = yaml.safe_load(value) if value != "" else ""
+    except yaml.YAMLError as err:  # e.g. a flow mapping the shell split at a space
+        reason = " ".join(str(err).split())
+        raise ConfigError(f"override {dotted}={value!r} is not valid YAML (quote it whole): {reason}") from None
 
 
 def load_config(path: Optional[str | Path] = None, overrides: Iterable[str] = ()) -> Config:

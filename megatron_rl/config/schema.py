@@ -12,6 +12,7 @@ import dataclasses
 import re
 from typing import Optional
 
+from megatron_rl.data.reasoning_gym import SOURCE_PREFIX as GYM_PREFIX
 from megatron_rl.environments.sandbox import SandboxConfig
 from megatron_rl.models.presets import PRESETS
 from megatron_rl.monitor.config import OnlineConfig
@@ -307,7 +308,7 @@ class DataConfig:
             raise ConfigError(f"data.options must be a mapping of the dataset's options, got {self.options!r}")
         if self.size < 1:
             raise ConfigError(f"data.size={self.size} must be >= 1")
-        if not self.source.startswith("reasoning_gym:") and (self.options or self.seed is not None):
+        if not self.source.startswith(GYM_PREFIX) and (self.options or self.seed is not None):
             raise ConfigError(
                 f"data.options and data.seed apply to reasoning_gym:<dataset> sources only, not {self.source!r}"
             )
@@ -343,25 +344,59 @@ EVAL_SET_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 """What an eval set may be called: it becomes part of metric names (val/<set>/...) and files."""
 HELD_OUT = "held_out"
 """eval set source: the held-out split of the training task (its base's eval.jsonl)."""
+GYM_EVAL_SIZE = 100
+"""Prompts of a reasoning-gym eval set unless its size says otherwise."""
 
 
 @dataclasses.dataclass(kw_only=True)
 class EvalSetConfig:
-    """One named eval set: prompts that training never draws, scored with the run's reward.
-    (Its errors name the field alone; the loader puts ``eval.sets.<name>.`` before them.)"""
+    """One named eval set: prompts that training never draws, scored with the run's reward
+    (a reasoning-gym set with reasoning-gym's). (Its errors name the field alone; the loader
+    puts ``eval.sets.<name>.`` before them.)"""
 
     source: str = HELD_OUT
     """held_out: the held-out split of data.source's task (the task base's eval.jsonl, none of
-    whose prompts is among the train.jsonl prompts training draws from); or a JSONL/Parquet
-    file of prompts with answers (fields data.prompt_key and data.answer_key)."""
+    whose prompts is among the train.jsonl prompts training draws from); a JSONL/Parquet
+    file of prompts with answers (fields data.prompt_key and data.answer_key); or
+    reasoning_gym:<dataset>: questions of that reasoning-gym dataset, scored by its own
+    score_answer, whatever the training data."""
     max_prompts: Optional[int] = None
-    """Evaluate only the set's first this many prompts (null: all of them)."""
+    """held_out and files: evaluate only the set's first this many prompts (null: all)."""
+    options: dict = dataclasses.field(default_factory=dict)
+    """reasoning_gym:<dataset> only: keyword arguments of the dataset's config, as data.options."""
+    seed: int = 0
+    """reasoning_gym:<dataset> only: the seed reasoning-gym generates the set from."""
+    size: int = GYM_EVAL_SIZE
+    """reasoning_gym:<dataset> only: prompts in the set: the first this many distinct questions
+    of that seed that are not training prompts."""
 
     def __post_init__(self) -> None:
         if not self.source:
-            raise ConfigError(f"source must be {HELD_OUT} or a prompt file, got an empty string")
+            raise ConfigError(
+                f"source must be {HELD_OUT}, a prompt file or reasoning_gym:<dataset>, got an empty string"
+            )
         if self.max_prompts is not None and self.max_prompts < 1:
             raise ConfigError(f"max_prompts={self.max_prompts} must be >= 1 (or null: all)")
+        if not isinstance(self.options, dict):
+            raise ConfigError(f"options must be a mapping of the dataset's options, got {self.options!r}")
+        if self.size < 1:
+            raise ConfigError(f"size={self.size} must be >= 1")
+        if self.gym:
+            if self.max_prompts is not None:
+                raise ConfigError(f"max_prompts applies to held_out and files; a {self.source} set has size")
+            return
+        given = [
+            name
+            for name, default in (("options", {}), ("seed", 0), ("size", GYM_EVAL_SIZE))
+            if getattr(self, name) != default
+        ]
+        if given:
+            raise ConfigError(f"{given[0]} applies to reasoning_gym:<dataset> sets only, not {self.source!r}")
+
+    @property
+    def gym(self) -> bool:
+        """Whether reasoning-gym generates the set."""
+        return self.source.startswith(GYM_PREFIX)
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -32,6 +32,8 @@ from megatron_rl.tasks.digits import get_task
 from megatron_rl.tasks.tool_products import TOOL_TASKS, ToolBaseSettings
 
 TASK_PREFIX = "task:"
+GYM_REWARD = "reasoning_gym"
+"""The reward of reasoning-gym prompts (data and eval sets): the dataset's own score_answer."""
 
 
 def task_name(config: Config) -> Optional[str]:
@@ -48,6 +50,15 @@ def gym_spec(config: Config) -> Optional[GymSpec]:
         return None
     seed = config.trainer.seed if data.seed is None else data.seed
     return GymSpec(data.source[len(GYM_PREFIX) :], dict(data.options), seed, data.size)
+
+
+def verifier_name(config: Config) -> str:
+    """The run's reward (rewards.REWARDS): data.reward, or for auto the source's own."""
+    if config.data.reward != "auto":
+        return config.data.reward
+    if gym_spec(config) is not None:
+        return GYM_REWARD
+    return "digits" if task_name(config) is not None else "math"
 
 
 def base_settings(config: Config) -> Optional[BaseBuild]:

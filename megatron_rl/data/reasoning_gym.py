@@ -26,7 +26,7 @@ import dataclasses
 import difflib
 import functools
 import json
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Collection, Mapping, Optional, Sequence
 
 from megatron_rl.data.prompts import PromptRecord, encode_prompt
 
@@ -109,6 +109,11 @@ def user_message(question: str) -> str:
     return f"{question}\n{ANSWER_INSTRUCTION}"
 
 
+def prompt_ids(tokenizer, question: str) -> tuple[int, ...]:
+    """The chat-templated ids of a question's prompt (one user message)."""
+    return tuple(encode_prompt(tokenizer, [{"role": "user", "content": user_message(question)}]))
+
+
 def extract_answer(response: str) -> Optional[str]:
     """The content of the last ``<answer>...</answer>`` (reasoning-gym's extractor); None if absent."""
     from reasoning_gym.utils import extract_answer as gym_extract
@@ -143,8 +148,7 @@ class GymPrompts:
         self.records = []
         for i in range(spec.size) if indices is None else indices:
             entry = dataset[i]
-            messages = [{"role": "user", "content": user_message(entry["question"])}]
-            ids = tuple(encode_prompt(tokenizer, messages))
+            ids = prompt_ids(tokenizer, entry["question"])
             self.records.append(PromptRecord(ids, reference(spec, i, str(entry["answer"])), f"{spec.dataset}[{i}]"))
 
     def __len__(self) -> int:
@@ -188,3 +192,25 @@ def held_out_prompts(train: GymSpec, seed: int, size: int, tokenizer) -> GymProm
     """:func:`held_out_indices` as prompt records, scored like the training prompts."""
     spec, indices = held_out_indices(train, seed, size)
     return GymPrompts(spec, tokenizer, indices)
+
+
+def eval_prompts(spec: GymSpec, tokenizer, training: Collection[tuple[int, ...]]) -> GymPrompts:
+    """An eval set of ``spec.size`` prompts of ``spec``'s dataset, options and seed: its first
+    entries whose question is not a training prompt (``training``: their prompt ids) nor
+    one already picked, among ``HELD_OUT_DRAWS`` times that many (the references name that
+    larger spec). Raises ValueError when the dataset has too few such questions."""
+    draws = dataclasses.replace(spec, size=spec.size * HELD_OUT_DRAWS)
+    dataset, picked, seen = build_dataset(draws), [], set()
+    for i in range(draws.size):
+        question = dataset[i]["question"]
+        if question in seen:
+            continue
+        seen.add(question)
+        if prompt_ids(tokenizer, question) not in training:
+            picked.append(i)
+            if len(picked) == spec.size:
+                return GymPrompts(draws, tokenizer, picked)
+    raise ValueError(
+        f"{spec.dataset} with options {dict(spec.options)} and seed {spec.seed} gave only {len(picked)} "
+        f"questions that are not training prompts in {draws.size} draws; {spec.size} were asked for"
+    )

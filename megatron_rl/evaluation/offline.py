@@ -24,7 +24,7 @@ from megatron_rl import platform
 from megatron_rl.config import Config
 from megatron_rl.evaluation.cli import Target
 from megatron_rl.evaluation.phase import Evaluator, eval_sampling
-from megatron_rl.evaluation.sets import load_sets
+from megatron_rl.evaluation.sets import eval_rewards, load_sets
 from megatron_rl.models.hf_config import ModelArch, arch_from_hf
 from megatron_rl.trainer import setup
 
@@ -44,7 +44,6 @@ def evaluate_target(cfg: Config, target: Target, records: Optional[Path]) -> Eva
     writes the per-prompt lines (None: nowhere)."""
     from transformers import AutoTokenizer
 
-    from megatron_rl.data import PromptDataset, PromptFields
     from megatron_rl.rewards import build_verifier
     from megatron_rl.rollout import RolloutEngine
 
@@ -54,11 +53,7 @@ def evaluate_target(cfg: Config, target: Target, records: Optional[Path]) -> Eva
     arch = arch_from_hf(target.base_dir)
     actor = _load_actor(cfg, arch, target) if target.ckpt_root is not None else None
     tokenizer = AutoTokenizer.from_pretrained(target.base_dir)
-    training = PromptDataset(  # the sets must stay apart from them, as in the run
-        setup.prompt_files(cfg, target.base_dir),
-        tokenizer,
-        fields=PromptFields(prompt=cfg.data.prompt_key, answer=cfg.data.answer_key),
-    )
+    training = setup.prompt_dataset(cfg, target.base_dir, tokenizer)  # the sets stay apart from it, as in the run
     sets = load_sets(cfg, target.base_dir, tokenizer, (r.prompt_ids for r in training.records))
     with tempfile.TemporaryDirectory(prefix="megatron-rl-eval-cache-") as cache:
         engine = RolloutEngine(target.base_dir, setup.engine_config(cfg, arch, Path(cache)))
@@ -67,13 +62,13 @@ def evaluate_target(cfg: Config, target: Target, records: Optional[Path]) -> Eva
 
             WeightSync(actor, arch, engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20))).sync()
             del actor
-        verifier = build_verifier(setup.verifier_name(cfg))
+        verifiers = {name: build_verifier(name) for name in eval_rewards(cfg)}
         try:
             evaluator = Evaluator(
                 cfg.eval,
                 sets,
                 engine,
-                verifier.score_batch,
+                {name: v.score_batch for name, v in verifiers.items()},
                 functools.partial(tokenizer.decode, skip_special_tokens=True),
                 eval_sampling(cfg, tokenizer.eos_token_id),
                 records.parent if records is not None else Path("."),
@@ -82,7 +77,8 @@ def evaluate_target(cfg: Config, target: Target, records: Optional[Path]) -> Eva
             )
             metrics = evaluator.evaluate(target.step or 0)
         finally:
-            verifier.close()
+            for verifier in verifiers.values():
+                verifier.close()
     sizes = {s.name: (len(s), len(s) * cfg.eval.n_samples) for s in sets}
     return EvalResult(metrics, sizes, reports=rank == 0)
 

@@ -23,7 +23,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch.distributed as dist
 
@@ -66,7 +66,7 @@ class Evaluator:
         config: EvalConfig,
         sets: Sequence[EvalSet],
         engine: RolloutEngine,
-        score: Score,
+        scores: Mapping[str, Score],
         decode: Decode,
         sampling: Sampling,
         out_dir: Path,
@@ -76,7 +76,11 @@ class Evaluator:
         self.config = config
         self.sets = list(sets)
         self.engine = engine
-        self.score = score
+        self.scores = dict(scores)
+        """Reward name -> its verifier's score_batch; every set's reward is among them."""
+        missing = sorted({s.reward for s in self.sets} - self.scores.keys())
+        if missing:
+            raise ValueError(f"no scorer for the eval sets' rewards {missing}")
         self.decode = decode
         self.sampling = sampling
         """n = eval.n_samples, the eval budget and temperature; no logprobs."""
@@ -117,7 +121,7 @@ class Evaluator:
             groups = engine.generate([list(eval_set.prompt_ids[i]) for i in mine], self.sampling, seeds)
             texts = [self.decode(s.token_ids) for group in groups for s in group]
             answers = [eval_set.answers[i] for i, group in zip(mine, groups) for _ in group]
-            scores, _ = self.score(texts, answers)
+            scores, _ = self.scores[eval_set.reward](texts, answers)
             cursor = 0
             for i, group in zip(mine, groups):
                 local.append(

@@ -142,6 +142,19 @@ class Sampling:
         return self.entropy_stats is not None and self.temperature_tau > 0
 
 
+def prefill_waves(tokens: Sequence[int], budget: int) -> list[range]:
+    """Consecutive runs of items whose ``tokens`` sum to at most ``budget`` each (an item
+    over the budget alone in its run); one empty run for no items."""
+    waves, start, total = [], 0, 0
+    for i, count in enumerate(tokens):
+        if i > start and total + count > budget:
+            waves.append(range(start, i))
+            start, total = i, 0
+        total += count
+    waves.append(range(start, len(tokens)))
+    return waves
+
+
 class RolloutEngine:
     """A colocated vLLM engine: generate, continue, and load new weights in place. A
     :class:`~megatron_rl.rollout.backend.RolloutBackend`; one per rank (the ranks of one
@@ -213,7 +226,17 @@ class RolloutEngine:
         budgets = [sampling.max_tokens] * len(prompt_ids) if max_tokens is None else [int(m) for m in max_tokens]
         if len(budgets) != len(prompt_ids) or min(budgets, default=1) < 1:
             raise ValueError(f"max_tokens needs one budget >= 1 per prompt, got {budgets} for {len(prompt_ids)}")
-        outputs, routes = self._run(prompt_ids, sampling, sampling.n, budgets, seeds)
+        outputs, routes = [], {}
+        for wave in self._waves(prompt_ids, sampling.n, seeds):
+            done, recorded = self._run(
+                [prompt_ids[i] for i in wave],
+                sampling,
+                sampling.n,
+                [budgets[i] for i in wave],
+                None if seeds is None else [seeds[i] for i in wave],
+            )
+            outputs.extend(done)
+            routes.update(recorded)
         return [
             [
                 self._with_routes(
@@ -343,6 +366,17 @@ class RolloutEngine:
         from vllm.inputs import TokensPrompt
 
         return TokensPrompt(prompt_token_ids=ids)
+
+    def _waves(self, prompt_ids: list[list[int]], n: int, seeds: Optional[Sequence[int]]) -> list[range]:
+        """The prompts in one generate call, or, for seeded prompts on CPU, in consecutive
+        waves whose prefill fits vLLM's per-step token budget: vLLM 0.32's CPU model runner
+        fails on a seeded request whose prefill is split over steps (``_bookkeeping_sync``
+        rewinds its generator with ``set_offset``, which CPU generators lack). Each sample
+        has its own seed, so the waves sample what one call would."""
+        if seeds is None or not self._on_cpu:
+            return [range(len(prompt_ids))]
+        budget = self.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+        return prefill_waves([len(ids) * n for ids in prompt_ids], budget)
 
     def _run(
         self,

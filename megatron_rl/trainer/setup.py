@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from megatron_rl.config import Config
-from megatron_rl.config.sources import base_settings, gym_spec, prompt_file, task_name
+from megatron_rl.config.sources import base_settings, gym_spec, prompt_file
 from megatron_rl.models.builder import BuildOptions, build_model, wrap_for_training
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import ParallelConfig
@@ -82,14 +82,6 @@ def prompt_dataset(cfg: Config, base_dir: Path, tokenizer):
 
     fields = PromptFields(prompt=cfg.data.prompt_key, answer=cfg.data.answer_key)
     return PromptDataset(prompt_files(cfg, base_dir), tokenizer, fields=fields)
-
-
-def verifier_name(cfg: Config) -> str:
-    if cfg.data.reward != "auto":
-        return cfg.data.reward
-    if gym_spec(cfg) is not None:
-        return "reasoning_gym"
-    return "digits" if task_name(cfg) is not None else "math"
 
 
 @dataclasses.dataclass

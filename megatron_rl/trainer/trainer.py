@@ -32,7 +32,7 @@ from megatron_rl import checkpoint, platform
 from megatron_rl.algorithms import explained_variance, kl_penalty
 from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.algorithms.rollout_correction import CorrectionInputs, correct_rollout
-from megatron_rl.config import Config, ConfigError, dump_yaml, to_dict, validate
+from megatron_rl.config import Config, ConfigError, dump_yaml, to_dict, validate, verifier_name
 from megatron_rl.launch import exit_codes
 from megatron_rl.launch.exclude import ExcludeWatch
 from megatron_rl.launch.roles import ROLLOUT, RoleWorld, init_roles
@@ -193,7 +193,9 @@ class RLTrainer:
         loader = PromptLoader(
             dataset, batch_size=1 if windowed else cfg.rollout.prompts_per_step, seed=cfg.trainer.seed
         )
-        self.verifier = build_verifier(setup.verifier_name(cfg))
+        self.verifier = build_verifier(verifier_name(cfg))
+        self.eval_verifiers: dict = {}
+        """Verifiers of eval sets scored with another reward than training's (by name)."""
         engine_config = setup.engine_config(cfg, self.arch, self.run_dir / "cache")
         self.client: Optional[RolloutClient] = None
         """The rollout ranks' handle (disaggregated rollouts), which also takes rollouts ahead."""
@@ -234,7 +236,7 @@ class RLTrainer:
         if cfg.environment.episodes:
             from megatron_rl.trainer.episodes import episode_source
 
-            reward = setup.verifier_name(cfg)
+            reward = verifier_name(cfg)
             return episode_source(cfg, self.engine, tokenizer, loader, recipe, decode, reward, row_multiple)
         if recipe.generation_window is None:
             chunk = cfg.rollout.partial_chunk_tokens if cfg.rollout.partial else None
@@ -260,14 +262,19 @@ class RLTrainer:
     def _evaluator(self, tokenizer, dataset, decode):
         """The eval phase on the colocated engines (validation refuses eval elsewhere)."""
         from megatron_rl.evaluation.phase import Evaluator, eval_sampling
-        from megatron_rl.evaluation.sets import load_sets
+        from megatron_rl.evaluation.sets import eval_rewards, load_sets
+        from megatron_rl.rewards import build_verifier
 
         sets = load_sets(self.cfg, self.base_dir, tokenizer, (r.prompt_ids for r in dataset.records))
+        run_reward = verifier_name(self.cfg)
+        # A set scored otherwise than training (a reasoning-gym set of a math run) gets its own pool.
+        self.eval_verifiers = {name: build_verifier(name) for name in eval_rewards(self.cfg) - {run_reward}}
+        scores = {name: v.score_batch for name, v in [(run_reward, self.verifier), *self.eval_verifiers.items()]}
         return Evaluator(
             self.cfg.eval,
             sets,
             self.engine,
-            self.verifier.score_batch,
+            scores,
             decode,
             eval_sampling(self.cfg, tokenizer.eos_token_id),
             self.run_dir / "eval",
@@ -649,6 +656,8 @@ class RLTrainer:
             )
         self.log.close()
         self.verifier.close()
+        for verifier in self.eval_verifiers.values():
+            verifier.close()
         self.source.close()
         if self.roles is not None and self.rollout_error is None:
             self.engine.close()  # releases the rollout ranks

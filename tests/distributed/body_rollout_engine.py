@@ -93,7 +93,16 @@ def seeded_samples_do_not_depend_on_replica_or_batch(kind):
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, [ids(g) for g in batched])
     assert all(x == everyone[0] for x in everyone), "replicas sampled a seeded prompt differently"
-    return {"replicas": eng.num_replicas}
+    # More prompt tokens than vLLM prefills in one step (its CPU runner fails on a seeded
+    # request whose prefill is split): the batch samples what each prompt samples alone.
+    budget = eng.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    g = torch.Generator().manual_seed(7)
+    long = [torch.randint(3, 96, (100,), generator=g).tolist() for _ in range(budget // (100 * 4) + 2)]
+    long_seeds = prompt_seeds(1234, [0] * len(long), list(range(len(long))), 4)
+    over = eng.generate(long, sampling, long_seeds)
+    for i in (0, len(long) - 1):
+        assert ids(over[i]) == ids(eng.generate(long[i : i + 1], sampling, long_seeds[i : i + 1])[0])
+    return {"replicas": eng.num_replicas, "over_budget_prompts": len(long), "budget": budget}
 
 
 def greedy_reference(ref, prompt, max_tokens):

@@ -14,6 +14,7 @@ from megatron_rl.tasks.base_model import BaseModelSettings
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 DAPO = str(EXAMPLES / "dapo.yaml")
 ON = ("eval.sets.held_out.source=held_out", "eval.every=2")
+GYM = ("eval.sets.g.source=reasoning_gym:count_bits",)
 
 
 def test_off_by_default_and_due_when_asked():
@@ -37,11 +38,16 @@ def test_the_embedded_default_evaluates_its_held_out_split_at_start_every_few_st
 
 
 def test_round_trips_through_the_resolved_yaml(tmp_path):
-    cfg = load_config(DAPO, ["eval.sets.extra.source=x.jsonl", "eval.sets.extra.max_prompts=5", "eval.pass_k=[1, 2]"])
+    extra = ["eval.sets.extra.source=x.jsonl", "eval.sets.extra.max_prompts=5", "eval.pass_k=[1, 2]"]
+    gym = [*GYM, "eval.sets.g.options={max_n: 63}", "eval.sets.g.seed=5", "eval.sets.g.size=20"]
+    cfg = load_config(DAPO, [*extra, *gym])
     path = tmp_path / "config.yaml"
     path.write_text(dump_yaml(cfg))
     assert load_config(path, []) == cfg
     assert cfg.eval.sets["extra"].max_prompts == 5 and cfg.eval.pass_k == [1, 2]
+    g = cfg.eval.sets["g"]
+    assert (g.gym, g.options, g.seed, g.size) == (True, {"max_n": 63}, 5, 20) and not cfg.eval.sets["extra"].gym
+    validate(load_config(DAPO, gym), 1)  # a reasoning-gym set beside a digit task: scored by its own reward
 
 
 @pytest.mark.parametrize(
@@ -61,6 +67,14 @@ def test_round_trips_through_the_resolved_yaml(tmp_path):
         (["eval.sets.held_out.sorce=x"], "unknown config key 'eval.sets.held_out.sorce'; allowed in"),
         (["eval.sets=[a]"], "eval.sets must be a mapping of names"),
         (["eval.sets.a/b.source=held_out"], "eval.sets: the name 'a/b' may hold only"),
+        (["eval.sets.g.seed=3"], "eval.sets.g.seed applies to reasoning_gym:<dataset> sets only, not 'held_out'"),
+        ([*GYM, "eval.sets.g.size=0"], "eval.sets.g.size=0 must be >= 1"),
+        ([*GYM, "eval.sets.g.max_prompts=5"], "eval.sets.g.max_prompts applies to held_out and files; a reasoning_gym"),
+        ([*GYM, "eval.sets.g.options=[3]"], "eval.sets.g.options must be a mapping of the dataset's options"),
+        (
+            [*GYM, "eval.sets.g.options={max_n:"],  # a flow mapping the shell split at its space
+            "override eval.sets.g.options='{max_n:' is not valid YAML (quote it whole): while parsing a flow node",
+        ),
     ],
 )
 def test_bad_values_are_one_line_naming_the_key(overrides, message):
@@ -79,10 +93,38 @@ def _write_prompts(path, rows):
     [
         (
             ["rollout.placement=disaggregated", "rollout.num_ranks=1"],
-            "eval runs on colocated engines only (rollout.placement=disaggregated)",
+            "eval runs on colocated engines only (rollout.placement=disaggregated, rollout.max_staleness=0): "
+            "the rollout ranks do not evaluate; use rollout.placement=colocated, evaluate a saved step with "
+            "megatron-rl eval --ckpt, or turn eval off with eval.sets={}",
+        ),
+        (
+            [
+                "rollout.placement=disaggregated",
+                "rollout.num_ranks=1",
+                "rollout.max_staleness=1",
+                "algorithm.overrides.rollout_correction={kind: token_tis, cap: 2.0}",
+            ],
+            "eval runs on colocated engines only (rollout.placement=disaggregated, rollout.max_staleness=1)",
         ),
         (["eval.sets.held_out.source=missing.jsonl"], "eval.sets.held_out.source='missing.jsonl': "),
         (["trainer.job=smoke", "trainer.micro_batch_size=4"], "eval needs trainer.job=rl"),
+        (
+            ["eval.sets.g.source=reasoning_gym:count_bitz"],
+            "eval.sets.g.source='reasoning_gym:count_bitz': reasoning-gym has no dataset 'count_bitz'; did you mean",
+        ),
+        (
+            [*GYM, "eval.sets.g.options={max_m: 3}"],
+            "eval.sets.g.source='reasoning_gym:count_bits': count_bits has no option 'max_m'; allowed:",
+        ),
+        (
+            [*GYM, "eval.sets.g.options={max_n: -3}"],
+            "eval.sets.g.source='reasoning_gym:count_bits': reasoning-gym rejects count_bits options",
+        ),
+        (
+            ["data.source=reasoning_gym:count_bits"],
+            "eval.sets.held_out.source='held_out' needs task:<name> data; for reasoning_gym:count_bits data name "
+            "a set of its own, e.g. eval.sets.held_out.source=reasoning_gym:count_bits",
+        ),
     ],
 )
 def test_validation_refuses_what_eval_cannot_run(overrides, message):

@@ -57,13 +57,19 @@ def _score(texts, answers):
     return [float(t.split()[-1] == a) for t, a in zip(texts, answers)], {}
 
 
+def _length_score(texts, answers):
+    """Another reward: a third per token, whatever the answer."""
+    return [min(1.0, len(t.split()) / 3) for t in texts], {}
+
+
 def test_evaluates_every_prompt_writes_its_record_and_leaves_the_generators_alone(tmp_path, one_rank_group):
     cfg = load_config(None, ["eval.sets.a.source=held_out", "eval.every=1", "eval.n_samples=3", "eval.pass_k=[1,3]"])
-    sets = [EvalSet("a", [(0,), (1,), (2,), (5,)], ["0", "0", "0", "0"]), EvalSet("b", [(2,)], ["1"])]
+    sets = [EvalSet("a", [(0,), (1,), (2,), (5,)], ["0", "0", "0", "0"], "last"), EvalSet("b", [(2,)], ["1"], "len")]
     engine = ScriptedEngine()
     sampling = Sampling(n=3, max_tokens=3, logprobs=False)
     decode = lambda ids: " ".join(map(str, ids))  # noqa: E731
-    evaluator = Evaluator(cfg.eval, sets, engine, _score, decode, sampling, tmp_path / "eval", write=True)
+    scores = {"last": _score, "len": _length_score}
+    evaluator = Evaluator(cfg.eval, sets, engine, scores, decode, sampling, tmp_path / "eval", write=True)
     torch.manual_seed(0), random.seed(0)
     before = torch.get_rng_state(), random.getstate()
     metrics = evaluator.evaluate(7)
@@ -78,7 +84,10 @@ def test_evaluates_every_prompt_writes_its_record_and_leaves_the_generators_alon
     assert metrics["val/a/accuracy"] == pytest.approx(4 / 12)
     assert metrics["val/a/pass@1"] == pytest.approx(1 / 3) and metrics["val/a/pass@3"] == 1.0
     assert metrics["val/a/response_length"] == 2.0 and metrics["val/a/truncated"] == pytest.approx(1 / 3)
-    assert metrics["val/b/accuracy"] == pytest.approx(1 / 3) and metrics["timing/eval_s"] >= 0
+    # Set b is scored by its own reward: samples of 1, 2 and 3 tokens score 1/3, 2/3 and 1;
+    # only the last is correct.
+    assert metrics["val/b/accuracy"] == pytest.approx(2 / 3) and metrics["val/b/pass@1"] == pytest.approx(1 / 3)
+    assert metrics["timing/eval_s"] >= 0
     # The records recompute the metrics; nothing but the finished file is left.
     assert [p.name for p in (tmp_path / "eval").iterdir()] == ["step_7.jsonl"]
     rows = [json.loads(line) for line in (tmp_path / "eval" / "step_7.jsonl").read_text().splitlines()]
@@ -91,9 +100,9 @@ def test_a_rank_that_does_not_write_writes_nothing(tmp_path, one_rank_group):
     cfg = load_config(None, ["eval.sets.a.source=held_out", "eval.every=1", "eval.n_samples=1"])
     evaluator = Evaluator(
         cfg.eval,
-        [EvalSet("a", [(1,)], ["1"])],
+        [EvalSet("a", [(1,)], ["1"], "last")],
         ScriptedEngine(),
-        _score,
+        {"last": _score},
         lambda ids: str(ids[-1]),
         Sampling(n=1, logprobs=False),
         tmp_path / "eval",
@@ -119,6 +128,33 @@ def test_held_out_split_and_files_load_and_must_not_share_a_training_prompt(tmp_
     sets = load_sets(cfg, tmp_path, tokenizer, training)
     assert [(s.name, len(s)) for s in sets] == [("held", 2), ("file", 3)]
     assert sets[0].prompt_ids == sets[1].prompt_ids[:2] and sets[0].answers == ["1", "1"]
+    assert {s.reward for s in sets} == {"digits"}  # the run's reward (task:digits_max)
     leaky = load_config(None, [f"eval.sets.leaky.source={tmp_path / 'leaky.jsonl'}"])
     with pytest.raises(ConfigError, match="eval.sets.leaky: 1 of its 2 prompts are also training prompts"):
         load_sets(leaky, tmp_path, tokenizer, training)
+
+
+def test_a_reasoning_gym_set_is_its_seeds_first_questions_that_training_does_not_draw(tokenizer):
+    from megatron_rl.data.reasoning_gym import GymPrompts, GymSpec, build_dataset, resolve
+
+    bits = {"max_n": 15}  # 15 questions in all
+    training = GymPrompts(GymSpec("count_bits", bits, seed=0, size=8), tokenizer)
+    seen = {json.loads(r.answer)["index"] for r in training.records}
+    train_questions = {build_dataset(training.spec)[i]["question"] for i in seen}
+    gym = ["eval.sets.gym.source=reasoning_gym:count_bits", "eval.sets.gym.options={max_n: 15}"]
+    cfg = load_config(None, [*gym, "eval.sets.gym.seed=7", "eval.sets.gym.size=4"])
+    (gym_set,) = load_sets(cfg, None, tokenizer, (r.prompt_ids for r in training.records))
+    expected = []  # seed 7's questions in order, skipping training's and repeats
+    for entry in build_dataset(GymSpec("count_bits", bits, seed=7, size=40)):
+        if entry["question"] not in train_questions and entry["question"] not in expected:
+            expected.append(entry["question"])
+    assert gym_set.reward == "reasoning_gym" and len(gym_set) == 4
+    entries = [resolve(answer)[1] for answer in gym_set.answers]  # references the reward rebuilds
+    assert [e["question"] for e in entries] == expected[:4]
+    assert [tokenizer.decode(ids).split("\n")[0] for ids in gym_set.prompt_ids] == [
+        f"<|user|>{q}" for q in expected[:4]
+    ]
+    left = 15 - len(train_questions)
+    too_many = load_config(None, [*gym, f"eval.sets.gym.size={left + 1}"])
+    with pytest.raises(ConfigError, match=rf"eval.sets.gym.source='reasoning_gym:count_bits': .* gave only {left} "):
+        load_sets(too_many, None, tokenizer, (r.prompt_ids for r in training.records))

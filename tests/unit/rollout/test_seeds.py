@@ -29,3 +29,13 @@ def test_seeds_follow_the_prompts_not_their_batch():
 def test_bad_requests_are_refused(args, match):
     with pytest.raises(ValueError, match=match):
         prompt_seeds(*args)
+
+
+def test_prefill_waves_are_consecutive_and_fit_the_budget():
+    from megatron_rl.rollout.engine import prefill_waves
+
+    tokens = [3, 4, 3, 5, 20, 1, 1]
+    waves = prefill_waves(tokens, 10)
+    assert [list(w) for w in waves] == [[0, 1, 2], [3], [4], [5, 6]]  # 20 alone: over the budget
+    assert [i for w in waves for i in w] == list(range(len(tokens)))
+    assert prefill_waves([2, 2], 10) == [range(0, 2)] and prefill_waves([], 10) == [range(0, 0)]

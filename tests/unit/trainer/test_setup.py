@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.config import base_settings, load_config, model_shape
+from megatron_rl.config import base_settings, load_config, model_shape, verifier_name
 from megatron_rl.tasks.base_model import BaseModelSettings
 from megatron_rl.trainer import setup
 
@@ -29,11 +29,11 @@ def test_task_runs_build_the_base_validation_checked(built, tmp_path, preset, fa
     assert built[0][1] == BaseModelSettings(task="digits_sum", family=family, seed=7)
     assert model_shape(cfg) == built[0][1].model_shape()
     assert setup.prompt_files(cfg, directory) == [tmp_path / "base_model" / "train.jsonl"]
-    assert setup.verifier_name(cfg) == "digits"
+    assert verifier_name(cfg) == "digits"
 
 
 def test_hf_path_runs_build_nothing(built, tmp_path):
     cfg = load_config(None, [f"model.hf_path={tmp_path}", f"data.source={tmp_path / 'p.parquet'}"])
     assert setup.base_model_dir(cfg, rank=0) == tmp_path and built == []
     assert setup.prompt_files(cfg, tmp_path) == [tmp_path / "p.parquet"]
-    assert setup.verifier_name(cfg) == "math"
+    assert verifier_name(cfg) == "math"
