@@ -15,7 +15,8 @@ DAPO's dynamic sampling and refills, then advantages and assembly).
 Resume: the episodes of a step all end within it (collected in lockstep), so a checkpoint,
 taken between steps, holds no episode in flight and the prompt position is the source's
 whole state; vLLM samples unseeded turns from torch's generator, whose state the
-checkpoint restores, so a resumed run samples what the uninterrupted one did. With
+checkpoint restores, so with lockstep rounds (``environment.overlap=false``) a resumed run
+samples what the uninterrupted one did. With
 ``rollout.seed_per_prompt`` every episode is seeded from its prompt (run seed, epoch,
 dataset index; ``rollout.seeds.episode_seeds``) and each turn from that seed: the episodes
 then depend on the weights and the prompts alone, not on what else drew from the generator.
@@ -32,7 +33,7 @@ from typing import Callable
 from megatron_rl.algorithms.recipes import AlgorithmRecipe
 from megatron_rl.config import Config
 from megatron_rl.data import PromptLoader
-from megatron_rl.environments.driver import DriverConfig, EpisodeDriver
+from megatron_rl.environments.driver import DriverConfig, DriverTimes, EpisodeDriver
 from megatron_rl.environments.episode import EpisodeLimits, EpisodeResult
 from megatron_rl.environments.interface import EpisodeRecord
 from megatron_rl.rollout import Sample, Sampling
@@ -69,9 +70,14 @@ class EpisodeTally:
     turns: int = 0
     truncated: int = 0
     env_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    """The driver waiting for tools with no turn to generate."""
+    engine_calls: int = 0
     counts: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(EPISODE_COUNTS, 0))
 
-    def add(self, results: list[EpisodeResult]) -> None:
+    def add(self, results: list[EpisodeResult], times: DriverTimes) -> None:
+        self.wait_seconds += times.wait_s
+        self.engine_calls += times.engine_calls
         for r in results:
             self.episodes += 1
             self.turns += r.counts.turns
@@ -87,6 +93,8 @@ class EpisodeTally:
             **{f"episode/{name}": value / n for name, value in self.counts.items()},
             "episode/truncated": self.truncated / n,
             "timing/tool_s": self.env_seconds,
+            "timing/tool_wait_s": self.wait_seconds,
+            "rollout/engine_calls": self.engine_calls,
         }
 
 
@@ -123,7 +131,7 @@ class EpisodeSource(RolloutSource):
             turns = self.driver.config.limits.max_turns
             seeds = episode_seeds(sampling.prompt_seed, prompts.epochs, prompts.dataset_indices, self.group_size, turns)
         results = self.driver.run(records, seeds=seeds)
-        self._tally.add(results)
+        self._tally.add(results, self.driver.times)
         samples = [episode_sample(r) for r in results]
         n = self.group_size
         groups = [samples[g * n : (g + 1) * n] for g in range(len(prompts))]
@@ -181,7 +189,11 @@ def episode_source(
         max_turns=env.max_turns, max_tokens=env.max_episode_tokens, max_turn_tokens=rollout.max_new_tokens
     )
     config = DriverConfig(
-        limits=limits, temperature=rollout.temperature, top_p=rollout.top_p, env_threads=env.env_threads
+        limits=limits,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        env_threads=env.env_threads,
+        overlap=env.overlap,
     )
     driver = EpisodeDriver(engine, tokenizer, get_environment(env.name, setup), config)
     return EpisodeSource(driver, loader, recipe, decode, rollout.prompts_per_step, rollout.n_samples, row_multiple)

@@ -85,7 +85,9 @@ def _train(run_dir, base, *overrides, steps=2):
     return rows, proc.stdout
 
 
-SAVED = ("checkpoint.save_interval=1", "checkpoint.keep_last=2")
+SAVED = ("checkpoint.save_interval=1", "checkpoint.keep_last=2", "environment.overlap=false")
+"""Saved every step; lockstep rounds (with overlap, which turns share an engine call, and so
+the generator's draws, follow the tools' timing)."""
 
 
 @pytest.fixture(scope="module")
