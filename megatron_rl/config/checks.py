@@ -367,7 +367,11 @@ def _refuse_for_episodes(config: Config, world_size: int, recipe) -> None:
         (rollout.partial, "rollout.partial=true (partial rollouts)"),
         (recipe.generation_window is not None, "generation_window (tppo's windows)"),
         (recipe.token_aware, "the HAPO pieces (per-token temperatures)"),
-        (rollout.seed_per_prompt, "rollout.seed_per_prompt=true (episodes use the engine's generator)"),
+        (
+            rollout.seed_per_prompt,
+            "rollout.seed_per_prompt=true (vLLM's CPU sampler cannot rewind a seeded episode's generator when "
+            "a turn's prompts are prefilled in chunks)",
+        ),
         (config.eval.enabled, "eval (the eval phase is single-turn; turn it off with eval.sets={})"),
         (
             world_size > 1,

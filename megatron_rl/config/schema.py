@@ -492,6 +492,12 @@ class EnvironmentConfig:
     """How the policy writes tool calls (environments.tool_calls.TOOL_PARSERS)."""
     env_threads: int = 8
     """Environment steps (each a turn's tool calls) run at once."""
+    overlap: bool = True
+    """Generate the next turns of episodes whose tools have answered while other episodes'
+    tools still run; false: lockstep rounds, each waiting for its slowest tool call. With
+    overlap, which turns share an engine call depends on the tools' timing: a run is
+    reproducible only without it (rollout.seed_per_prompt then fixes what is sampled but
+    not the last bits of vLLM's logprobs)."""
     sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
     """Limits of one python tool call and whether a run may go on with weaker isolation
     (environments.sandbox.SandboxConfig)."""

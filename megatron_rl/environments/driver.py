@@ -1,31 +1,34 @@
-"""Runs a batch of multi-turn episodes on a rollout engine, round by round.
+"""Runs a batch of multi-turn episodes on a rollout engine.
 
-Each round: one engine call generates the next assistant turn of every live episode from
-its exact token sequence (token in); each episode's environment reads the turn's text and
-answers; an answer that ends the episode records its reward, one that goes on is appended
-as observation tokens (loss mask 0) and the episode stays live. Rounds go on until every
-episode is done or stopped by a limit (:class:`~megatron_rl.environments.episode.EpisodeLimits`).
+Each engine call generates the next assistant turn of every episode that is ready for one,
+from its exact token sequence (token in); each episode's environment reads the turn's
+text and answers; an answer that ends the episode records its reward, one that goes on is
+appended as observation tokens (loss mask 0) and the episode is ready again. Calls go on
+until every episode is done or stopped by a limit
+(:class:`~megatron_rl.environments.episode.EpisodeLimits`).
 
-Concurrency: the environment steps of one round run in a thread pool (tool calls are
-subprocesses or remote calls: they wait, and waiting threads overlap), but after the
-round's generation and before the next: the engine's ``generate`` blocks, and the next
-round's prompts need this round's observations. Overlapping them (generating for the
-episodes already answered while the others' tools run) would need an engine that takes
-requests as they come; with one blocking call per round, the slowest tool call of the
-round delays the next round.
+Concurrency: environment steps (tool calls: subprocesses or remote calls, which wait, and
+waiting threads overlap) run in a thread pool while the engine generates. With
+``overlap`` (the default) the driver does not wait for a round's slowest tool: after each
+engine call it takes the episodes whose steps have answered meanwhile and generates their
+next turns in the next call, waiting only when no episode is ready; so one episode's tool
+runs while the others' turns are generated. Which episodes share an engine call then
+depends on how long the tools took: give episodes seeds (below) for samples that do not
+depend on it. Without ``overlap`` every round waits for all of its steps (lockstep), and
+the calls' batches are a function of the episodes alone.
 
 A turn must end with the EOS token (the chat template's end of an assistant turn) for the
 episode to go on, as the observation tokens are the template's continuation after it;
 generation stops only there (no stop strings), and a turn cut by a budget ends the
 episode. Turn t of an episode with seed s is sampled with seed s + t: give episodes seeds
-at least ``max_turns`` apart (``rollout.seeds`` spaces prompts MAX_SAMPLES apart).
+at least ``max_turns`` apart (``rollout.seeds.episode_seeds``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Optional, Protocol, Sequence
 
 from megatron_rl.environments.episode import Episode, EpisodeLimits, EpisodeResult, ObservationEncoder, encode_prompt
@@ -54,10 +57,25 @@ class DriverConfig:
     top_p: float = 1.0
     env_threads: int = 8
     """Environment steps (tool calls) run at once."""
+    overlap: bool = True
+    """Generate the turns of episodes whose environment has answered while other episodes'
+    steps still run (module docstring); False: lockstep rounds."""
 
     def __post_init__(self) -> None:
         if self.env_threads < 1:
             raise ValueError(f"env_threads={self.env_threads} must be >= 1")
+
+
+@dataclasses.dataclass
+class DriverTimes:
+    """Where the wall-clock time of one :meth:`EpisodeDriver.run` went."""
+
+    generate_s: float = 0.0
+    """In engine calls."""
+    wait_s: float = 0.0
+    """Waiting for environment steps with no episode ready to generate (what the tools
+    cost beyond what overlapped with generation)."""
+    engine_calls: int = 0
 
 
 class EpisodeDriver:
@@ -69,6 +87,8 @@ class EpisodeDriver:
         self.engine, self.tokenizer, self.environment, self.config = engine, tokenizer, environment, config
         self.observations = ObservationEncoder(tokenizer)
         self._pool = ThreadPoolExecutor(config.env_threads, thread_name_prefix="env-step")
+        self.times = DriverTimes()
+        """Of the last :meth:`run`."""
 
     def run(
         self, records: Sequence[EpisodeRecord], *, policy_version: int = 0, seeds: Optional[Sequence[int]] = None
@@ -76,19 +96,49 @@ class EpisodeDriver:
         """One episode per record, in order; ``policy_version``: the weights the engine serves."""
         if seeds is not None and len(seeds) != len(records):
             raise ValueError(f"{len(seeds)} seeds for {len(records)} records")
+        self.times = DriverTimes()
         episodes = [self._open(record) for record in records]
-        while live := [i for i, e in enumerate(episodes) if not e.finished]:
-            samples = self._generate([episodes[i] for i in live], None if seeds is None else [seeds[i] for i in live])
-            asking = []
-            for i, sample in zip(live, samples):
-                episodes[i].add_turn(sample, policy_version)
-                if self._turn_closed(episodes[i], sample):
-                    asking.append(episodes[i])
-            texts = [self.tokenizer.decode(e.last_turn, skip_special_tokens=True) for e in asking]
-            answers = list(self._pool.map(self._step, [e.state for e in asking], texts))
-            for episode, (step, seconds) in zip(asking, answers):
-                self._answer(episode, step, seconds)
+        ready, stepping = list(range(len(episodes))), {}
+        while ready or stepping:
+            if ready:
+                stepping.update(self._turns(episodes, ready, seeds, policy_version))
+            ready = self._answered(episodes, stepping)
         return [e.result() for e in episodes]
+
+    def _turns(
+        self, episodes: list[Episode], ready: list[int], seeds: Optional[Sequence[int]], version: int
+    ) -> dict[Future, int]:
+        """One engine call for the ``ready`` episodes' next turns; the environment steps of
+        the turns that closed, submitted to the pool (future -> episode index)."""
+        start = time.perf_counter()
+        samples = self._generate([episodes[i] for i in ready], None if seeds is None else [seeds[i] for i in ready])
+        self.times.generate_s += time.perf_counter() - start
+        self.times.engine_calls += 1
+        stepping = {}
+        for i, sample in zip(ready, samples):
+            episodes[i].add_turn(sample, version)
+            if self._turn_closed(episodes[i], sample):
+                text = self.tokenizer.decode(episodes[i].last_turn, skip_special_tokens=True)
+                stepping[self._pool.submit(self._step, episodes[i].state, text)] = i
+        return stepping
+
+    def _answered(self, episodes: list[Episode], stepping: dict[Future, int]) -> list[int]:
+        """Apply the environment's answers that are in (all of them without ``overlap``; at
+        least one, waiting only if none is); the episodes ready for another turn, in order."""
+        if not stepping:
+            return []
+        start = time.perf_counter()
+        wait(stepping, return_when=FIRST_COMPLETED if self.config.overlap else ALL_COMPLETED)
+        self.times.wait_s += time.perf_counter() - start
+        done = [f for f in stepping if f.done()]
+        ready = []
+        for future in sorted(done, key=stepping.get):
+            i = stepping.pop(future)
+            step, seconds = future.result()
+            self._answer(episodes[i], step, seconds)
+            if not episodes[i].finished:
+                ready.append(i)
+        return ready
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -12,8 +12,16 @@ overlong shaping applies to its length as to an answer's. From there the groups 
 the single-turn path unchanged (:func:`~megatron_rl.trainer.rollouts.collect_rollouts`:
 DAPO's dynamic sampling and refills, then advantages and assembly).
 
+Resume: the episodes of a step all end within it (collected in lockstep), so a checkpoint,
+taken between steps, holds no episode in flight and the prompt position is the source's
+whole state; vLLM samples turns from torch's generator, whose state the checkpoint
+restores, so with lockstep rounds (``environment.overlap=false``) a resumed run samples
+what the uninterrupted one did.
+
 What it does not cover yet (config.checks refuses each): several vLLM replicas,
-rollouts ahead of training, T-PPO windows, per-prompt seeds, the eval phase.
+rollouts ahead of training, T-PPO windows, per-prompt seeds (on CPU vLLM cannot rewind a
+seeded request's generator when a call's prompts are prefilled in chunks, which a step's
+episodes, one request each, make it do), the eval phase.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from typing import Callable
 from megatron_rl.algorithms.recipes import AlgorithmRecipe
 from megatron_rl.config import Config
 from megatron_rl.data import PromptLoader
-from megatron_rl.environments.driver import DriverConfig, EpisodeDriver
+from megatron_rl.environments.driver import DriverConfig, DriverTimes, EpisodeDriver
 from megatron_rl.environments.episode import EpisodeLimits, EpisodeResult
 from megatron_rl.environments.interface import EpisodeRecord
 from megatron_rl.rollout import Sample, Sampling
@@ -60,9 +68,14 @@ class EpisodeTally:
     turns: int = 0
     truncated: int = 0
     env_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    """The driver waiting for tools with no turn to generate."""
+    engine_calls: int = 0
     counts: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(EPISODE_COUNTS, 0))
 
-    def add(self, results: list[EpisodeResult]) -> None:
+    def add(self, results: list[EpisodeResult], times: DriverTimes) -> None:
+        self.wait_seconds += times.wait_s
+        self.engine_calls += times.engine_calls
         for r in results:
             self.episodes += 1
             self.turns += r.counts.turns
@@ -78,6 +91,8 @@ class EpisodeTally:
             **{f"episode/{name}": value / n for name, value in self.counts.items()},
             "episode/truncated": self.truncated / n,
             "timing/tool_s": self.env_seconds,
+            "timing/tool_wait_s": self.wait_seconds,
+            "rollout/engine_calls": self.engine_calls,
         }
 
 
@@ -110,7 +125,7 @@ class EpisodeSource(RolloutSource):
         prompts = self.loader.next_batch()
         records = [self._record(i) for i in prompts.dataset_indices for _ in range(self.group_size)]
         results = self.driver.run(records)
-        self._tally.add(results)
+        self._tally.add(results, self.driver.times)
         samples = [episode_sample(r) for r in results]
         n = self.group_size
         groups = [samples[g * n : (g + 1) * n] for g in range(len(prompts))]
@@ -168,7 +183,11 @@ def episode_source(
         max_turns=env.max_turns, max_tokens=env.max_episode_tokens, max_turn_tokens=rollout.max_new_tokens
     )
     config = DriverConfig(
-        limits=limits, temperature=rollout.temperature, top_p=rollout.top_p, env_threads=env.env_threads
+        limits=limits,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        env_threads=env.env_threads,
+        overlap=env.overlap,
     )
     driver = EpisodeDriver(engine, tokenizer, get_environment(env.name, setup), config)
     return EpisodeSource(driver, loader, recipe, decode, rollout.prompts_per_step, rollout.n_samples, row_multiple)

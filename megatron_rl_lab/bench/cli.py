@@ -23,6 +23,7 @@ BENCHES: dict[str, str] = {
     "packing": "megatron_rl_lab.bench.packing",
     "async": "megatron_rl_lab.bench.async_rollouts",
     "cp": "megatron_rl_lab.bench.context_parallel",
+    "tools": "megatron_rl_lab.bench.tool_episodes",
 }
 
 

@@ -3,6 +3,7 @@ the chat template's, the sampled ids are kept as sampled, the flat arrays follow
 batch's prediction alignment, limits truncate, and a single-turn task is the one-turn case."""
 
 import copy
+import time
 
 import pytest
 import torch
@@ -46,12 +47,16 @@ class ScriptedEngine:
     def __init__(self, scripts):
         self.scripts = {tuple(prompt): list(turns) for prompt, turns in scripts}
         self.budgets = []
+        self.batches = []
+        """Per engine call, which scripts (by their order) it generated for."""
 
     def generate(self, prompts, sampling, seeds=None, max_tokens=None):
         self.budgets.append(list(max_tokens))
+        self.batches.append([])
         out = []
         for ids, budget in zip(prompts, max_tokens):
             key = next(k for k in self.scripts if tuple(ids[: len(k)]) == k)
+            self.batches[-1].append(list(self.scripts).index(key))
             tokens = self.scripts[key].pop(0)[:budget]
             finish = "stop" if tokens[-1] in sampling.stop_token_ids else "length"
             out.append([Sample(list(ids), tokens, [-0.01 * (i + 1) for i in range(len(tokens))], finish)])
@@ -73,10 +78,11 @@ def tool_env():
 LIMITS = EpisodeLimits(max_turns=4, max_tokens=2048, max_turn_tokens=512)
 
 
-def run(tokenizer, env, records, turns, limits=LIMITS):
+def run(tokenizer, env, records, turns, limits=LIMITS, overlap=True):
     prompts = [prompt_ids(tokenizer, env, r) for r in records]
     engine = ScriptedEngine(zip(prompts, turns))
-    with EpisodeDriver(engine, tokenizer, env, DriverConfig(limits=limits, env_threads=2)) as driver:
+    config = DriverConfig(limits=limits, env_threads=2, overlap=overlap)
+    with EpisodeDriver(engine, tokenizer, env, config) as driver:
         return driver.run(records, policy_version=3), engine
 
 
@@ -191,6 +197,44 @@ def test_limits_truncate_after_a_sampled_turn(tokenizer, limits, end, turns):
     assert result.spans[-1].sampled and len(result.tokens) <= limits.max_tokens
     assert all(b <= limits.max_turn_tokens for call_budgets in engine.budgets for b in call_budgets)
     assert torch.equal(result.loss_mask, expected_mask(result))
+
+
+class SlowRunner(EvalRunner):
+    """The eval runner, taking ``SLOW_S`` on calls whose code starts with ``max``."""
+
+    def run(self, calls):
+        if any(c.arguments["code"].startswith("max") for c in calls):
+            time.sleep(SLOW_S)
+        return super().run(calls)
+
+
+SLOW_S = 0.5
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_turns_are_generated_while_other_episodes_tools_run(tokenizer, overlap):
+    """Episode 0 calls a slow tool once; episode 1 calls two fast ones, then answers. With
+    overlap episode 1's later turns are generated while episode 0's tool runs (engine calls
+    of episode 1 alone before episode 0's answer), the driver waits only for the slow tool
+    once nothing else is left; without, every round waits for it. The episodes are the same."""
+    env = get_environment("tools", EnvironmentSetup(reward="digits", tools=(PYTHON,), tool_runner=SlowRunner()))
+    other = EpisodeRecord.from_messages([{"role": "user", "content": "9 plus 1"}], "10")
+    turns = [
+        [ids(tokenizer, call("max(3, 7, 1)")), ids(tokenizer, "Answer: 7")],
+        [ids(tokenizer, call("9 + 1")), ids(tokenizer, call("10 * 1")), ids(tokenizer, "Answer: 10")],
+    ]
+    prompts = [prompt_ids(tokenizer, env, r) for r in (RECORD, other)]
+    engine = ScriptedEngine(zip(prompts, turns))
+    with EpisodeDriver(engine, tokenizer, env, DriverConfig(limits=LIMITS, env_threads=2, overlap=overlap)) as d:
+        started = time.perf_counter()
+        results = d.run([RECORD, other])
+        seconds, times = time.perf_counter() - started, d.times
+    assert [r.reward for r in results] == [1.0, 1.0] and [r.counts.turns for r in results] == [2, 3]
+    expected = [[0, 1], [1], [1], [0]] if overlap else [[0, 1], [0, 1], [1]]
+    assert engine.batches == expected and times.engine_calls == len(expected)
+    assert SLOW_S <= seconds and SLOW_S / 2 < times.wait_s <= seconds  # no turn to generate but episode 0's
+    lockstep, _ = run(tokenizer, tool_env(), [RECORD, other], turns, overlap=False)
+    assert [r.tokens.tolist() for r in results] == [r.tokens.tolist() for r in lockstep]
 
 
 def test_the_encoder_refuses_a_template_whose_turns_change_once_followed(tokenizer):

@@ -89,6 +89,8 @@ def test_episodes_become_rows_whose_tool_tokens_are_out_of_the_loss(tokenizer):
     m = rollout.metrics
     assert m["reward/mean"] == 0.5 and m["episode/turns_mean"] == 1.5 and m["episode/tool_calls"] == 0.5
     assert m["episode/tool_errors"] == 0 and m["episode/truncated"] == 0.5 and m["timing/tool_s"] >= 0
+    # one call for every first turn, then the two callers' answers: together, or each as its tool answers (overlap)
+    assert m["rollout/engine_calls"] in (2, 3) and m["timing/tool_wait_s"] >= 0
     called = rows.samples[0]
     observation = [t for t, s in zip(called.token_ids, called.sampled) if not s]
     assert tokenizer.decode(observation) == "<|user|><tool_response>\n408\n</tool_response><|end|><|assistant|>"
