@@ -260,7 +260,7 @@ class RLTrainer:
         return WindowSource(self.generate, self.continue_, loader, pool, recipe, self.verifier.score_batch, decode)
 
     def _evaluator(self, tokenizer, dataset, decode):
-        """The eval phase on the colocated engines (validation refuses eval elsewhere)."""
+        """The eval phase on the run's engines: colocated, or the rollout ranks' (a stamped version)."""
         from megatron_rl.evaluation.phase import Evaluator, eval_sampling
         from megatron_rl.evaluation.sets import eval_rewards, load_sets
         from megatron_rl.rewards import build_verifier
