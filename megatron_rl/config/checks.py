@@ -191,24 +191,15 @@ def _check_prompt_rows(config: Config, path: Path, where: str) -> None:
 
 
 def _check_eval(config: Config) -> None:
-    """Eval runs where it is built (colocated engines, an RL job), and every set names
-    prompts training never draws: the task's held-out split, a file other than the training
-    data, or a reasoning-gym dataset its config accepts. The size and the answers of a set
-    are checked when the trainer reads it."""
+    """Eval runs in an RL job (on its colocated engines or its rollout ranks), and every set
+    names prompts training never draws: the task's held-out split, a file other than the
+    training data, or a reasoning-gym dataset its config accepts. The size and the answers
+    of a set are checked when the trainer reads it."""
     ev = config.eval
     if not ev.enabled:
         return
     if config.trainer.job != "rl":
         raise ConfigError(f"eval needs trainer.job=rl (trainer.job={config.trainer.job} generates nothing)")
-    if config.rollout.placement != "colocated":
-        # The rollout ranks' engines would need an eval command that samples a known policy
-        # version (stamped) between the generations ahead of training; not built yet.
-        raise ConfigError(
-            f"eval runs on colocated engines only (rollout.placement={config.rollout.placement}, "
-            f"rollout.max_staleness={config.rollout.max_staleness}): the rollout ranks do not evaluate; "
-            "use rollout.placement=colocated, evaluate a saved step with megatron-rl eval --ckpt, "
-            "or turn eval off with eval.sets={}"
-        )
     from megatron_rl.rollout.seeds import MAX_SAMPLES
 
     if ev.n_samples > MAX_SAMPLES:

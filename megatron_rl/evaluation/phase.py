@@ -1,19 +1,25 @@
 """The eval phase: between two steps, the job's own vLLM engines sample every eval prompt
-``eval.n_samples`` times with the current weights, the run's reward scores the samples,
+``eval.n_samples`` times with the current weights, the set's reward scores the samples,
 and the set's ``val/<set>/...`` metrics and per-prompt records come back.
 
-It leaves training as it was (a run with eval on trains exactly as with it off):
-- its prompts are sets of their own (the task's held-out split, a file), never the
-  training loader's, whose cursor it does not touch; a set sharing a prompt with the
-  training data is refused;
-- every sample has its own seed (from eval.seed, the set, the prompt and the sample), and
-  every random generator of the process (torch, python, numpy, Megatron's tracker) is put
-  back as it was afterwards, since vLLM's CPU sampler also draws from torch's global one;
-- the engines' prefix cache is dropped afterwards, as after a weight sync, so the next
-  rollout finds the cache it would have found without eval.
+The engines are the run's rollout backend: the colocated engines of every training rank,
+or the rollout ranks of a disaggregated run, which sample after the step's weight update
+(commands run in the order sent) and stamp the policy version they served
+(``val/<set>/policy_version``: the weight updates they had loaded in this launch, the one
+the training ranks hold).
 
-Each replica (engines of W / engine-TP ranks) generates and scores a contiguous share of a
-set's prompts; every rank gets every prompt's result, and one rank writes them.
+It leaves training as it was (a run with eval on trains exactly as with it off):
+- its prompts are sets of their own (the task's held-out split, a file, a reasoning-gym
+  set), never the training loader's, whose cursor it does not touch; a set sharing a
+  prompt with the training data is refused;
+- every sample has its own seed (from eval.seed, the set, the prompt and the sample), and
+  the generation puts back every random generator of the process that runs vLLM and drops
+  the prefix cache it filled (:meth:`~megatron_rl.rollout.engine.RolloutEngine.generate_eval`);
+- nothing it samples enters a training batch.
+
+The backend deals each set's prompts to its replicas and returns every sample to every
+training rank; each training rank scores a contiguous share of the prompts, every rank gets
+every prompt's result, and one rank writes them.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ import torch.distributed as dist
 from megatron_rl.config.schema import Config, EvalConfig
 from megatron_rl.evaluation.metrics import PromptResult, set_metrics
 from megatron_rl.evaluation.sets import EvalSet
-from megatron_rl.rollout.engine import RolloutEngine, Sampling
+from megatron_rl.rollout.backend import RolloutBackend
+from megatron_rl.rollout.engine import Sampling
 from megatron_rl.rollout.seeds import MAX_SAMPLES
 
 Score = Callable[[list[str], list[str]], tuple[list[float], dict]]
@@ -59,13 +66,13 @@ def sample_seed(seed: int, set_name: str, prompt_id: int) -> int:
 
 
 class Evaluator:
-    """Evaluates the engines' current weights on every set; :meth:`evaluate` on every rank."""
+    """Evaluates the backend's current weights on every set; :meth:`evaluate` on every rank."""
 
     def __init__(
         self,
         config: EvalConfig,
         sets: Sequence[EvalSet],
-        engine: RolloutEngine,
+        backend: RolloutBackend,
         scores: Mapping[str, Score],
         decode: Decode,
         sampling: Sampling,
@@ -75,7 +82,8 @@ class Evaluator:
     ):
         self.config = config
         self.sets = list(sets)
-        self.engine = engine
+        self.backend = backend
+        """The colocated engines or the rollout ranks' client (``generate_eval``)."""
         self.scores = dict(scores)
         """Reward name -> its verifier's score_batch; every set's reward is among them."""
         missing = sorted({s.reward for s in self.sets} - self.scores.keys())
@@ -93,53 +101,48 @@ class Evaluator:
     def evaluate(self, step: int) -> dict[str, float]:
         """The val/<set>/... metrics of the current weights and timing/eval_s; writes
         ``step_<step>.jsonl`` (one line per prompt of every set)."""
-        from megatron_rl.checkpoint import rng
-
         started = time.perf_counter()
-        saved = rng.capture()
-        try:
-            results = {s.name: self._evaluate_set(s) for s in self.sets}
-        finally:
-            rng.restore(saved)
-            self.engine.finish_weight_update()  # drops the prefixes eval cached
         metrics: dict[str, float] = {}
-        for name, per_prompt in results.items():
-            metrics.update(set_metrics(name, per_prompt, self.config.pass_k))
+        results = {}
+        for eval_set in self.sets:
+            results[eval_set.name], version = self._evaluate_set(eval_set)
+            metrics.update(set_metrics(eval_set.name, results[eval_set.name], self.config.pass_k))
+            if version is not None:  # rollout ranks of their own: the version they sampled
+                metrics[f"val/{eval_set.name}/policy_version"] = version
         if self.write:
             self._write(step, results)
         metrics["timing/eval_s"] = time.perf_counter() - started
         return metrics
 
-    def _evaluate_set(self, eval_set: EvalSet) -> list[PromptResult]:
-        """Every prompt's result, in the set's order, the same list on every rank."""
-        engine = self.engine
-        per_replica = -(-len(eval_set) // engine.num_replicas)
-        mine = list(range(engine.replica * per_replica, min(len(eval_set), (engine.replica + 1) * per_replica)))
-        local: list[PromptResult] = []
-        if mine:
-            seeds = [sample_seed(self.config.seed, eval_set.name, i) for i in mine]
-            groups = engine.generate([list(eval_set.prompt_ids[i]) for i in mine], self.sampling, seeds)
-            texts = [self.decode(s.token_ids) for group in groups for s in group]
-            answers = [eval_set.answers[i] for i, group in zip(mine, groups) for _ in group]
-            scores, _ = self.scores[eval_set.reward](texts, answers)
-            cursor = 0
-            for i, group in zip(mine, groups):
-                local.append(
-                    PromptResult.from_samples(
-                        i,
-                        scores[cursor : cursor + len(group)],
-                        [len(s.token_ids) for s in group],
-                        truncated=sum(s.finish_reason == "length" for s in group),
-                    )
+    def _evaluate_set(self, eval_set: EvalSet) -> tuple[list[PromptResult], Optional[int]]:
+        """Every prompt's result, in the set's order, the same list on every rank, and the
+        policy version stamped on the samples (None: colocated engines)."""
+        seeds = [sample_seed(self.config.seed, eval_set.name, i) for i in range(len(eval_set))]
+        generated = self.backend.generate_eval(eval_set.prompt_ids, self.sampling, seeds)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        per_rank = -(-len(eval_set) // world)
+        mine = range(rank * per_rank, min(len(eval_set), (rank + 1) * per_rank))
+        groups = [generated.groups[i] for i in mine]
+        texts = [self.decode(s.token_ids) for group in groups for s in group]
+        answers = [eval_set.answers[i] for i, group in zip(mine, groups) for _ in group]
+        scores, _ = self.scores[eval_set.reward](texts, answers) if texts else ([], {})
+        local, cursor = [], 0
+        for i, group in zip(mine, groups):
+            local.append(
+                PromptResult.from_samples(
+                    i,
+                    scores[cursor : cursor + len(group)],
+                    [len(s.token_ids) for s in group],
+                    truncated=sum(s.finish_reason == "length" for s in group),
                 )
-                cursor += len(group)
-        leader = dist.get_rank() % engine.tp == 0  # one rank per replica reports its share
-        everyone: list = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, local if leader else None)
-        results = sorted((r for share in everyone if share for r in share), key=lambda r: r.prompt_id)
+            )
+            cursor += len(group)
+        everyone: list = [None] * world
+        dist.all_gather_object(everyone, local)
+        results = sorted((r for share in everyone for r in share), key=lambda r: r.prompt_id)
         if [r.prompt_id for r in results] != list(range(len(eval_set))):
-            raise RuntimeError(f"eval set {eval_set.name!r}: the replicas returned {len(results)} of {len(eval_set)}")
-        return results
+            raise RuntimeError(f"eval set {eval_set.name!r}: the ranks returned {len(results)} of {len(eval_set)}")
+        return results, generated.policy_version
 
     def _write(self, step: int, results: dict[str, list[PromptResult]]) -> None:
         """RUN_DIR/eval/step_<N>.jsonl, whole or not at all (written aside, then renamed)."""

@@ -15,7 +15,7 @@ import torch
 
 if TYPE_CHECKING:
     from megatron_rl.data import PromptBatch
-    from megatron_rl.rollout.engine import EngineConfig, Sample, Sampling
+    from megatron_rl.rollout.engine import EngineConfig, EvalSamples, Sample, Sampling
     from megatron_rl.rollout.weight_check import WeightCheckResult
 
 
@@ -28,6 +28,14 @@ class RolloutBackend(Protocol):
 
     def generate_groups(self, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:
         """``sampling.n`` samples per prompt, one group per prompt in prompt order."""
+        ...
+
+    def generate_eval(
+        self, prompt_ids: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int]
+    ) -> EvalSamples:
+        """Held-out evaluation: prompt i's samples seeded from ``seeds[i]``, in prompt order,
+        leaving what training draws as it was; stamped with the policy version that drew them
+        where the engines are not the training ranks' own."""
         ...
 
     def continue_samples(self, samples: list[Sample], sampling: Sampling) -> list[Sample]:

@@ -10,7 +10,7 @@ sides by :func:`check_command`.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union, get_args
 
 import torch
 
@@ -49,6 +49,16 @@ class Generate:
     chunk_tokens: Optional[int] = None
     """Partial rollouts: generate this many tokens per sample at a time and run the weight
     updates that arrive meanwhile between chunks (None: the whole batch under one version)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateEval:
+    """Held-out evaluation's samples, prompt i's seeded from ``seeds[i]``; answered with an
+    :class:`~megatron_rl.rollout.engine.EvalSamples` stamped with the policy version served."""
+
+    prompt_ids: list[list[int]]
+    sampling: Sampling
+    seeds: list[int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +102,8 @@ class Stop:
     """Serve no more commands (answered with ``stopped``)."""
 
 
-Command = Union[Start, Generate, Continue, PromptLogprobs, LoadBucket, CheckBucket, FinishUpdate, Stop]
-COMMANDS: tuple[type, ...] = (Start, Generate, Continue, PromptLogprobs, LoadBucket, CheckBucket, FinishUpdate, Stop)
+Command = Union[Start, Generate, GenerateEval, Continue, PromptLogprobs, LoadBucket, CheckBucket, FinishUpdate, Stop]
+COMMANDS: tuple[type, ...] = get_args(Command)
 BUCKET_COMMANDS: tuple[type, ...] = (LoadBucket, CheckBucket)
 """Commands followed on the bridge by their bucket's byte tensor."""
 

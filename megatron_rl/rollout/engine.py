@@ -115,6 +115,18 @@ class Sample:
         return self.finish_reason != "window"
 
 
+@dataclasses.dataclass(frozen=True)
+class EvalSamples:
+    """What an eval generation answers (:meth:`RolloutEngine.generate_eval`)."""
+
+    groups: list[list[Sample]]
+    """``sampling.n`` samples per prompt, in prompt order."""
+    policy_version: Optional[int] = None
+    """Rollout ranks of their own: the weight updates they had loaded when they drew these
+    samples (the client's count, :mod:`megatron_rl.rollout.remote`); None: the engines
+    colocated with training, which serve the weights the training ranks hold."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Sampling:
     """Sampling settings of one generate call."""
@@ -254,6 +266,17 @@ class RolloutEngine:
         from megatron_rl.rollout.replicas import generate_groups
 
         return generate_groups(self, prompts, sampling)
+
+    def generate_eval(
+        self, prompt_ids: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int]
+    ) -> EvalSamples:
+        """Held-out evaluation's samples, apart from training: prompt i's seeded from
+        ``seeds[i]``, the prompts dealt to the replicas and the groups gathered back (the
+        same on every rank, collective); the process's random generators and the prefix
+        cache are left as the next rollout would have found them without it."""
+        from megatron_rl.rollout.replicas import generate_eval
+
+        return EvalSamples(generate_eval(self, prompt_ids, sampling, seeds))
 
     def continue_samples(self, samples: list[Sample], sampling: Sampling) -> list[Sample]:
         """Every sample of the whole list extended by one more window (:meth:`continue_`

@@ -4,10 +4,10 @@ With ``rollout.placement: disaggregated`` the engines live on the rollout ranks
 (:mod:`megatron_rl.launch.roles`). The trainer talks to them through a
 :class:`RolloutClient`, which offers what the trainer uses of a colocated engine (``config``,
 the weight-sync calls ``load_weights`` / ``check_weights`` / ``finish_weight_update``,
-``prompt_logprobs`` for the parity guard) plus ``generate_groups``, and, for rollouts that
-run ahead of training, ``submit`` / ``result``. Every training rank makes every call, in
-lockstep; training rank 0 alone talks over the bridge and the results every rank needs
-are broadcast over the training world.
+``prompt_logprobs`` for the parity guard, ``generate_eval`` for held-out evaluation) plus
+``generate_groups``, and, for rollouts that run ahead of training, ``submit`` / ``result``.
+Every training rank makes every call, in lockstep; training rank 0 alone talks over the
+bridge and the results every rank needs are broadcast over the training world.
 
 Commands are typed messages (:mod:`megatron_rl.rollout.commands`), one frozen dataclass
 per command; the client and the colocated engine both implement
@@ -19,14 +19,16 @@ gathered back, :mod:`megatron_rl.rollout.replicas`), and rollout rank 0 answers 
 command's number. Commands run one after another in the order sent, so a generation
 submitted before a weight update samples with the old weights, one submitted after it
 with the new ones: the client counts the updates it sent (``version``), which is the
-policy version of everything generated for a command sent then. A partial generation
-(``rollout.partial``, :mod:`megatron_rl.rollout.partial`) is the exception: it runs the
-weight updates sent after it between its chunks, and its samples record the version of
-every token. Weights arrive as one
-byte tensor per bucket, broadcast from the HF-layout export the colocated sync loads, so
-the same in-place loader and weight check run on the rollout side. A command that fails on
-the rollout side is answered with its error, raised on every training rank as
-:class:`RolloutRankError` by the next ``result``, and ends the rollout rank's process too.
+policy version of everything generated for a command sent then. Held-out evaluation
+(:meth:`RolloutClient.generate_eval`) is such a command too, sent after a step's weight
+update: it samples the step's weights, and its answer carries the version the rollout
+ranks served. A partial generation (``rollout.partial``, :mod:`megatron_rl.rollout.partial`)
+is the exception: it runs the weight updates sent after it between its chunks, and its
+samples record the version of every token. Weights arrive as one byte tensor per bucket,
+broadcast from the HF-layout export the colocated sync loads, so the same in-place loader
+and weight check run on the rollout side. A command that fails on the rollout side is
+answered with its error, raised on every training rank as :class:`RolloutRankError` by the
+next ``result``, and ends the rollout rank's process too.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from megatron_rl.rollout.commands import (
     Continue,
     FinishUpdate,
     Generate,
+    GenerateEval,
     LoadBucket,
     PromptLogprobs,
     Start,
@@ -58,7 +61,7 @@ from megatron_rl.rollout.commands import (
     UnknownCommandError,
     check_command,
 )
-from megatron_rl.rollout.engine import EngineConfig, Sample, Sampling
+from megatron_rl.rollout.engine import EngineConfig, EvalSamples, Sample, Sampling
 from megatron_rl.utils.alignment import DTYPE_VIEW_ALIGN, align_up
 
 
@@ -164,6 +167,21 @@ class RolloutClient:
     def generate_groups(self, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:
         """``sampling.n`` samples per prompt, generated on the rollout ranks, on every training rank."""
         return self.result(self.submit(Generate(prompts, sampling))).groups
+
+    def generate_eval(
+        self, prompt_ids: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int]
+    ) -> EvalSamples:
+        """Held-out evaluation's samples from the rollout ranks, on every training rank, stamped
+        with the version they served. Commands run in the order sent, so this samples the
+        weights of every update sent before it (a batch generating ahead finishes first, under
+        its own version): the version the training ranks hold, checked here."""
+        command = GenerateEval([list(p) for p in prompt_ids], sampling, list(seeds))
+        samples = self.result(self.submit(command))
+        if samples.policy_version != self.version:
+            raise RuntimeError(
+                f"{self.who} evaluated policy version {samples.policy_version}; the training ranks hold {self.version}"
+            )
+        return samples
 
     def continue_samples(self, samples: list[Sample], sampling: Sampling) -> list[Sample]:
         """Every unfinished sample extended by one more window (T-PPO), on every training rank."""
@@ -369,6 +387,10 @@ class RolloutServer:
 
         self.engine = RolloutEngine(command.model_dir, command.config)
 
+    def _generate_eval(self, command: GenerateEval, bucket: None) -> EvalSamples:
+        groups = self.engine.generate_eval(command.prompt_ids, command.sampling, command.seeds).groups
+        return EvalSamples(groups, policy_version=self.version)
+
     def _continue(self, command: Continue, bucket: None) -> list[Sample]:
         return self.engine.continue_samples(command.samples, command.sampling)
 
@@ -435,6 +457,7 @@ class RolloutServer:
 HANDLERS: dict[type, Callable[[RolloutServer, Any, Optional[list]], Any]] = {
     Start: RolloutServer._start,
     Generate: RolloutServer._generate,
+    GenerateEval: RolloutServer._generate_eval,
     Continue: RolloutServer._continue,
     PromptLogprobs: RolloutServer._prompt_logprobs,
     LoadBucket: RolloutServer._load,

@@ -9,7 +9,7 @@ are disaggregated (:mod:`megatron_rl.rollout.remote`); the code is the same.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch.distributed as dist
 
@@ -25,9 +25,7 @@ Continue = Callable[[list[Sample], Sampling], list[Sample]]
 
 def generate_groups(engine: RolloutEngine, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:
     """``sampling.n`` samples per prompt of ``prompts``, the same list on every rank."""
-    world = dist.get_world_size()
-    per_replica = -(-len(prompts) // engine.num_replicas)
-    mine = list(range(engine.replica * per_replica, min(len(prompts), (engine.replica + 1) * per_replica)))
+    mine = _share(engine, len(prompts))
     seeds = None
     if sampling.prompt_seed is not None:  # the same samples whichever replica draws them
         seeds = prompt_seeds(
@@ -37,10 +35,43 @@ def generate_groups(engine: RolloutEngine, prompts: PromptBatch, sampling: Sampl
             sampling.n,
         )
     local = engine.generate([prompts.prompt_ids[i] for i in mine], sampling, seeds) if mine else []
-    leader = dist.get_rank() % engine.tp == 0  # one rank per replica reports its groups
-    everyone: list = [None] * world
+    return _gather_groups(engine, len(prompts), mine, local)
+
+
+def generate_eval(
+    engine: RolloutEngine, prompt_ids: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int]
+) -> list[list[Sample]]:
+    """``sampling.n`` samples per prompt, prompt i's seeded from ``seeds[i]`` (so whichever
+    replica draws them), the same list on every rank; leaves the rollouts as they were: every
+    random generator of the process is put back afterwards (vLLM's CPU sampler draws from
+    torch's global one even for seeded requests), and the prefix cache is dropped, as after a
+    weight sync, so the next rollout finds the cache it would have found without this."""
+    from megatron_rl.checkpoint import rng
+
+    if len(seeds) != len(prompt_ids):
+        raise ValueError(f"{len(seeds)} seeds for {len(prompt_ids)} prompts")
+    mine = _share(engine, len(prompt_ids))
+    saved = rng.capture()
+    try:
+        local = engine.generate([list(prompt_ids[i]) for i in mine], sampling, [seeds[i] for i in mine]) if mine else []
+    finally:
+        rng.restore(saved)
+        engine.finish_weight_update()  # drops the prefixes this cached
+    return _gather_groups(engine, len(prompt_ids), mine, local)
+
+
+def _share(engine: RolloutEngine, count: int) -> list[int]:
+    """The contiguous share of ``count`` prompts this rank's replica generates."""
+    per_replica = -(-count // engine.num_replicas)
+    return list(range(engine.replica * per_replica, min(count, (engine.replica + 1) * per_replica)))
+
+
+def _gather_groups(engine: RolloutEngine, count: int, mine: list[int], local: list) -> list[list[Sample]]:
+    """Every replica's groups (one rank per replica reports them), in prompt order on every rank."""
+    leader = dist.get_rank() % engine.tp == 0
+    everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, (mine, local) if leader else None)
-    groups: list = [None] * len(prompts)
+    groups: list = [None] * count
     for item in everyone:
         if item is None:
             continue

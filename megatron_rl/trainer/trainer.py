@@ -260,7 +260,7 @@ class RLTrainer:
         return WindowSource(self.generate, self.continue_, loader, pool, recipe, self.verifier.score_batch, decode)
 
     def _evaluator(self, tokenizer, dataset, decode):
-        """The eval phase on the colocated engines (validation refuses eval elsewhere)."""
+        """The eval phase on the run's engines: colocated, or the rollout ranks' (a stamped version)."""
         from megatron_rl.evaluation.phase import Evaluator, eval_sampling
         from megatron_rl.evaluation.sets import eval_rewards, load_sets
         from megatron_rl.rewards import build_verifier
@@ -305,9 +305,9 @@ class RLTrainer:
         stop. Rollout ranks that fail or hang end the run with exit 1 (requeue) after the saves
         in flight commit."""
         step = self.first_step - 1
-        if step == 0 and self.cfg.eval.due(0, self.cfg.trainer.max_steps):  # the starting weights, as step 0
-            self.log.write(self.evaluate(0, {"step": 0}))
         try:
+            if step == 0 and self.cfg.eval.due(0, self.cfg.trainer.max_steps):  # the starting weights, as step 0
+                self.log.write(self.evaluate(0, {"step": 0}))
             for step in range(self.first_step, self.cfg.trainer.max_steps + 1):
                 if self.step(step):
                     break
@@ -315,7 +315,7 @@ class RLTrainer:
             self.rollout_error = (
                 f"{err}; the checkpoints committed before are intact (a requeue resumes from the newest)"
             )
-            return self.close(step - 1)
+            return self.close(max(step - 1, 0))  # (0: the starting weights' evaluation failed)
         return self.close(step)
 
     def step(self, step: int) -> bool:

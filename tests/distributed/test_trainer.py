@@ -3,8 +3,8 @@ weight syncs for 3 steps, dense and MoE actors, with the train/inference logprob
 measured before the first update.
 
 Launches: a dense actor at TP2 with two vLLM TP1 replicas (world 2), the same with vLLM on
-two rollout ranks of their own (world 4, disaggregated) and one rollout rank running a batch
-ahead with partial rollouts (world 2), and a MoE actor at
+two rollout ranks of their own (world 4, disaggregated, evaluating there) and two rollout
+ranks running a batch ahead with partial rollouts (world 3), and a MoE actor at
 TP2*EP2 with four vLLM TP1 replicas (world 4); VAPO and T-PPO (generation windows carried
 across steps, then resumed) with a dense actor and critic at world 2. Both start from a tiny supervised base built
 once for the module.
@@ -130,7 +130,7 @@ def grpo_tp2(tmp_path_factory, bases):
     """GRPO, dense actor at TP2, two colocated vLLM replicas (world 2), prompts seeded one by
     one (the same samples whichever engine draws them), evaluated on the base's held-out
     prompts after steps 2 and 3: (run root, metric rows). The disaggregated run below, which
-    does not evaluate, must train exactly what this one does."""
+    evaluates at the start and after every step, must train exactly what this one does."""
     root = tmp_path_factory.mktemp("grpo-tp2")
     rows, _ = _train(root, 2, bases["qwen3"], "grpo", *GRPO_TP2, *_eval_on(bases["qwen3"]))
     return root, rows
@@ -197,19 +197,37 @@ def _check_eval(run_dir, rows, evaluated, prompts, n, pass_k):
         assert r["timing/eval_s"] > 0
 
 
-def test_disaggregated_rollouts_train_what_colocated_ones_do(tmp_path, grpo_tp2, bases):
+def test_disaggregated_rollouts_train_and_evaluate_what_colocated_ones_do(tmp_path, grpo_tp2, bases):
     """The same GRPO run with vLLM on ranks of their own (world 4: TP2 training ranks + two
-    rollout ranks, two vLLM replicas; weights over the bridge): every trained-on number equal
-    to the colocated run's, in fp32, and the parity guard holds on the rollout ranks' engines."""
-    _, colocated = grpo_tp2
-    rows, _ = _train(
-        tmp_path, 4, bases["qwen3"], "grpo", *GRPO_TP2, "rollout.placement=disaggregated", "rollout.num_ranks=2"
-    )
-    _check(rows)
-    assert len(rows) == len(colocated)
-    for got, want in zip(rows, colocated):
+    rollout ranks, two vLLM replicas; weights over the bridge), evaluating on the rollout
+    ranks at the start and after every step: every trained-on number equals the colocated
+    run's, in fp32, which evaluated only after steps 2 and 3 (so the evaluations before steps
+    1 and 2 changed nothing trained), and the parity guard holds on the rollout ranks'
+    engines. Each evaluation is stamped with the policy version the rollout ranks served,
+    the weights of the step (one update per step that trained), and after steps 2 and 3 its
+    val/ numbers and per-prompt records equal the colocated run's (the same weights and
+    per-sample seeds on two replicas)."""
+    colocated_root, colocated = grpo_tp2
+    base = bases["qwen3"]
+    disaggregated = ("rollout.placement=disaggregated", "rollout.num_ranks=2")
+    every_step = (*_eval_on(base), "eval.at_start=true", "eval.every=1")
+    rows, _ = _train(tmp_path, 4, base, "grpo", *GRPO_TP2, *disaggregated, *every_step)
+    assert rows[0]["step"] == 0 and "reward/mean" not in rows[0]  # the starting weights' row
+    updates = 0
+    for r in rows:
+        updates += bool(r.get("actor/updated"))
+        assert r["val/held_out/policy_version"] == updates, r
+    trained = rows[1:]
+    _check(trained)
+    _check_eval(tmp_path / "run-grpo", trained, evaluated=[1, 2, 3], prompts=32, n=4, pass_k=[1, 2, 4])
+    for got, want in zip(trained, colocated, strict=True):
         compared = {k for k in want if not k.startswith(NOT_COMPARED)}
         assert {k: got[k] for k in compared} == {k: want[k] for k in compared}, (got, want)
+        if "val/held_out/accuracy" in want:
+            val = {k: v for k, v in want.items() if k.startswith("val/")}
+            assert {k: got[k] for k in val} == val, (got, want)
+            records = [root / "run-grpo" / "eval" / f"step_{want['step']}.jsonl" for root in (tmp_path, colocated_root)]
+            assert records[0].read_text() == records[1].read_text()
 
 
 CP_REDUCTION_ORDER = {"actor/pg_loss": 1e-6, "actor/entropy": 1e-5, "actor/grad_norm": 1e-5}
@@ -551,8 +569,21 @@ def test_dapo_one_batch_ahead_with_partial_rollouts_then_resume_with_a_batch_in_
     Megatron computes (|dlogp| ~1e-7 on them), and the parity guard, served between two
     chunks, finds vLLM serving the synced weights. The step-4 checkpoint is saved
     while step 5's batch is in flight: the resumed run draws those prompts again, so the prompt
-    count goes on without a gap or a repeat."""
-    rows, _ = _train(tmp_path, 3, steps_base, "dapo", *ASYNC, *PARTIAL, steps=4, env=SLOW_CHUNKS)
+    count goes on without a gap or a repeat. Every other step the rollout ranks evaluate
+    after the batch running ahead, on the step's weights: the version they stamp is the
+    training ranks' (the updates sent in this launch; a resume's load is the first), and
+    the prompt count above shows that evaluating drew no training prompt."""
+    small_eval = (
+        f"eval.sets.held_out.source={steps_base}/eval.jsonl",
+        "eval.sets.held_out.max_prompts=8",
+        "eval.n_samples=2",
+        "eval.pass_k=[1,2]",
+        "eval.every=2",
+        "eval.at_start=false",
+        "eval.at_end=true",
+    )
+    rows, _ = _train(tmp_path, 3, steps_base, "dapo", *ASYNC, *PARTIAL, *small_eval, steps=4, env=SLOW_CHUNKS)
+    _check_versions_evaluated(rows, evaluated=[2, 4], loaded=0)
     prompts = 4  # rollout.prompts_per_step
     drawn = 0
     for step, r in enumerate(rows, start=1):
@@ -564,9 +595,10 @@ def test_dapo_one_batch_ahead_with_partial_rollouts_then_resume_with_a_batch_in_
         if step > 1:  # generated during the previous step's training: not waited for in full
             assert r["timing/overlap_fraction"] > 0 and r["timing/train_idle_s"] < r["timing/generation_s"], r
     assert rows[0]["rollout/staleness_max"] == 0 and rows[0]["rollout/partial_samples"] == 0
-    resumed, out = _train(tmp_path, 3, steps_base, "dapo", *ASYNC, *PARTIAL, steps=6, env=SLOW_CHUNKS)
+    resumed, out = _train(tmp_path, 3, steps_base, "dapo", *ASYNC, *PARTIAL, *small_eval, steps=6, env=SLOW_CHUNKS)
     assert "resumed from" in out and "step 4" in out, out[-2000:]
     assert resumed[:4] == rows
+    _check_versions_evaluated(resumed[4:], evaluated=[6], loaded=1)
     step5, step6 = resumed[4:]
     assert step5["data/prompts_drawn"] == drawn + prompts * step5["rollout/generation_batches"]
     assert step5["rollout/staleness_max"] == 0 and step5["rollout/partial_samples"] == 0  # nothing in flight
@@ -575,6 +607,18 @@ def test_dapo_one_batch_ahead_with_partial_rollouts_then_resume_with_a_batch_in_
     # steps keep a group of the batch that ran ahead is fixed by the seeds; the per-prompt seeds
     # keep ~1 in 2 here, and of those some samples outlast the training step).
     assert any(r["rollout/partial_samples"] > 0 and r["actor/updated"] for r in [*rows[1:], step6]), resumed
+
+
+def _check_versions_evaluated(rows, evaluated, loaded):
+    """The steps of ``rows`` (one launch's) evaluated, each stamped with the weight updates the
+    launch sent by then: ``loaded`` at its start (1: a resume's), then one per updated step."""
+    assert [r["step"] for r in rows if "val/held_out/accuracy" in r] == evaluated
+    version = loaded
+    for r in rows:
+        version += bool(r["actor/updated"])
+        if r["step"] in evaluated:
+            assert r["val/held_out/policy_version"] == version, r
+            assert 0 <= r["val/held_out/accuracy"] <= 1 and r["timing/eval_s"] > 0, r
 
 
 def _launch_rank_pids(launcher: int, rank: int) -> list[int]:

@@ -91,21 +91,6 @@ def _write_prompts(path, rows):
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (
-            ["rollout.placement=disaggregated", "rollout.num_ranks=1"],
-            "eval runs on colocated engines only (rollout.placement=disaggregated, rollout.max_staleness=0): "
-            "the rollout ranks do not evaluate; use rollout.placement=colocated, evaluate a saved step with "
-            "megatron-rl eval --ckpt, or turn eval off with eval.sets={}",
-        ),
-        (
-            [
-                "rollout.placement=disaggregated",
-                "rollout.num_ranks=1",
-                "rollout.max_staleness=1",
-                "algorithm.overrides.rollout_correction={kind: token_tis, cap: 2.0}",
-            ],
-            "eval runs on colocated engines only (rollout.placement=disaggregated, rollout.max_staleness=1)",
-        ),
         (["eval.sets.held_out.source=missing.jsonl"], "eval.sets.held_out.source='missing.jsonl': "),
         (["trainer.job=smoke", "trainer.micro_batch_size=4"], "eval needs trainer.job=rl"),
         (
@@ -131,6 +116,16 @@ def test_validation_refuses_what_eval_cannot_run(overrides, message):
     with pytest.raises(ConfigError) as err:
         validate(load_config(DAPO, overrides), 2)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+DISAGGREGATED = ("rollout.placement=disaggregated", "rollout.num_ranks=1")
+AHEAD = ("rollout.max_staleness=1", "algorithm.overrides.rollout_correction={kind: token_tis, cap: 2.0}")
+
+
+@pytest.mark.parametrize("overrides", [DISAGGREGATED, DISAGGREGATED + AHEAD], ids=["staleness0", "staleness1"])
+def test_eval_runs_on_the_rollout_ranks_of_a_disaggregated_run(overrides):
+    cfg = validate(load_config(DAPO, overrides), 2)  # the embedded default's eval stays on
+    assert cfg.eval.enabled and cfg.rollout.placement == "disaggregated"
 
 
 def test_file_sets_are_checked_and_may_not_be_the_training_data(tmp_path):

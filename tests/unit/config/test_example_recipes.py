@@ -1,5 +1,6 @@
 """Every YAML in examples/ loads, validates and builds its recipe: the tiny CPU variants at
-world 1, the cluster variants at 64 ranks against Qwen3-30B-A3B's published config.json."""
+world 1, the cluster variants at 64 ranks against Qwen3-30B-A3B's published config.json,
+with their reasoning-gym eval sets."""
 
 import shutil
 from pathlib import Path
@@ -44,5 +45,8 @@ def test_cluster_variant_fits_qwen3_30b_a3b_on_64_gpus(path, tmp_path):
     assert cfg.model.dtype == "bf16" and 64 % cfg.rollout.tensor_parallel_size == 0
     # The response budget fits the training sequence, which fits the model's positions.
     assert cfg.rollout.max_new_tokens < cfg.trainer.seq_length <= 40960
+    # Held-out math from reasoning-gym (validate checked the datasets and their options).
+    assert cfg.eval.enabled and cfg.eval.sets and all(spec.gym for spec in cfg.eval.sets.values()), cfg.eval
+    assert (cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens) < cfg.trainer.seq_length
     with pytest.raises(Exception, match="world|divid|multiple"):
         validate(cfg, 60)  # 60 ranks do not fit TP2 x EP8

@@ -1,6 +1,7 @@
 """The eval phase on a scripted engine (one rank): per-sample seeds from eval.seed, set and
 prompt; the random generators put back; the prefix cache dropped; records written whole;
-held-out sets loaded and refused when they share a prompt with the training data."""
+the policy version stamped where rollout ranks of their own sampled; held-out sets loaded
+and refused when they share a prompt with the training data."""
 
 import json
 import random
@@ -13,7 +14,8 @@ from megatron_rl.config import ConfigError, load_config
 from megatron_rl.evaluation import PromptResult, pass_at_k
 from megatron_rl.evaluation.phase import Evaluator, sample_seed
 from megatron_rl.evaluation.sets import EvalSet, load_sets
-from megatron_rl.rollout.engine import Sample, Sampling
+from megatron_rl.rollout import replicas
+from megatron_rl.rollout.engine import EvalSamples, Sample, Sampling
 from megatron_rl.rollout.seeds import MAX_SAMPLES, prompt_seed
 
 
@@ -46,6 +48,18 @@ class ScriptedEngine:
         self.cache_drops += 1
 
 
+class ScriptedBackend:
+    """The eval generation of one scripted engine (replicas.generate_eval, as the colocated
+    engines and the rollout ranks run it); ``version``: the stamp of rollout ranks of their
+    own (None: colocated)."""
+
+    def __init__(self, version=None):
+        self.engine, self.version = ScriptedEngine(), version
+
+    def generate_eval(self, prompt_ids, sampling, seeds):
+        return EvalSamples(replicas.generate_eval(self.engine, prompt_ids, sampling, seeds), self.version)
+
+
 @pytest.fixture
 def one_rank_group(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
@@ -65,16 +79,18 @@ def _length_score(texts, answers):
 def test_evaluates_every_prompt_writes_its_record_and_leaves_the_generators_alone(tmp_path, one_rank_group):
     cfg = load_config(None, ["eval.sets.a.source=held_out", "eval.every=1", "eval.n_samples=3", "eval.pass_k=[1,3]"])
     sets = [EvalSet("a", [(0,), (1,), (2,), (5,)], ["0", "0", "0", "0"], "last"), EvalSet("b", [(2,)], ["1"], "len")]
-    engine = ScriptedEngine()
+    backend = ScriptedBackend()
+    engine = backend.engine
     sampling = Sampling(n=3, max_tokens=3, logprobs=False)
     decode = lambda ids: " ".join(map(str, ids))  # noqa: E731
     scores = {"last": _score, "len": _length_score}
-    evaluator = Evaluator(cfg.eval, sets, engine, scores, decode, sampling, tmp_path / "eval", write=True)
+    evaluator = Evaluator(cfg.eval, sets, backend, scores, decode, sampling, tmp_path / "eval", write=True)
     torch.manual_seed(0), random.seed(0)
     before = torch.get_rng_state(), random.getstate()
     metrics = evaluator.evaluate(7)
     assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
-    assert engine.cache_drops == 1
+    assert engine.cache_drops == 2  # once per set
+    assert not any(k.endswith("/policy_version") for k in metrics)  # colocated: the training ranks' weights
     # Seeds: one per prompt, from eval.seed, the set and the prompt's index; apart from training's.
     prompts, used, seeds = engine.calls[0]
     assert used is sampling and seeds == [sample_seed(0, "a", i) for i in range(4)]
@@ -101,7 +117,7 @@ def test_a_rank_that_does_not_write_writes_nothing(tmp_path, one_rank_group):
     evaluator = Evaluator(
         cfg.eval,
         [EvalSet("a", [(1,)], ["1"], "last")],
-        ScriptedEngine(),
+        ScriptedBackend(),
         {"last": _score},
         lambda ids: str(ids[-1]),
         Sampling(n=1, logprobs=False),
@@ -110,6 +126,32 @@ def test_a_rank_that_does_not_write_writes_nothing(tmp_path, one_rank_group):
     )
     assert evaluator.evaluate(1)["val/a/accuracy"] == 1.0
     assert not (tmp_path / "eval").exists()
+
+
+def test_rollout_ranks_of_their_own_stamp_each_set_with_the_version_they_served(tmp_path, one_rank_group):
+    cfg = load_config(None, ["eval.sets.a.source=held_out", "eval.every=1", "eval.n_samples=2", "eval.pass_k=[1]"])
+    sets = [EvalSet("a", [(0,), (1,)], ["0", "0"], "last"), EvalSet("b", [(2,)], ["1"], "last")]
+    evaluator = Evaluator(
+        cfg.eval,
+        sets,
+        ScriptedBackend(version=5),
+        {"last": _score},
+        lambda ids: " ".join(map(str, ids)),
+        Sampling(n=2, logprobs=False),
+        tmp_path / "eval",
+        write=True,
+    )
+    metrics = evaluator.evaluate(5)
+    assert metrics["val/a/policy_version"] == 5 and metrics["val/b/policy_version"] == 5
+    # Prompt 0 answers 0 then 1, prompt 1 answers 1 then 2: one "0" of four samples.
+    assert metrics["val/a/accuracy"] == 0.25 and metrics["val/a/pass@1"] == 0.25
+    records = (tmp_path / "eval" / "step_5.jsonl").read_text()
+    assert "version" not in records  # the records are the weights' alone (megatron-rl eval reproduces them)
+
+
+def test_eval_generation_refuses_a_seed_count_other_than_the_prompts(one_rank_group):
+    with pytest.raises(ValueError, match="1 seeds for 2 prompts"):
+        replicas.generate_eval(ScriptedEngine(), [[1], [2]], Sampling(n=1), [0])
 
 
 def _jsonl(path, prompts):

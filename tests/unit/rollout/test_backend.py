@@ -31,6 +31,7 @@ def test_the_protocol_names_what_the_trainer_uses():
     assert sorted(PROTOCOL_METHODS) == sorted(
         [
             "generate_groups",
+            "generate_eval",
             "continue_samples",
             "prompt_logprobs",
             "load_weights",
@@ -65,6 +66,7 @@ def _sample() -> Sample:
 MESSAGES = [
     commands.Start("/models/tiny", EngineConfig(tensor_parallel_size=2)),
     commands.Generate(PromptBatch([[1, 2]], ["4"], [0], [0], [0]), Sampling(n=2), chunk_tokens=3),
+    commands.GenerateEval([[1, 2], [3]], Sampling(n=2, logprobs=False), [4096, 8192]),
     commands.Continue([_sample()], Sampling(window=4)),
     commands.PromptLogprobs([[1, 2, 3]]),
     commands.LoadBucket((commands.TensorSpec("w", (2, 3), torch.bfloat16),)),
@@ -109,3 +111,45 @@ def test_a_bucket_goes_only_with_a_bucket_command():
         client.submit(commands.FinishUpdate(), [("w", torch.zeros(2))])
     with pytest.raises(ValueError, match="LoadBucket"):
         client.submit(commands.LoadBucket())
+
+
+class _EvalEngine:
+    """Answers an eval generation with one empty group per prompt; counts weight updates."""
+
+    def __init__(self):
+        self.updates = 0
+
+    def finish_weight_update(self):
+        self.updates += 1
+
+    def generate_eval(self, prompt_ids, sampling, seeds):
+        from megatron_rl.rollout.engine import EvalSamples
+
+        return EvalSamples([[] for _ in prompt_ids])
+
+
+class _Answers:
+    def __init__(self):
+        self.sent = []
+
+    def send_object(self, obj, dst):
+        self.sent.append(obj)
+
+
+def test_the_rollout_ranks_evaluate_after_the_updates_sent_before_and_stamp_their_version():
+    """An eval command sent after a weight update samples the updated weights: the server runs
+    commands in order and answers it with the version it serves then."""
+    import collections
+    import queue
+
+    server = object.__new__(RolloutServer)  # no bridge: commands queued by hand, answers kept
+    server.engine, server.version, server.rank, server.leader = _EvalEngine(), 0, 0, True
+    server.pending, server.taken, server.idle_s, server.up = collections.deque(), 0, 0.0, _Answers()
+    server.inbox = queue.Queue()
+    evaluate = commands.GenerateEval([[1], [2]], Sampling(n=2, logprobs=False), [0, 4096])
+    for command in (evaluate, commands.FinishUpdate(), evaluate, commands.FinishUpdate(), evaluate, commands.Stop()):
+        server.inbox.put((command, None))
+    assert server.serve() == 5
+    evaluated = [(number, value) for number, status, value in server.up.sent if number in (0, 2, 4)]
+    assert [(n, v.policy_version, len(v.groups)) for n, v in evaluated] == [(0, 0, 2), (2, 1, 2), (4, 2, 2)]
+    assert server.engine.updates == 2 and server.up.sent[-1] == (5, "stopped", None)
