@@ -25,11 +25,12 @@ train: $(STAMP)
 	$(VENV)/bin/megatron-rl train --config examples/dapo.yaml
 
 # Lint first: it takes a second, so a style slip fails CI before the long test run starts.
-# One process. `make test PYTEST_ARGS="-n 2 --slurm-beside-the-rest"` runs the Slurm tests on
-# a second worker beside the rest (tests/conftest.py); not the default until it is measured on
-# a quiet machine (docs/benchmarks.md).
+# Two pytest-xdist workers: one runs the Slurm tests, which mostly wait on the cluster, the
+# other everything else (tests/conftest.py); on a quiet 2-core machine the whole CI took
+# 44.4 min this way (docs/benchmarks.md). `make test PYTEST_WORKERS=` runs one process.
+PYTEST_WORKERS ?= -n 2 --slurm-beside-the-rest
 test: $(STAMP) lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
