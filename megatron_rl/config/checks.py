@@ -317,6 +317,7 @@ def _check_environment(config: Config, world_size: int, recipe) -> None:
     from megatron_rl.environments.registry import ENVIRONMENTS
     from megatron_rl.environments.tool_calls import TOOL_PARSERS
     from megatron_rl.environments.tools import check_tool_names
+    from megatron_rl.rollout.seeds import MAX_SAMPLES
 
     if env.name not in ENVIRONMENTS:
         raise ConfigError(f"environment.name={env.name!r} is not allowed; choose one of {sorted(ENVIRONMENTS)}")
@@ -340,6 +341,11 @@ def _check_environment(config: Config, world_size: int, recipe) -> None:
             f"past the longest: environment.max_episode_tokens={env.max_episode_tokens} must be < trainer.seq_length="
             f"{config.trainer.seq_length}"
         )
+    if config.rollout.seed_per_prompt and config.rollout.n_samples * env.max_turns > MAX_SAMPLES:
+        raise ConfigError(
+            f"rollout.seed_per_prompt=true gives a prompt's episodes {MAX_SAMPLES} seeds, one per turn: "
+            f"rollout.n_samples={config.rollout.n_samples} x environment.max_turns={env.max_turns} is more"
+        )
     if "python" in env.tools:
         from megatron_rl.environments.isolation import IsolationError, probe_isolation, require_isolation
 
@@ -358,11 +364,6 @@ def _refuse_for_episodes(config: Config, world_size: int, recipe) -> None:
         (rollout.partial, "rollout.partial=true (partial rollouts)"),
         (recipe.generation_window is not None, "generation_window (tppo's windows)"),
         (recipe.token_aware, "the HAPO pieces (per-token temperatures)"),
-        (
-            rollout.seed_per_prompt,
-            "rollout.seed_per_prompt=true (vLLM's CPU sampler cannot rewind a seeded episode's generator when "
-            "a turn's prompts are prefilled in chunks)",
-        ),
         (config.eval.enabled, "eval (the eval phase is single-turn; turn it off with eval.sets={})"),
         (
             world_size > 1,

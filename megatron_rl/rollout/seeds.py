@@ -7,7 +7,8 @@ same prompt gets other samples. Seeding each prompt from (run seed, epoch, datas
 instead makes a resumed run sample exactly what the uninterrupted run did, and a run on
 any layout sample what the single-replica run does. vLLM gives the n samples of a request
 seeded `s` the seeds s, s + 1, ..., s + n - 1, so prompt seeds are spaced `MAX_SAMPLES`
-apart.
+apart. A multi-turn episode draws one seed per turn (the episode driver samples turn t of
+an episode seeded `s` with `s + t`), so a prompt's episodes take `max_turns` seeds each.
 """
 
 from __future__ import annotations
@@ -32,3 +33,16 @@ def prompt_seeds(run_seed: int, epochs: Sequence[int], dataset_indices: Sequence
     if len(epochs) != len(dataset_indices):
         raise ValueError(f"{len(epochs)} epochs for {len(dataset_indices)} prompts")
     return [prompt_seed(run_seed, e, i) for e, i in zip(epochs, dataset_indices)]
+
+
+def episode_seeds(
+    run_seed: int, epochs: Sequence[int], dataset_indices: Sequence[int], n: int, max_turns: int
+) -> list[int]:
+    """The seeds of ``n`` episodes per prompt, prompt by prompt: episode j of a prompt seeded
+    ``s`` (`prompt_seed`) starts at ``s + j * max_turns``, its turns taking the seeds up to the next.
+    Refuses more seeds per prompt than the spacing allows."""
+    if n * max_turns > MAX_SAMPLES:
+        raise ValueError(
+            f"{n} episodes of up to {max_turns} turns per prompt exceed the {MAX_SAMPLES} seeds per prompt"
+        )
+    return [s + j * max_turns for s in prompt_seeds(run_seed, epochs, dataset_indices, 1) for j in range(n)]

@@ -14,14 +14,15 @@ DAPO's dynamic sampling and refills, then advantages and assembly).
 
 Resume: the episodes of a step all end within it (collected in lockstep), so a checkpoint,
 taken between steps, holds no episode in flight and the prompt position is the source's
-whole state; vLLM samples turns from torch's generator, whose state the checkpoint
-restores, so with lockstep rounds (``environment.overlap=false``) a resumed run samples
-what the uninterrupted one did.
+whole state; vLLM samples unseeded turns from torch's generator, whose state the
+checkpoint restores, so with lockstep rounds (``environment.overlap=false``) a resumed run
+samples what the uninterrupted one did. With
+``rollout.seed_per_prompt`` every episode is seeded from its prompt (run seed, epoch,
+dataset index; ``rollout.seeds.episode_seeds``) and each turn from that seed: the episodes
+then depend on the weights and the prompts alone, not on what else drew from the generator.
 
 What it does not cover yet (config.checks refuses each): several vLLM replicas,
-rollouts ahead of training, T-PPO windows, per-prompt seeds (on CPU vLLM cannot rewind a
-seeded request's generator when a call's prompts are prefilled in chunks, which a step's
-episodes, one request each, make it do), the eval phase.
+rollouts ahead of training, T-PPO windows, the eval phase.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from megatron_rl.environments.driver import DriverConfig, DriverTimes, EpisodeDr
 from megatron_rl.environments.episode import EpisodeLimits, EpisodeResult
 from megatron_rl.environments.interface import EpisodeRecord
 from megatron_rl.rollout import Sample, Sampling
+from megatron_rl.rollout.seeds import episode_seeds
 from megatron_rl.trainer.rollouts import Drawn, TrainRows, collect_rollouts
 from megatron_rl.trainer.rows import usable_groups
 from megatron_rl.trainer.sources import Rollout, RolloutSource, collection_metrics
@@ -124,7 +126,11 @@ class EpisodeSource(RolloutSource):
         """The next prompts, G episodes each, run to their ends and scored by the environment."""
         prompts = self.loader.next_batch()
         records = [self._record(i) for i in prompts.dataset_indices for _ in range(self.group_size)]
-        results = self.driver.run(records)
+        seeds = None
+        if sampling.prompt_seed is not None:  # episodes a function of weights and prompts (module docstring)
+            turns = self.driver.config.limits.max_turns
+            seeds = episode_seeds(sampling.prompt_seed, prompts.epochs, prompts.dataset_indices, self.group_size, turns)
+        results = self.driver.run(records, seeds=seeds)
         self._tally.add(results, self.driver.times)
         samples = [episode_sample(r) for r in results]
         n = self.group_size

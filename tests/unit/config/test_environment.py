@@ -17,6 +17,7 @@ def test_the_default_is_single_turn_and_the_tool_recipe_validates():
     assert cfg.environment.episodes and cfg.environment.tools == ("python",)
     off = validate(load_config(TOOLS, ["environment.name=single_turn", "environment.tools=[]"]), 1)
     assert not off.environment.episodes
+    assert validate(load_config(TOOLS, ["rollout.seed_per_prompt=true"]), 1).rollout.seed_per_prompt
 
 
 @pytest.mark.parametrize(
@@ -50,7 +51,11 @@ def test_the_section_checks_its_own_fields_in_one_line(overrides, message):
         ),
         (["algorithm.recipe=tppo"], 1, "is not supported yet with generation_window"),
         (["algorithm.recipe=hapo"], 1, "is not supported yet with the HAPO pieces"),
-        (["rollout.seed_per_prompt=true"], 1, "is not supported yet with rollout.seed_per_prompt=true"),
+        (
+            ["rollout.seed_per_prompt=true", "rollout.n_samples=64", "environment.max_turns=65"],
+            1,
+            "rollout.seed_per_prompt=true gives a prompt's episodes 4096 seeds, one per turn: rollout.n_samples=64",
+        ),
         (
             ["eval.sets={held_out: {source: held_out}}", "eval.at_end=true"],
             1,

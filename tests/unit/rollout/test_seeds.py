@@ -3,7 +3,7 @@ so that the n consecutive seeds vLLM gives a prompt's samples never reach anothe
 
 import pytest
 
-from megatron_rl.rollout.seeds import MAX_SAMPLES, prompt_seed, prompt_seeds
+from megatron_rl.rollout.seeds import MAX_SAMPLES, episode_seeds, prompt_seed, prompt_seeds
 
 
 def test_a_prompt_seed_depends_on_run_seed_epoch_and_index_only():
@@ -39,3 +39,13 @@ def test_prefill_waves_are_consecutive_and_fit_the_budget():
     assert [list(w) for w in waves] == [[0, 1, 2], [3], [4], [5, 6]]  # 20 alone: over the budget
     assert [i for w in waves for i in w] == list(range(len(tokens)))
     assert prefill_waves([2, 2], 10) == [range(0, 2)] and prefill_waves([], 10) == [range(0, 0)]
+
+
+def test_episode_seeds_leave_every_turn_of_every_episode_a_seed_of_its_own():
+    seeds = episode_seeds(7, [0, 1], [4, 4], n=3, max_turns=5)
+    first, second = prompt_seed(7, 0, 4), prompt_seed(7, 1, 4)
+    assert seeds == [first, first + 5, first + 10, second, second + 5, second + 10]
+    turns = {s + t for s in seeds for t in range(5)}  # the driver samples turn t with seed + t
+    assert len(turns) == 2 * 3 * 5
+    with pytest.raises(ValueError, match="exceed the 4096 seeds per prompt"):
+        episode_seeds(7, [0], [4], n=8, max_turns=MAX_SAMPLES // 8 + 1)

@@ -17,6 +17,7 @@ from megatron_rl.environments.registry import get_environment
 from megatron_rl.environments.tool_calls import ToolResult
 from megatron_rl.environments.tools import PYTHON
 from megatron_rl.rollout import Sample, Sampling
+from megatron_rl.rollout.seeds import prompt_seed
 from megatron_rl.trainer.assembly import assemble
 from megatron_rl.trainer.episodes import EpisodeSource
 
@@ -117,4 +118,24 @@ def test_dynamic_sampling_keeps_only_groups_whose_episodes_differ(tokenizer):
     assert rollout.metrics["rollout/kept_groups"] == 0 and len(rollout.rows) == 0
     assert rollout.metrics["rollout/generation_batches"] == recipe.max_gen_batches
     assert source.state_dict()["data"] == source.loader.state_dict()
+    source.close()
+
+
+def test_seeded_episodes_take_their_seeds_from_the_prompt_and_the_turn(tokenizer):
+    """rollout.seed_per_prompt: episode j of the prompt at dataset index i samples turn t with
+    prompt_seed(run, epoch, i) + j * max_turns + t, whatever batch it is drawn in (a resumed
+    run's engine gets the seeds the uninterrupted run's did)."""
+    source = _source(tokenizer, {"12 * 34": "call", "56 * 78": "right"}, get_recipe("grpo"))
+    asked = []
+    generate = source.driver.engine.generate
+
+    def recording(prompts, sampling, seeds=None, max_tokens=None):
+        asked.append((tokenizer.decode(prompts[0]).count("<tool_response>"), list(seeds)))
+        return generate(prompts, sampling, seeds, max_tokens)
+
+    source.driver.engine.generate = recording
+    source.collect(Sampling(n=2, prompt_seed=7))
+    first, second = prompt_seed(7, 0, 0), prompt_seed(7, 0, 1)  # max_turns=3 in _source
+    assert asked[0] == (0, [first, first + 3, second, second + 3])  # every episode's first turn
+    assert asked[1] == (1, [first + 1, first + 4])  # the two calling episodes' second turns
     source.close()
