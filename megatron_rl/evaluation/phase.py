@@ -38,6 +38,7 @@ from megatron_rl.evaluation.metrics import PromptResult, set_metrics
 from megatron_rl.evaluation.sets import EvalSet
 from megatron_rl.rollout.backend import RolloutBackend
 from megatron_rl.rollout.engine import Sampling
+from megatron_rl.rollout.replicas import contiguous_share
 from megatron_rl.rollout.seeds import MAX_SAMPLES
 
 Score = Callable[[list[str], list[str]], tuple[list[float], dict]]
@@ -119,9 +120,8 @@ class Evaluator:
         policy version stamped on the samples (None: colocated engines)."""
         seeds = [sample_seed(self.config.seed, eval_set.name, i) for i in range(len(eval_set))]
         generated = self.backend.generate_eval(eval_set.prompt_ids, self.sampling, seeds)
-        rank, world = dist.get_rank(), dist.get_world_size()
-        per_rank = -(-len(eval_set) // world)
-        mine = range(rank * per_rank, min(len(eval_set), (rank + 1) * per_rank))
+        world = dist.get_world_size()
+        mine = contiguous_share(len(eval_set), world, dist.get_rank())
         groups = [generated.groups[i] for i in mine]
         texts = [self.decode(s.token_ids) for group in groups for s in group]
         answers = [eval_set.answers[i] for i, group in zip(mine, groups) for _ in group]

@@ -34,6 +34,7 @@ class GroupedGemmExperts(SequentialMLP):
 
     def __init__(self, num_local_experts, config, submodules, pg_collection=None):
         super().__init__(num_local_experts, config, submodules, pg_collection=pg_collection)
+        row = row_bytes(config)
         unsupported = {
             "add_bias_linear": config.add_bias_linear,
             "gated_linear_unit is off": not config.gated_linear_unit,
@@ -42,8 +43,7 @@ class GroupedGemmExperts(SequentialMLP):
             "fp8/fp4": bool(config.fp8 or config.fp4),
             "activation_func_clamp_value": config.activation_func_clamp_value is not None,
             "glu_linear_offset": bool(config.glu_linear_offset),
-            f"rows of {row_bytes(config)} bytes (a multiple of {GROUPED_MM_ALIGNMENT} needed)": row_bytes(config)
-            % GROUPED_MM_ALIGNMENT,
+            f"rows of {row} bytes (a multiple of {GROUPED_MM_ALIGNMENT} needed)": row % GROUPED_MM_ALIGNMENT,
         }
         refused = [name for name, on in unsupported.items() if on]
         if refused:

@@ -338,6 +338,10 @@ class RolloutEngine:
 
     def finish_weight_update(self) -> None:
         """Drop cached prefixes (computed with the old weights) after the last bucket."""
+        self.drop_prefix_cache()
+
+    def drop_prefix_cache(self) -> None:
+        """Forget every cached prefix: the next generation computes its prompts afresh."""
         self.llm.reset_prefix_cache()
 
     # -- memory -----------------------------------------------------------------------

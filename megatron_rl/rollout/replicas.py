@@ -35,7 +35,7 @@ def generate_groups(engine: RolloutEngine, prompts: PromptBatch, sampling: Sampl
             sampling.n,
         )
     local = engine.generate([prompts.prompt_ids[i] for i in mine], sampling, seeds) if mine else []
-    return _gather_groups(engine, len(prompts), mine, local)
+    return _gather_in_order(engine, len(prompts), mine, local)
 
 
 def generate_eval(
@@ -56,42 +56,39 @@ def generate_eval(
         local = engine.generate([list(prompt_ids[i]) for i in mine], sampling, [seeds[i] for i in mine]) if mine else []
     finally:
         rng.restore(saved)
-        engine.finish_weight_update()  # drops the prefixes this cached
-    return _gather_groups(engine, len(prompt_ids), mine, local)
+        engine.drop_prefix_cache()
+    return _gather_in_order(engine, len(prompt_ids), mine, local)
+
+
+def contiguous_share(count: int, parts: int, part: int) -> range:
+    """The indices of part ``part`` when ``count`` items are dealt to ``parts`` in contiguous
+    shares of equal size (the last ones shorter or empty)."""
+    size = -(-count // parts)
+    return range(min(count, part * size), min(count, (part + 1) * size))
 
 
 def _share(engine: RolloutEngine, count: int) -> list[int]:
-    """The contiguous share of ``count`` prompts this rank's replica generates."""
-    per_replica = -(-count // engine.num_replicas)
-    return list(range(engine.replica * per_replica, min(count, (engine.replica + 1) * per_replica)))
+    """The items of ``count`` this rank's replica works on."""
+    return list(contiguous_share(count, engine.num_replicas, engine.replica))
 
 
-def _gather_groups(engine: RolloutEngine, count: int, mine: list[int], local: list) -> list[list[Sample]]:
-    """Every replica's groups (one rank per replica reports them), in prompt order on every rank."""
+def _gather_in_order(engine: RolloutEngine, count: int, mine: list[int], local: list) -> list:
+    """Every replica's results (``local[k]`` for item ``mine[k]``; one rank per replica
+    reports them), in item order on every rank."""
     leader = dist.get_rank() % engine.tp == 0
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, (mine, local) if leader else None)
-    groups: list = [None] * count
+    results: list = [None] * count
     for item in everyone:
         if item is None:
             continue
-        for index, samples in zip(*item):
-            groups[index] = samples
-    return groups
+        for index, result in zip(*item):
+            results[index] = result
+    return results
 
 
 def continue_samples(engine: RolloutEngine, samples: list[Sample], sampling: Sampling) -> list[Sample]:
     """Every sample extended by one more window (``engine.continue_``), the same list on every rank."""
-    world = dist.get_world_size()
-    per_replica = -(-len(samples) // engine.num_replicas)
-    start = engine.replica * per_replica
-    mine = samples[start : start + per_replica]
-    local = engine.continue_(mine, sampling) if mine else []
-    leader = dist.get_rank() % engine.tp == 0
-    everyone: list = [None] * world
-    dist.all_gather_object(everyone, (start, local) if leader else None)
-    result: list = [None] * len(samples)
-    for item in everyone:
-        if item is not None:
-            result[item[0] : item[0] + len(item[1])] = item[1]
-    return result
+    mine = _share(engine, len(samples))
+    local = engine.continue_([samples[i] for i in mine], sampling) if mine else []
+    return _gather_in_order(engine, len(samples), mine, local)

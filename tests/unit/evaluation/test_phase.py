@@ -44,7 +44,7 @@ class ScriptedEngine:
             for p in prompts
         ]
 
-    def finish_weight_update(self):
+    def drop_prefix_cache(self):
         self.cache_drops += 1
 
 
