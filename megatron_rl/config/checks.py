@@ -329,7 +329,7 @@ def _check_environment(config: Config, world_size: int, recipe) -> None:
         raise ConfigError(f"environment.tools: {err}") from None
     if not env.episodes:
         return
-    _refuse_for_episodes(config, world_size, recipe)
+    _refuse_for_episodes(config, recipe)
     if env.max_episode_tokens > config.trainer.seq_length:
         raise ConfigError(
             f"environment.max_episode_tokens={env.max_episode_tokens} must be <= trainer.seq_length="
@@ -355,19 +355,18 @@ def _check_environment(config: Config, world_size: int, recipe) -> None:
             raise ConfigError(f"environment.sandbox: {err}") from None
 
 
-def _refuse_for_episodes(config: Config, world_size: int, recipe) -> None:
+def _refuse_for_episodes(config: Config, recipe) -> None:
     """What multi-turn episodes do not run with yet, one line each."""
     name, rollout = config.environment.name, config.rollout
     refusals = [
-        (rollout.placement != "colocated", f"rollout.placement={rollout.placement} (use colocated)"),
-        (rollout.max_staleness > 0, f"rollout.max_staleness={rollout.max_staleness} (use 0)"),
         (rollout.partial, "rollout.partial=true (partial rollouts)"),
         (recipe.generation_window is not None, "generation_window (tppo's windows)"),
         (recipe.token_aware, "the HAPO pieces (per-token temperatures)"),
         (config.eval.enabled, "eval (the eval phase is single-turn; turn it off with eval.sets={})"),
         (
-            world_size > 1,
-            f"a launch of {world_size} ranks (episodes run on one vLLM replica and their tools on one rank: use 1)",
+            rollout.tensor_parallel_size > 1,
+            f"rollout.tensor_parallel_size={rollout.tensor_parallel_size} (each vLLM replica runs its episodes' "
+            "tools on its one rank: use 1)",
         ),
     ]
     for refused, what in refusals:

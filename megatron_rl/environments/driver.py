@@ -77,6 +77,15 @@ class DriverTimes:
     cost beyond what overlapped with generation)."""
     engine_calls: int = 0
 
+    @classmethod
+    def total(cls, parts: Sequence[DriverTimes]) -> DriverTimes:
+        """Several drivers' times (one per vLLM replica) added up."""
+        return cls(
+            generate_s=sum(p.generate_s for p in parts),
+            wait_s=sum(p.wait_s for p in parts),
+            engine_calls=sum(p.engine_calls for p in parts),
+        )
+
 
 class EpisodeDriver:
     """Episodes of one environment on one engine; ``close`` ends its thread pool."""

@@ -16,6 +16,8 @@ import torch
 
 if TYPE_CHECKING:
     from megatron_rl.data import PromptBatch
+    from megatron_rl.environments.interface import EpisodeRecord
+    from megatron_rl.environments.spec import EpisodeSpec
     from megatron_rl.rollout.engine import EngineConfig, Sample, Sampling
 
 
@@ -34,10 +36,12 @@ class TensorSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Start:
-    """Build each rollout rank's engine from the HF checkpoint in ``model_dir``."""
+    """Build each rollout rank's engine from the HF checkpoint in ``model_dir`` (and, for a
+    run of multi-turn episodes, its environment and episode driver beside it)."""
 
     model_dir: str
     config: EngineConfig
+    episodes: Optional[EpisodeSpec] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +53,17 @@ class Generate:
     chunk_tokens: Optional[int] = None
     """Partial rollouts: generate this many tokens per sample at a time and run the weight
     updates that arrive meanwhile between chunks (None: the whole batch under one version)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateEpisodes:
+    """One multi-turn episode per record, run to its end by the rollout ranks' drivers
+    (their tools on their ranks); answered with an
+    :class:`~megatron_rl.rollout.remote.EpisodeGeneration`."""
+
+    records: list[EpisodeRecord]
+    seeds: Optional[list[int]] = None
+    """Episode i's turns seeded from ``seeds[i]`` (``rollout.seeds.episode_seeds``); None: unseeded."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +117,18 @@ class Stop:
     """Serve no more commands (answered with ``stopped``)."""
 
 
-Command = Union[Start, Generate, GenerateEval, Continue, PromptLogprobs, LoadBucket, CheckBucket, FinishUpdate, Stop]
+Command = Union[
+    Start,
+    Generate,
+    GenerateEpisodes,
+    GenerateEval,
+    Continue,
+    PromptLogprobs,
+    LoadBucket,
+    CheckBucket,
+    FinishUpdate,
+    Stop,
+]
 COMMANDS: tuple[type, ...] = get_args(Command)
 BUCKET_COMMANDS: tuple[type, ...] = (LoadBucket, CheckBucket)
 """Commands followed on the bridge by their bucket's byte tensor."""

@@ -22,7 +22,10 @@ with the new ones: the client counts the updates it sent (``version``), which is
 policy version of everything generated for a command sent then. Held-out evaluation
 (:meth:`RolloutClient.generate_eval`) is such a command too, sent after a step's weight
 update: it samples the step's weights, and its answer carries the version the rollout
-ranks served. A partial generation (``rollout.partial``, :mod:`megatron_rl.rollout.partial`)
+ranks served. A run of multi-turn episodes sends its
+:class:`~megatron_rl.environments.spec.EpisodeSpec` with ``Start``; the rollout ranks build
+the environment and its driver beside their engines and run each ``GenerateEpisodes``
+batch to its end, tools on their ranks, between two weight updates. A partial generation (``rollout.partial``, :mod:`megatron_rl.rollout.partial`)
 is the exception: it runs the weight updates sent after it between its chunks, and its
 samples record the version of every token. Weights arrive as one byte tensor per bucket,
 broadcast from the HF-layout export the colocated sync loads, so the same in-place loader
@@ -39,7 +42,7 @@ import os
 import queue
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 
 import torch
 
@@ -52,6 +55,7 @@ from megatron_rl.rollout.commands import (
     Continue,
     FinishUpdate,
     Generate,
+    GenerateEpisodes,
     GenerateEval,
     LoadBucket,
     PromptLogprobs,
@@ -63,6 +67,11 @@ from megatron_rl.rollout.commands import (
 )
 from megatron_rl.rollout.engine import EngineConfig, EvalSamples, Sample, Sampling
 from megatron_rl.utils.alignment import DTYPE_VIEW_ALIGN, align_up
+
+if TYPE_CHECKING:
+    from megatron_rl.environments.driver import DriverTimes
+    from megatron_rl.environments.episode import EpisodeResult
+    from megatron_rl.environments.spec import EpisodeSpec
 
 
 class RolloutRankError(RuntimeError):
@@ -79,6 +88,19 @@ class Generation:
     idle_s: float
     """Time the rollout ranks waited for commands since the previous generation (between
     every two commands: before weight buckets too, not only before this one)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeGeneration:
+    """What a :class:`~megatron_rl.rollout.commands.GenerateEpisodes` command answers."""
+
+    results: list[EpisodeResult]
+    """One per record, in record order."""
+    times: DriverTimes
+    """The rollout ranks' drivers' times, added up over the replicas."""
+    seconds: float
+    idle_s: float
+    """As :class:`Generation`'s."""
 
 
 def _layout(specs: Sequence[TensorSpec]) -> tuple[list[tuple[int, int]], int]:
@@ -121,7 +143,8 @@ class RolloutClient:
 
     ``bridge``: the (down, up) groups on training rank 0, None on the other training ranks.
     ``answer_timeout_s``: the longest wait for one answer before the rollout ranks count as hung;
-    ``start_timeout_s``: the same for the first one, the engines' start."""
+    ``start_timeout_s``: the same for the first one, the engines' start. ``episodes``: a run
+    of multi-turn episodes, whose drivers the rollout ranks build beside their engines."""
 
     config: EngineConfig
 
@@ -133,6 +156,7 @@ class RolloutClient:
         who: str = "the rollout ranks",
         answer_timeout_s: float = 3600.0,
         start_timeout_s: float = 3600.0,
+        episodes: Optional[EpisodeSpec] = None,
     ):
         self.config = config
         self.who, self.answer_timeout_s = who, answer_timeout_s
@@ -155,7 +179,7 @@ class RolloutClient:
         """Answers read while waiting for a later one."""
         started = time.perf_counter()
         self.result(
-            self.submit(Start(str(model_dir), config)),
+            self.submit(Start(str(model_dir), config, episodes)),
             timeout_s=start_timeout_s,
             timeout_key="rollout.start_timeout_s",
         )
@@ -312,6 +336,8 @@ class RolloutServer:
         self.down, self.up = Channel(bridge[0]), Channel(bridge[1])
         self.leader = self.up.rank == ROLLOUT_LEADER
         self.engine = None
+        self.driver = None
+        """The episode driver on this rank's engine (a run of multi-turn episodes)."""
         self.rank = dist.get_rank()
         self.inbox = Inbox(self._receive, is_last=lambda m: isinstance(m[0], Stop), name="rollout-commands")
         self.pending: collections.deque = collections.deque()
@@ -358,6 +384,7 @@ class RolloutServer:
         while True:
             number, command, bucket = self._take()
             if isinstance(command, Stop):
+                self._close_driver()
                 self._answer(number, "stopped", None)
                 return number
             self._serve_one(number, command, bucket)
@@ -386,6 +413,29 @@ class RolloutServer:
         from megatron_rl.rollout.engine import RolloutEngine
 
         self.engine = RolloutEngine(command.model_dir, command.config)
+        if command.episodes is not None:
+            from transformers import AutoTokenizer
+
+            from megatron_rl.environments.spec import build_driver
+
+            tokenizer = AutoTokenizer.from_pretrained(command.model_dir)
+            self.driver = build_driver(command.episodes, self.engine, tokenizer, announce=self.leader)
+
+    def _close_driver(self) -> None:
+        if self.driver is not None:
+            self.driver.close()
+            self.driver.environment.close()
+
+    def _generate_episodes(self, command: GenerateEpisodes, bucket: None) -> EpisodeGeneration:
+        """Every episode run to its end under the weights served now (no update runs inside)."""
+        from megatron_rl.rollout.replicas import run_episodes
+
+        if self.driver is None:
+            raise RuntimeError("GenerateEpisodes: the engines were started without an episode spec")
+        idle, self.idle_s = self.idle_s, 0.0
+        started = time.perf_counter()
+        results, times = run_episodes(self.engine, self.driver, command.records, command.seeds, self.version)
+        return EpisodeGeneration(results, times, time.perf_counter() - started, idle)
 
     def _generate_eval(self, command: GenerateEval, bucket: None) -> EvalSamples:
         groups = self.engine.generate_eval(command.prompt_ids, command.sampling, command.seeds).groups
@@ -457,6 +507,7 @@ class RolloutServer:
 HANDLERS: dict[type, Callable[[RolloutServer, Any, Optional[list]], Any]] = {
     Start: RolloutServer._start,
     Generate: RolloutServer._generate,
+    GenerateEpisodes: RolloutServer._generate_episodes,
     GenerateEval: RolloutServer._generate_eval,
     Continue: RolloutServer._continue,
     PromptLogprobs: RolloutServer._prompt_logprobs,

@@ -9,7 +9,7 @@ are disaggregated (:mod:`megatron_rl.rollout.remote`); the code is the same.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch.distributed as dist
 
@@ -17,8 +17,15 @@ from megatron_rl.data import PromptBatch
 from megatron_rl.rollout.engine import RolloutEngine, Sample, Sampling
 from megatron_rl.rollout.seeds import prompt_seeds
 
+if TYPE_CHECKING:
+    from megatron_rl.environments.driver import DriverTimes, EpisodeDriver
+    from megatron_rl.environments.episode import EpisodeResult
+    from megatron_rl.environments.interface import EpisodeRecord
+
 Generate = Callable[[PromptBatch, Sampling], list[list[Sample]]]
 """``sampling.n`` samples per prompt, in prompt order, the same on every rank that asks."""
+
+
 Continue = Callable[[list[Sample], Sampling], list[Sample]]
 """Every unfinished sample extended by one more window, the same on every rank that asks."""
 
@@ -35,7 +42,7 @@ def generate_groups(engine: RolloutEngine, prompts: PromptBatch, sampling: Sampl
             sampling.n,
         )
     local = engine.generate([prompts.prompt_ids[i] for i in mine], sampling, seeds) if mine else []
-    return _gather_in_order(engine, len(prompts), mine, local)
+    return gather_in_order(engine, len(prompts), mine, local)
 
 
 def generate_eval(
@@ -57,7 +64,7 @@ def generate_eval(
     finally:
         rng.restore(saved)
         engine.drop_prefix_cache()
-    return _gather_in_order(engine, len(prompt_ids), mine, local)
+    return gather_in_order(engine, len(prompt_ids), mine, local)
 
 
 def contiguous_share(count: int, parts: int, part: int) -> range:
@@ -72,7 +79,7 @@ def _share(engine: RolloutEngine, count: int) -> list[int]:
     return list(contiguous_share(count, engine.num_replicas, engine.replica))
 
 
-def _gather_in_order(engine: RolloutEngine, count: int, mine: list[int], local: list) -> list:
+def gather_in_order(engine: RolloutEngine, count: int, mine: list[int], local: list) -> list:
     """Every replica's results (``local[k]`` for item ``mine[k]``; one rank per replica
     reports them), in item order on every rank."""
     leader = dist.get_rank() % engine.tp == 0
@@ -87,8 +94,35 @@ def _gather_in_order(engine: RolloutEngine, count: int, mine: list[int], local: 
     return results
 
 
+def run_episodes(
+    engine: RolloutEngine,
+    driver: EpisodeDriver,
+    records: Sequence[EpisodeRecord],
+    seeds: Optional[Sequence[int]],
+    version: int,
+) -> tuple[list[EpisodeResult], DriverTimes]:
+    """Multi-turn episodes, one per record, each replica running a contiguous share on its
+    own driver (its tools on its own rank); the results in record order and the drivers'
+    times summed, the same on every rank. Seeded episodes (``seeds``) are the same
+    whichever replica runs them. Replicas must be single ranks (engine TP 1): a replica's
+    ranks would each run the tools and could see different answers."""
+    from megatron_rl.environments.driver import DriverTimes
+
+    if engine.tp != 1:
+        raise ValueError(f"episodes run on replicas of one rank each, not engine TP {engine.tp}")
+    mine = _share(engine, len(records))
+    my_seeds = None if seeds is None else [seeds[i] for i in mine]
+    local = driver.run([records[i] for i in mine], policy_version=version, seeds=my_seeds)
+    times = driver.times
+    if engine.num_replicas == 1:
+        return local, times
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, times)
+    return gather_in_order(engine, len(records), mine, local), DriverTimes.total(everyone)
+
+
 def continue_samples(engine: RolloutEngine, samples: list[Sample], sampling: Sampling) -> list[Sample]:
     """Every sample extended by one more window (``engine.continue_``), the same list on every rank."""
     mine = _share(engine, len(samples))
     local = engine.continue_([samples[i] for i in mine], sampling) if mine else []
-    return _gather_in_order(engine, len(samples), mine, local)
+    return gather_in_order(engine, len(samples), mine, local)

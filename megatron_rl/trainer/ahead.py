@@ -15,6 +15,11 @@ prompts still in flight were drawn, so a resumed run draws them again (generated
 the resumed weights): no prompt is lost or trained twice. ``data/prompts_drawn`` counts
 the same way (prompts of batches taken).
 
+What a batch is depends on the source: :class:`GroupRequests` asks for G samples per
+prompt (``Generate``), the episode source for G multi-turn episodes per prompt run to their
+ends on the rollout ranks (``GenerateEpisodes``, :mod:`megatron_rl.trainer.episodes`); the
+queue, the versions and the data position are the same for both.
+
 Partial rollouts (``chunk_tokens``, :mod:`megatron_rl.rollout.partial`): a batch still
 generating when the update's weights arrive continues under them, so its later tokens are
 fresher; its oldest tokens are still those of the version it was submitted at, and the
@@ -26,14 +31,41 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from megatron_rl.data import PromptBatch, PromptLoader
 from megatron_rl.rollout import Sampling
-from megatron_rl.rollout.commands import Generate
+from megatron_rl.rollout.commands import Command, Generate
 from megatron_rl.rollout.partial import oldest_version
 from megatron_rl.rollout.remote import RolloutClient
 from megatron_rl.trainer.rollouts import Drawn
+
+
+class Requests(Protocol):
+    """What one batch asks the rollout ranks for, and what their answer is as a draw."""
+
+    def command(self, prompts: PromptBatch, sampling: Sampling) -> Command:
+        """The command that generates ``prompts``' batch."""
+        ...
+
+    def drawn(self, prompts: PromptBatch, answer: Any) -> Drawn:
+        """The batch as a draw, from the command's answer (which carries ``seconds`` and
+        ``idle_s``: :class:`~megatron_rl.rollout.remote.Generation`)."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupRequests:
+    """G samples per prompt (``sampling.n``), whole or in partial chunks."""
+
+    chunk_tokens: Optional[int] = None
+    """Partial rollouts: tokens per sample between two looks for new weights (None: off)."""
+
+    def command(self, prompts: PromptBatch, sampling: Sampling) -> Command:
+        return Generate(prompts, sampling, self.chunk_tokens)
+
+    def drawn(self, prompts: PromptBatch, answer: Any) -> Drawn:
+        return Drawn(prompts, answer.groups)
 
 
 @dataclasses.dataclass
@@ -56,12 +88,10 @@ class AheadGeneration:
     keeps the same queue; only training rank 0 sends and receives). ``depth`` 0: each batch
     is submitted when it is needed and waited for (synchronous, the colocated run's rows)."""
 
-    def __init__(self, client: RolloutClient, loader: PromptLoader, depth: int, chunk_tokens: Optional[int] = None):
+    def __init__(self, client: RolloutClient, loader: PromptLoader, depth: int, requests: Requests = GroupRequests()):
         if depth < 0:
             raise ValueError(f"rollouts run ahead by >= 0 batches, not {depth}")
-        self.client, self.loader, self.depth = client, loader, depth
-        self.chunk_tokens = chunk_tokens
-        """Partial rollouts: tokens per sample between two looks for new weights (None: off)."""
+        self.client, self.loader, self.depth, self.requests = client, loader, depth, requests
         self.queue: collections.deque[InFlight] = collections.deque()
         self.step_times = StepTimes()
 
@@ -73,13 +103,14 @@ class AheadGeneration:
                 self._submit(sampling)
             entry = self.queue.popleft()
             waited = time.perf_counter()
-            generation = self.client.result(entry.number)
-            self.step_times.took(generation, time.perf_counter() - waited)
+            answer = self.client.result(entry.number)
+            self.step_times.took(answer, time.perf_counter() - waited)
             self._top_up(sampling)
-            oldest = oldest_version([s for g in generation.groups for s in g])
+            drawn = self.requests.drawn(entry.prompts, answer)
+            oldest = oldest_version([s for g in drawn.samples for s in g])
             version = entry.version if oldest is None else oldest
             if self.client.version - version <= self.depth:
-                return Drawn(entry.prompts, generation.groups, version)
+                return dataclasses.replace(drawn, version=version)
             self.step_times.dropped_stale += len(entry.prompts)
 
     def _top_up(self, sampling: Sampling) -> None:
@@ -89,7 +120,7 @@ class AheadGeneration:
     def _submit(self, sampling: Sampling) -> None:
         state, drawn = self.loader.state_dict(), self.loader.prompts_drawn
         prompts = self.loader.next_batch()
-        number = self.client.submit(Generate(prompts, sampling, self.chunk_tokens))
+        number = self.client.submit(self.requests.command(prompts, sampling))
         self.queue.append(InFlight(number, prompts, self.client.version, state, drawn))
 
     @property

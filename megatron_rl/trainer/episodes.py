@@ -21,26 +21,42 @@ samples what the uninterrupted one did. With
 dataset index; ``rollout.seeds.episode_seeds``) and each turn from that seed: the episodes
 then depend on the weights and the prompts alone, not on what else drew from the generator.
 
-What it does not cover yet (config.checks refuses each): several vLLM replicas,
-rollouts ahead of training, T-PPO windows, the eval phase.
+Where: with colocated engines every replica (one rank each) runs a contiguous share of the
+batch on its own driver, its tools on its own rank, and the results are gathered in order
+(:func:`~megatron_rl.rollout.replicas.run_episodes`); seeded episodes are the same
+whichever replica runs them. With disaggregated rollouts the rollout ranks build the
+drivers beside their engines (the :class:`~megatron_rl.environments.spec.EpisodeSpec`
+travels in their start command) and run whole batches of episodes as commands, ahead of
+training by ``rollout.max_staleness`` batches as single-turn batches are
+(:mod:`megatron_rl.trainer.ahead`): an episode batch runs between two weight updates, so
+every turn of it samples one policy version, and a checkpoint's data position comes
+before the batches in flight, which a resumed run draws again.
+
+What it does not cover yet (config.checks refuses each): replicas of several ranks (engine
+TP > 1), partial rollouts, T-PPO windows, the eval phase.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Optional
 
 from megatron_rl.algorithms.recipes import AlgorithmRecipe
-from megatron_rl.config import Config
-from megatron_rl.data import PromptLoader
+from megatron_rl.config import Config, verifier_name
+from megatron_rl.data import PromptBatch, PromptLoader
 from megatron_rl.environments.driver import DriverConfig, DriverTimes, EpisodeDriver
 from megatron_rl.environments.episode import EpisodeLimits, EpisodeResult
 from megatron_rl.environments.interface import EpisodeRecord
+from megatron_rl.environments.spec import EpisodeSpec, build_driver
 from megatron_rl.rollout import Sample, Sampling
+from megatron_rl.rollout.commands import GenerateEpisodes
+from megatron_rl.rollout.remote import EpisodeGeneration, RolloutClient
+from megatron_rl.rollout.replicas import run_episodes
 from megatron_rl.rollout.seeds import episode_seeds
+from megatron_rl.trainer.ahead import AheadGeneration
 from megatron_rl.trainer.rollouts import Drawn, TrainRows, collect_rollouts
 from megatron_rl.trainer.rows import usable_groups
-from megatron_rl.trainer.sources import Rollout, RolloutSource, collection_metrics
+from megatron_rl.trainer.sources import Rollout, RolloutSource, collection_metrics, staleness_metrics
 
 EPISODE_COUNTS = ("tool_calls", "tool_errors", "tool_timeouts", "observation_tokens", "sampled_tokens")
 """EpisodeCounts logged as episode/<name>: the mean per episode of a step."""
@@ -75,6 +91,12 @@ class EpisodeTally:
     engine_calls: int = 0
     counts: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(EPISODE_COUNTS, 0))
 
+    def reset(self) -> None:
+        """Start a step's count (in place: the rollout requests hold this tally)."""
+        fresh = EpisodeTally()
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(fresh, field.name))
+
     def add(self, results: list[EpisodeResult], times: DriverTimes) -> None:
         self.wait_seconds += times.wait_s
         self.engine_calls += times.engine_calls
@@ -98,40 +120,25 @@ class EpisodeTally:
         }
 
 
-class EpisodeSource(RolloutSource):
-    """Lockstep groups of G episodes per prompt, on one engine (the driver's)."""
+class EpisodePrompts:
+    """A prompt batch as G episode records per prompt, and their seeds."""
 
-    def __init__(
-        self,
-        driver: EpisodeDriver,
-        loader: PromptLoader,
-        recipe: AlgorithmRecipe,
-        decode: Callable[[list[int]], str],
-        num_groups: int,
-        group_size: int,
-        row_multiple: int,
-    ):
-        self.driver, self.loader, self.recipe, self.decode = driver, loader, recipe, decode
-        self.num_groups, self.group_size, self.row_multiple = num_groups, group_size, row_multiple
-        self._tally = EpisodeTally()
+    def __init__(self, loader: PromptLoader, group_size: int, max_turns: int):
+        self.loader, self.group_size, self.max_turns = loader, group_size, max_turns
 
-    def collect(self, sampling: Sampling) -> Rollout:
-        self._tally = EpisodeTally()
-        result = collect_rollouts(self._draw, sampling, self.recipe, _unscored, self.decode, self.num_groups)
-        groups = result.groups[: usable_groups(len(result.groups), self.group_size, self.row_multiple)]
-        metrics = {**collection_metrics(result, groups, self.loader.prompts_drawn), **self._tally.metrics()}
-        return Rollout(TrainRows.from_groups(groups), metrics, float(self._tally.counts["sampled_tokens"]))
+    def records(self, prompts: PromptBatch) -> list[EpisodeRecord]:
+        return [self._record(i) for i in prompts.dataset_indices for _ in range(self.group_size)]
 
-    def _draw(self, sampling: Sampling) -> Drawn:
-        """The next prompts, G episodes each, run to their ends and scored by the environment."""
-        prompts = self.loader.next_batch()
-        records = [self._record(i) for i in prompts.dataset_indices for _ in range(self.group_size)]
-        seeds = None
-        if sampling.prompt_seed is not None:  # episodes a function of weights and prompts (module docstring)
-            turns = self.driver.config.limits.max_turns
-            seeds = episode_seeds(sampling.prompt_seed, prompts.epochs, prompts.dataset_indices, self.group_size, turns)
-        results = self.driver.run(records, seeds=seeds)
-        self._tally.add(results, self.driver.times)
+    def seeds(self, prompts: PromptBatch, sampling: Sampling) -> Optional[list[int]]:
+        """Per-episode seeds from the prompt (``rollout.seed_per_prompt``, module docstring), else None."""
+        if sampling.prompt_seed is None:
+            return None
+        return episode_seeds(
+            sampling.prompt_seed, prompts.epochs, prompts.dataset_indices, self.group_size, self.max_turns
+        )
+
+    def drawn(self, prompts: PromptBatch, results: list[EpisodeResult]) -> Drawn:
+        """The batch's episodes as groups of rows, scored by the environment."""
         samples = [episode_sample(r) for r in results]
         n = self.group_size
         groups = [samples[g * n : (g + 1) * n] for g in range(len(prompts))]
@@ -148,52 +155,129 @@ class EpisodeSource(RolloutSource):
             )
         return EpisodeRecord.from_messages(record.messages, record.answer, record.location)
 
+
+@dataclasses.dataclass
+class EpisodeRequests:
+    """Episode batches generated ahead on the rollout ranks (:class:`~megatron_rl.trainer.ahead.AheadGeneration`)."""
+
+    prompts: EpisodePrompts
+    tally: EpisodeTally
+
+    def command(self, prompts: PromptBatch, sampling: Sampling) -> GenerateEpisodes:
+        return GenerateEpisodes(self.prompts.records(prompts), self.prompts.seeds(prompts, sampling))
+
+    def drawn(self, prompts: PromptBatch, answer: EpisodeGeneration) -> Drawn:
+        self.tally.add(answer.results, answer.times)
+        return self.prompts.drawn(prompts, answer.results)
+
+
+class EpisodeSource(RolloutSource):
+    """Lockstep groups of G episodes per prompt: run by the colocated engines' drivers when
+    the step asks (``driver``), or by the rollout ranks' drivers (``client``, disaggregated),
+    ``depth`` batches ahead of training (0: when asked)."""
+
+    def __init__(
+        self,
+        loader: PromptLoader,
+        recipe: AlgorithmRecipe,
+        decode: Callable[[list[int]], str],
+        num_groups: int,
+        group_size: int,
+        row_multiple: int,
+        *,
+        max_turns: int,
+        driver: Optional[EpisodeDriver] = None,
+        client: Optional[RolloutClient] = None,
+        depth: int = 0,
+    ):
+        if (driver is None) == (client is None):
+            raise ValueError("episodes run either on a colocated driver or on the rollout ranks")
+        self.recipe, self.decode, self.driver = recipe, decode, driver
+        self.num_groups, self.group_size, self.row_multiple = num_groups, group_size, row_multiple
+        self.prompts = EpisodePrompts(loader, group_size, max_turns)
+        self.tally = EpisodeTally()
+        self.ahead = None
+        if client is not None:
+            self.ahead = AheadGeneration(client, loader, depth, EpisodeRequests(self.prompts, self.tally))
+        self.position = self.ahead if self.ahead is not None else loader
+        """The data position (what a checkpoint saves): the loader's, or before the batches in flight."""
+
+    def collect(self, sampling: Sampling) -> Rollout:
+        self.tally.reset()
+        draw = self.ahead.draw if self.ahead is not None else self._draw
+        result = collect_rollouts(draw, sampling, self.recipe, _unscored, self.decode, self.num_groups)
+        groups = result.groups[: usable_groups(len(result.groups), self.group_size, self.row_multiple)]
+        metrics = {**collection_metrics(result, groups, self.position.prompts_drawn), **self.tally.metrics()}
+        version = None
+        if self.ahead is not None:
+            version = self.ahead.version
+            metrics.update(self.ahead.step_times.metrics(), **staleness_metrics(groups, version))
+        return Rollout(TrainRows.from_groups(groups, version), metrics, float(self.tally.counts["sampled_tokens"]))
+
+    def _draw(self, sampling: Sampling) -> Drawn:
+        """The next prompts, G episodes each, run to their ends by the colocated replicas."""
+        prompts = self.prompts.loader.next_batch()
+        records, seeds = self.prompts.records(prompts), self.prompts.seeds(prompts, sampling)
+        results, times = run_episodes(self.driver.engine, self.driver, records, seeds, version=0)
+        self.tally.add(results, times)
+        return self.prompts.drawn(prompts, results)
+
     def state_dict(self) -> dict:
-        return {"data": self.loader.state_dict()}
+        return {"data": self.position.state_dict()}
 
     def load_state_dict(self, extra: dict) -> str:
-        self.loader.load_state_dict(extra["data"])
+        self.position.load_state_dict(extra["data"])
         return ""
 
     def close(self) -> None:
-        self.driver.close()
-        self.driver.environment.close()
+        if self.driver is not None:
+            self.driver.close()
+            self.driver.environment.close()
 
 
 def _unscored(texts: list[str], answers: list[str]) -> tuple[list[float], dict]:
     raise AssertionError("episodes are scored by their environment")  # every Drawn here carries scores
 
 
-def episode_source(
-    cfg: Config,
-    engine,
-    tokenizer,
-    loader: PromptLoader,
-    recipe: AlgorithmRecipe,
-    decode,
-    reward: str,
-    row_multiple: int,
-) -> EpisodeSource:
-    """The run's environment (tools in their sandbox, the reward) and driver on ``engine``."""
-    from megatron_rl.environments.interface import EnvironmentSetup
-    from megatron_rl.environments.isolation import probe_isolation
-    from megatron_rl.environments.registry import get_environment
-    from megatron_rl.environments.tools import build_tools
-
+def episode_spec(cfg: Config, reward: str) -> EpisodeSpec:
+    """The run's episodes as plain values (what the rollout ranks build their drivers from)."""
     env, rollout = cfg.environment, cfg.rollout
-    report = probe_isolation()
-    print(report.line(), flush=True)  # the run's one line about the sandbox (validation refused a missing one)
-    specs, runner = build_tools(env.tools, env.sandbox, report)
-    setup = EnvironmentSetup(reward=reward, tools=specs, tool_runner=runner, tool_parser=env.parser)
     limits = EpisodeLimits(
         max_turns=env.max_turns, max_tokens=env.max_episode_tokens, max_turn_tokens=rollout.max_new_tokens
     )
-    config = DriverConfig(
+    driver = DriverConfig(
         limits=limits,
         temperature=rollout.temperature,
         top_p=rollout.top_p,
         env_threads=env.env_threads,
         overlap=env.overlap,
     )
-    driver = EpisodeDriver(engine, tokenizer, get_environment(env.name, setup), config)
-    return EpisodeSource(driver, loader, recipe, decode, rollout.prompts_per_step, rollout.n_samples, row_multiple)
+    return EpisodeSpec(
+        environment=env.name, reward=reward, tools=env.tools, sandbox=env.sandbox, parser=env.parser, driver=driver
+    )
+
+
+def episode_source(
+    cfg: Config,
+    engine,
+    client: Optional[RolloutClient],
+    tokenizer,
+    loader: PromptLoader,
+    recipe: AlgorithmRecipe,
+    decode,
+    row_multiple: int,
+) -> EpisodeSource:
+    """The run's episodes: on the rollout ranks (``client``; they built their drivers from
+    :func:`episode_spec` at start), else on a driver of the colocated ``engine`` that every
+    rank builds (rank 0 reports the sandbox)."""
+    import torch.distributed as dist
+
+    rollout = cfg.rollout
+    counts = (rollout.prompts_per_step, rollout.n_samples, row_multiple)
+    turns = cfg.environment.max_turns
+    if client is not None:
+        depth = rollout.max_staleness
+        return EpisodeSource(loader, recipe, decode, *counts, max_turns=turns, client=client, depth=depth)
+    announce = not dist.is_initialized() or dist.get_rank() == 0
+    driver = build_driver(episode_spec(cfg, verifier_name(cfg)), engine, tokenizer, announce=announce)
+    return EpisodeSource(loader, recipe, decode, *counts, max_turns=turns, driver=driver)

@@ -56,7 +56,7 @@ from megatron_rl.schedules import (
 )
 from megatron_rl.trainer import setup
 from megatron_rl.trainer.advantages import estimate_advantages
-from megatron_rl.trainer.ahead import AheadGeneration
+from megatron_rl.trainer.ahead import AheadGeneration, GroupRequests
 from megatron_rl.trainer.assembly import StepBatch, assemble, routes_missing
 from megatron_rl.trainer.empty_steps import EmptyStepGuard
 from megatron_rl.trainer.hapo import hapo_token_fields
@@ -210,6 +210,7 @@ class RLTrainer:
                 who=self.roles.describe_rollout_ranks(),
                 answer_timeout_s=cfg.rollout.timeout_s,
                 start_timeout_s=cfg.rollout.start_timeout_s,
+                episodes=self._episode_spec(),
             )
         self.generate, self.continue_ = self.engine.generate_groups, self.engine.continue_samples
         self.sampling = Sampling(
@@ -228,23 +229,28 @@ class RLTrainer:
             self.actor.chunks, self.arch, self.engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20))
         )
 
+    def _episode_spec(self):
+        """What the rollout ranks build their episode drivers from (None: single-turn rollouts)."""
+        if not self.cfg.environment.episodes:
+            return None
+        from megatron_rl.trainer.episodes import episode_spec
+
+        return episode_spec(self.cfg, verifier_name(self.cfg))
+
     def _source(self, loader, decode, tokenizer) -> RolloutSource:
-        """Lockstep groups, or T-PPO's window pool, on the colocated engines or the rollout
-        ranks; or multi-turn episodes on the colocated engine (``environment``)."""
+        """Lockstep groups, or T-PPO's window pool, or multi-turn episodes (``environment``),
+        on the colocated engines or the rollout ranks."""
         cfg, recipe = self.cfg, self.recipe
         row_multiple = train_row_multiple(cfg, self.world, recipe.use_critic)
         if cfg.environment.episodes:
             from megatron_rl.trainer.episodes import episode_source
 
-            reward = verifier_name(cfg)
-            return episode_source(cfg, self.engine, tokenizer, loader, recipe, decode, reward, row_multiple)
+            return episode_source(cfg, self.engine, self.client, tokenizer, loader, recipe, decode, row_multiple)
         if recipe.generation_window is None:
-            chunk = cfg.rollout.partial_chunk_tokens if cfg.rollout.partial else None
-            ahead = (
-                AheadGeneration(self.client, loader, cfg.rollout.max_staleness, chunk)
-                if self.client is not None
-                else None
-            )
+            ahead = None
+            if self.client is not None:
+                chunk = cfg.rollout.partial_chunk_tokens if cfg.rollout.partial else None
+                ahead = AheadGeneration(self.client, loader, cfg.rollout.max_staleness, GroupRequests(chunk))
             return GroupSource(
                 self.generate,
                 loader,

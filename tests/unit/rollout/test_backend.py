@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from megatron_rl.data import PromptBatch
+from megatron_rl.environments.interface import EpisodeRecord
 from megatron_rl.rollout import commands
 from megatron_rl.rollout.backend import RolloutBackend
 from megatron_rl.rollout.channel import _to_bytes
@@ -66,6 +67,7 @@ def _sample() -> Sample:
 MESSAGES = [
     commands.Start("/models/tiny", EngineConfig(tensor_parallel_size=2)),
     commands.Generate(PromptBatch([[1, 2]], ["4"], [0], [0], [0]), Sampling(n=2), chunk_tokens=3),
+    commands.GenerateEpisodes([EpisodeRecord.from_messages([{"role": "user", "content": "2+2?"}], "4")], [12]),
     commands.GenerateEval([[1, 2], [3]], Sampling(n=2, logprobs=False), [4096, 8192]),
     commands.Continue([_sample()], Sampling(window=4)),
     commands.PromptLogprobs([[1, 2, 3]]),
@@ -143,7 +145,7 @@ def test_the_rollout_ranks_evaluate_after_the_updates_sent_before_and_stamp_thei
     import queue
 
     server = object.__new__(RolloutServer)  # no bridge: commands queued by hand, answers kept
-    server.engine, server.version, server.rank, server.leader = _EvalEngine(), 0, 0, True
+    server.engine, server.driver, server.version, server.rank, server.leader = _EvalEngine(), None, 0, 0, True
     server.pending, server.taken, server.idle_s, server.up = collections.deque(), 0, 0.0, _Answers()
     server.inbox = queue.Queue()
     evaluate = commands.GenerateEval([[1], [2]], Sampling(n=2, logprobs=False), [0, 4096])

@@ -10,7 +10,7 @@ import pytest
 from megatron_rl.data import PromptDataset, PromptFields, PromptLoader
 from megatron_rl.rollout import Sample, Sampling
 from megatron_rl.rollout.remote import Generation
-from megatron_rl.trainer.ahead import AheadGeneration
+from megatron_rl.trainer.ahead import AheadGeneration, GroupRequests
 
 
 class ScriptedRolloutRanks:
@@ -89,7 +89,7 @@ def test_partial_batches_are_judged_by_their_oldest_token(loader):
     ranks = ScriptedRolloutRanks()
     answers = {}
     ranks.result = lambda number: answers.get(number, Generation([], 0.0, 0.0))
-    ahead = AheadGeneration(ranks, loader, depth=1, chunk_tokens=3)
+    ahead = AheadGeneration(ranks, loader, depth=1, requests=GroupRequests(chunk_tokens=3))
 
     def partial(oldest, newest):
         return Generation([[Sample([1], [5, 6], [-1.0, -1.0], "stop", versions=[oldest, newest])]], 0.1, 0.0)

@@ -17,6 +17,9 @@ from megatron_rl.environments.registry import get_environment
 from megatron_rl.environments.tool_calls import ToolResult
 from megatron_rl.environments.tools import PYTHON
 from megatron_rl.rollout import Sample, Sampling
+from megatron_rl.rollout.commands import GenerateEpisodes
+from megatron_rl.rollout.remote import EpisodeGeneration
+from megatron_rl.rollout.replicas import run_episodes
 from megatron_rl.rollout.seeds import prompt_seed
 from megatron_rl.trainer.assembly import assemble
 from megatron_rl.trainer.episodes import EpisodeSource
@@ -31,7 +34,10 @@ class EvalRunner:
 
 class PolicyEngine:
     """Answers prompt k (by its question) with scripted behaviour: a call then its answer,
-    a direct right answer, or a turn that never ends (cut by the turn budget)."""
+    a direct right answer, or a turn that never ends (cut by the turn budget). One replica
+    of one rank, as a colocated world of one has."""
+
+    tp, num_replicas, replica = 1, 1, 0
 
     def __init__(self, tokenizer, behaviour):
         self.tokenizer, self.behaviour = tokenizer, behaviour
@@ -73,12 +79,35 @@ class Dataset:
         return self.records[i]
 
 
-def _source(tokenizer, behaviour, recipe, prompts_per_step=2, group_size=2):
+def _driver(tokenizer, behaviour):
     env = get_environment("tools", EnvironmentSetup(reward="digits", tools=(PYTHON,), tool_runner=EvalRunner()))
     limits = EpisodeLimits(max_turns=3, max_tokens=1000, max_turn_tokens=40)
-    driver = EpisodeDriver(PolicyEngine(tokenizer, behaviour), tokenizer, env, DriverConfig(limits=limits))
+    return EpisodeDriver(PolicyEngine(tokenizer, behaviour), tokenizer, env, DriverConfig(limits=limits))
+
+
+def _source(tokenizer, behaviour, recipe, prompts_per_step=2, group_size=2, client=None, depth=0):
     loader = PromptLoader(Dataset(tokenizer, list(behaviour)), batch_size=prompts_per_step, seed=0, shuffle=False)
-    return EpisodeSource(driver, loader, recipe, tokenizer.decode, prompts_per_step, group_size, row_multiple=1)
+    where = {"client": client, "depth": depth} if client is not None else {"driver": _driver(tokenizer, behaviour)}
+    counts = (prompts_per_step, group_size, 1)
+    return EpisodeSource(loader, recipe, tokenizer.decode, *counts, max_turns=3, **where)
+
+
+class ScriptedRolloutRanks:
+    """The rollout ranks' side of GenerateEpisodes without a bridge: each command run on a
+    driver of its own when answered, stamped with the weight updates sent before it."""
+
+    def __init__(self, driver):
+        self.driver, self.version, self.sent, self.commands = driver, 0, 0, []
+
+    def submit(self, command, bucket=None, keep=True):
+        self.commands.append((command, self.version))
+        self.sent += 1
+        return self.sent - 1
+
+    def result(self, number):
+        command, version = self.commands[number]
+        results, times = run_episodes(self.driver.engine, self.driver, command.records, command.seeds, version)
+        return EpisodeGeneration(results, times, seconds=0.5, idle_s=0.1)
 
 
 def test_episodes_become_rows_whose_tool_tokens_are_out_of_the_loss(tokenizer):
@@ -117,7 +146,7 @@ def test_dynamic_sampling_keeps_only_groups_whose_episodes_differ(tokenizer):
     # every group's episodes agree (all right or all truncated): nothing is kept, every batch refills
     assert rollout.metrics["rollout/kept_groups"] == 0 and len(rollout.rows) == 0
     assert rollout.metrics["rollout/generation_batches"] == recipe.max_gen_batches
-    assert source.state_dict()["data"] == source.loader.state_dict()
+    assert source.state_dict()["data"] == source.prompts.loader.state_dict()
     source.close()
 
 
@@ -139,3 +168,37 @@ def test_seeded_episodes_take_their_seeds_from_the_prompt_and_the_turn(tokenizer
     assert asked[0] == (0, [first, first + 3, second, second + 3])  # every episode's first turn
     assert asked[1] == (1, [first + 1, first + 4])  # the two calling episodes' second turns
     source.close()
+
+
+def test_episodes_run_ahead_on_the_rollout_ranks_become_the_rows_colocated_ones_do(tokenizer):
+    """Disaggregated: each batch's records and seeds go to the rollout ranks as one
+    GenerateEpisodes command, a batch ahead at max_staleness 1; their answer becomes the
+    rows, metrics and data position a colocated source gives, plus the staleness."""
+    behaviour = {"12 * 34": "call", "56 * 78": "runaway", "11 * 11": "right", "13 * 13": "call"}
+    sampling = Sampling(n=2, prompt_seed=7)
+    here = _source(tokenizer, behaviour, get_recipe("grpo"))
+    ranks = ScriptedRolloutRanks(_driver(tokenizer, behaviour))
+    ahead = _source(tokenizer, behaviour, get_recipe("grpo"), client=ranks, depth=1)
+
+    local, remote = here.collect(sampling), ahead.collect(sampling)
+    assert [type(c) for c, _ in ranks.commands] == [GenerateEpisodes, GenerateEpisodes]  # the next batch in flight
+    first = ranks.commands[0][0]
+    assert [r.location for r in first.records] == ["row 0", "row 0", "row 1", "row 1"]
+    assert first.seeds == [
+        prompt_seed(7, 0, 0),
+        prompt_seed(7, 0, 0) + 3,
+        prompt_seed(7, 0, 1),
+        prompt_seed(7, 0, 1) + 3,
+    ]
+    assert [s.token_ids for s in remote.rows.samples] == [s.token_ids for s in local.rows.samples]
+    assert [s.sampled for s in remote.rows.samples] == [s.sampled for s in local.rows.samples]
+    assert remote.rows.correct == local.rows.correct == [1.0, 1.0, 0.0, 0.0]
+    for name in ("episode/turns_mean", "episode/tool_calls", "episode/truncated", "reward/mean", "data/prompts_drawn"):
+        assert remote.metrics[name] == local.metrics[name], name
+    assert remote.metrics["rollout/staleness_max"] == 0 and remote.metrics["timing/generation_s"] == 0.5
+    assert ahead.state_dict()["data"] == here.state_dict()["data"]  # before the batch in flight
+
+    ranks.version = 1  # the step's weights went out after the second batch was submitted
+    second = ahead.collect(sampling)
+    assert second.metrics["rollout/staleness_max"] == 1 and second.rows.correct == [1.0, 1.0, 1.0, 1.0]
+    here.close(), ahead.close()
