@@ -271,7 +271,7 @@ def run(plan: Plan) -> dict:
     from transformers import AutoTokenizer
 
     from megatron_rl import platform
-    from megatron_rl.config.sources import base_settings
+    from megatron_rl.config.sources import base_settings, verifier_name
     from megatron_rl.data import PromptLoader
     from megatron_rl.environments.driver import DriverConfig, EpisodeDriver
     from megatron_rl.environments.episode import EpisodeLimits
@@ -298,7 +298,7 @@ def run(plan: Plan) -> dict:
     if plan.tool == "service":
         runner = CalculatorService()
     runner = PaddedRunner(runner, *plan.tool_seconds, seed=plan.seed)
-    setup_ = EnvironmentSetup(reward=setup.verifier_name(cfg), tools=specs, tool_runner=runner)
+    setup_ = EnvironmentSetup(reward=verifier_name(cfg), tools=specs, tool_runner=runner)
     environment = get_environment(env.name, setup_)
     limits = EpisodeLimits(
         max_turns=env.max_turns, max_tokens=env.max_episode_tokens, max_turn_tokens=rollout.max_new_tokens
