@@ -1,11 +1,8 @@
 """Session-wide test settings shared by every suite."""
 
 import os
-from pathlib import Path
 
 import pytest
-
-UNIT_TESTS = Path(__file__).parent / "unit"
 
 COMPILE_CACHES = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR")
 """vLLM's model-info cache and the C++ kernels inductor builds even for an eager engine.
@@ -35,14 +32,29 @@ def pytest_addoption(parser):
     parser.addoption(
         "--slurm-beside-the-rest",
         action="store_true",
-        help="with pytest-xdist's -n 2: one worker runs tests/slurm, the other everything else (make test)",
+        help="with pytest-xdist's -n 2: one worker starts with tests/slurm, the other with tests/distributed; "
+        "the unit modules fill in after (make test)",
     )
 
 
 def pytest_collection_modifyitems(config, items):
     _skip_gpu_tests_without_cuda(items)
     if config.getoption("slurm_beside_the_rest"):
-        items.sort(key=lambda item: 0 if item.path.is_relative_to(UNIT_TESTS) else 1)
+        items.sort(key=lambda item: _order(item.nodeid))
+
+
+SLURM_TESTS = "tests/slurm/"
+FIRST = (SLURM_TESTS, "tests/distributed/")
+"""The order scopes are handed out in: the Slurm tests, the distributed modules, then the rest."""
+
+
+def _order(nodeid: str) -> int:
+    return next((i for i, tree in enumerate(FIRST) if nodeid.startswith(tree)), len(FIRST))
+
+
+def _scope(nodeid: str) -> str:
+    """What one worker runs together: every Slurm test (they share one cluster start), else a module."""
+    return SLURM_TESTS if nodeid.startswith(SLURM_TESTS) else nodeid.split("::", 1)[0]
 
 
 def _skip_gpu_tests_without_cuda(items) -> None:
@@ -61,18 +73,21 @@ def _skip_gpu_tests_without_cuda(items) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`make test` runs two pytest-xdist workers: one takes the Slurm tests, the other
-    everything else, each in collection order (unit tests first). The Slurm tests spend most
-    of their time waiting on the cluster (requeue delays, timeouts the drills wait out), which
-    the other worker's launches fill, and the heaviest Slurm launches (the multi-node
-    module's, first) meet the lightest of the rest. xdist's own `--dist loadgroup` would say
-    this with markers, but its group suffix is lost on pytest 9's node ids."""
+    """`make test` runs two pytest-xdist workers. One starts with the Slurm tests, the other
+    with the distributed modules; whichever is free takes the next module, distributed ones
+    first, the many short unit modules last, where they even out the two workers' ends. The
+    Slurm tests spend most of their time waiting on the cluster (requeue delays, timeouts the
+    drills wait out) and world-1 and unit tests leave a core idle: the other worker fills
+    both. xdist's own `--dist loadgroup` would say this with markers, but its group suffix is
+    lost on pytest 9's node ids."""
     if not config.getoption("slurm_beside_the_rest"):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    config.option.loadscopereorder = False  # hand out scopes in the collection order set above
+
     class SlurmBesideTheRest(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "slurm" if nodeid.startswith("tests/slurm/") else "rest"
+            return _scope(nodeid)
 
     return SlurmBesideTheRest(config, log)
