@@ -25,9 +25,10 @@ update: it samples the step's weights, and its answer carries the version the ro
 ranks served. A run of multi-turn episodes sends its
 :class:`~megatron_rl.environments.spec.EpisodeSpec` with ``Start``; the rollout ranks build
 the environment and its driver beside their engines and run each ``GenerateEpisodes``
-batch to its end, tools on their ranks, between two weight updates. A partial generation (``rollout.partial``, :mod:`megatron_rl.rollout.partial`)
-is the exception: it runs the weight updates sent after it between its chunks, and its
-samples record the version of every token. Weights arrive as one byte tensor per bucket,
+batch to its end, tools on their ranks, between two weight updates. A partial generation
+(``rollout.partial``, :mod:`megatron_rl.rollout.partial`) is the exception: it runs the
+weight updates sent after it between its chunks, and its samples record the version of
+every token. Weights arrive as one byte tensor per bucket,
 broadcast from the HF-layout export the colocated sync loads, so the same in-place loader
 and weight check run on the rollout side. A command that fails on the rollout side is
 answered with its error, raised on every training rank as :class:`RolloutRankError` by the
