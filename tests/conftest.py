@@ -44,8 +44,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 SLURM_TESTS = "tests/slurm/"
-FIRST = (SLURM_TESTS, "tests/distributed/")
-"""The order scopes are handed out in: the Slurm tests, the distributed modules, then the rest."""
+DISTRIBUTED_TESTS = "tests/distributed/"
+FIRST = (SLURM_TESTS, DISTRIBUTED_TESTS)
+"""Scopes handed out first, one each to the two workers, each run whole on its worker: the
+Slurm tests (one cluster start) and the distributed modules (their launches share the
+machine's two cores, and a shared world-8 launch serves three of them)."""
 
 
 def _order(nodeid: str) -> int:
@@ -53,8 +56,8 @@ def _order(nodeid: str) -> int:
 
 
 def _scope(nodeid: str) -> str:
-    """What one worker runs together: every Slurm test (they share one cluster start), else a module."""
-    return SLURM_TESTS if nodeid.startswith(SLURM_TESTS) else nodeid.split("::", 1)[0]
+    """What one worker runs together: one of FIRST, else a module."""
+    return next((tree for tree in FIRST if nodeid.startswith(tree)), nodeid.split("::", 1)[0])
 
 
 def _skip_gpu_tests_without_cuda(items) -> None:
@@ -73,13 +76,14 @@ def _skip_gpu_tests_without_cuda(items) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`make test` runs two pytest-xdist workers. One starts with the Slurm tests, the other
-    with the distributed modules; whichever is free takes the next module, distributed ones
-    first, the many short unit modules last, where they even out the two workers' ends. The
-    Slurm tests spend most of their time waiting on the cluster (requeue delays, timeouts the
-    drills wait out) and world-1 and unit tests leave a core idle: the other worker fills
-    both. xdist's own `--dist loadgroup` would say this with markers, but its group suffix is
-    lost on pytest 9's node ids."""
+    """`make test` runs two pytest-xdist workers. One runs the Slurm tests, the other the
+    distributed modules one after another; the unit modules go to whichever is free. The
+    Slurm tests spend most of their time waiting on the cluster (requeue delays, timeouts
+    the drills wait out), so the distributed launches run beside them as if alone, and the
+    Slurm worker, done well before the distributed one, takes most unit modules. Launches
+    on both workers at once ran several times slower on the 2-core machine (a trial that
+    split the distributed modules: load average 28). xdist's own `--dist loadgroup` would
+    say this with markers, but its group suffix is lost on pytest 9's node ids."""
     if not config.getoption("slurm_beside_the_rest"):
         return None
     from xdist.scheduler import LoadScopeScheduling
