@@ -1,8 +1,11 @@
 """Session-wide test settings shared by every suite."""
 
 import os
+from pathlib import Path
 
 import pytest
+
+UNIT_TESTS = Path(__file__).parent / "unit"
 
 COMPILE_CACHES = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR")
 """vLLM's model-info cache and the C++ kernels inductor builds even for an eager engine.
@@ -32,32 +35,14 @@ def pytest_addoption(parser):
     parser.addoption(
         "--slurm-beside-the-rest",
         action="store_true",
-        help="with pytest-xdist's -n 2: one worker starts with tests/slurm, the other with tests/distributed; "
-        "the unit modules fill in after (make test)",
+        help="with pytest-xdist's -n 2: one worker runs tests/slurm, the other everything else (make test)",
     )
 
 
 def pytest_collection_modifyitems(config, items):
     _skip_gpu_tests_without_cuda(items)
     if config.getoption("slurm_beside_the_rest"):
-        items.sort(key=lambda item: _order(item.nodeid))
-
-
-SLURM_TESTS = "tests/slurm/"
-DISTRIBUTED_TESTS = "tests/distributed/"
-FIRST = (SLURM_TESTS, DISTRIBUTED_TESTS)
-"""Scopes handed out first, one each to the two workers, each run whole on its worker: the
-Slurm tests (one cluster start) and the distributed modules (their launches share the
-machine's two cores, and a shared world-8 launch serves three of them)."""
-
-
-def _order(nodeid: str) -> int:
-    return next((i for i, tree in enumerate(FIRST) if nodeid.startswith(tree)), len(FIRST))
-
-
-def _scope(nodeid: str) -> str:
-    """What one worker runs together: one of FIRST, else a module."""
-    return next((tree for tree in FIRST if nodeid.startswith(tree)), nodeid.split("::", 1)[0])
+        items.sort(key=lambda item: 0 if item.path.is_relative_to(UNIT_TESTS) else 1)
 
 
 def _skip_gpu_tests_without_cuda(items) -> None:
@@ -76,22 +61,18 @@ def _skip_gpu_tests_without_cuda(items) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`make test` runs two pytest-xdist workers. One runs the Slurm tests, the other the
-    distributed modules one after another; the unit modules go to whichever is free. The
-    Slurm tests spend most of their time waiting on the cluster (requeue delays, timeouts
-    the drills wait out), so the distributed launches run beside them as if alone, and the
-    Slurm worker, done well before the distributed one, takes most unit modules. Launches
-    on both workers at once ran several times slower on the 2-core machine (a trial that
-    split the distributed modules: load average 28). xdist's own `--dist loadgroup` would
-    say this with markers, but its group suffix is lost on pytest 9's node ids."""
+    """`make test` runs two pytest-xdist workers: one takes the Slurm tests, the other
+    everything else, each in collection order (unit tests first). The Slurm tests spend most
+    of their time waiting on the cluster (requeue delays, timeouts the drills wait out), which
+    the other worker's launches fill, and the heaviest Slurm launches (the multi-node
+    module's, first) meet the lightest of the rest. xdist's own `--dist loadgroup` would say
+    this with markers, but its group suffix is lost on pytest 9's node ids."""
     if not config.getoption("slurm_beside_the_rest"):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    config.option.loadscopereorder = False  # hand out scopes in the collection order set above
-
     class SlurmBesideTheRest(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return _scope(nodeid)
+            return "slurm" if nodeid.startswith("tests/slurm/") else "rest"
 
     return SlurmBesideTheRest(config, log)
