@@ -24,8 +24,6 @@ if TYPE_CHECKING:
 
 Generate = Callable[[PromptBatch, Sampling], list[list[Sample]]]
 """``sampling.n`` samples per prompt, in prompt order, the same on every rank that asks."""
-
-
 Continue = Callable[[list[Sample], Sampling], list[Sample]]
 """Every unfinished sample extended by one more window, the same on every rank that asks."""
 

@@ -273,8 +273,7 @@ def run(plan: Plan) -> dict:
     from megatron_rl import platform
     from megatron_rl.config.sources import base_settings, verifier_name
     from megatron_rl.data import PromptLoader
-    from megatron_rl.environments.driver import DriverConfig, EpisodeDriver
-    from megatron_rl.environments.episode import EpisodeLimits
+    from megatron_rl.environments.driver import EpisodeDriver
     from megatron_rl.environments.interface import EnvironmentSetup, EpisodeRecord
     from megatron_rl.environments.isolation import probe_isolation
     from megatron_rl.environments.registry import get_environment
@@ -283,6 +282,7 @@ def run(plan: Plan) -> dict:
     from megatron_rl.rollout import RolloutEngine
     from megatron_rl.tasks.base_model import make_tiny_base
     from megatron_rl.trainer import setup
+    from megatron_rl.trainer.episodes import episode_spec
 
     cfg, started = config(plan), datetime.datetime.now(datetime.timezone.utc)
     platform.init_distributed()
@@ -292,23 +292,20 @@ def run(plan: Plan) -> dict:
         make_tiny_base(base, base_settings(cfg))
     tokenizer = AutoTokenizer.from_pretrained(base)
     engine = RolloutEngine(base, setup.engine_config(cfg, arch_from_hf(base), plan.dir / "cache"))
-    env, rollout = cfg.environment, cfg.rollout
+    rollout, spec = cfg.rollout, episode_spec(cfg, verifier_name(cfg))  # the trainer's environment and limits
     report = probe_isolation()
-    specs, runner = build_tools(env.tools, env.sandbox, report)
+    specs, runner = build_tools(spec.tools, spec.sandbox, report)
     if plan.tool == "service":
         runner = CalculatorService()
     runner = PaddedRunner(runner, *plan.tool_seconds, seed=plan.seed)
-    setup_ = EnvironmentSetup(reward=verifier_name(cfg), tools=specs, tool_runner=runner)
-    environment = get_environment(env.name, setup_)
-    limits = EpisodeLimits(
-        max_turns=env.max_turns, max_tokens=env.max_episode_tokens, max_turn_tokens=rollout.max_new_tokens
-    )
+    setup_ = EnvironmentSetup(reward=spec.reward, tools=specs, tool_runner=runner, tool_parser=spec.parser)
+    environment = get_environment(spec.environment, setup_)
     drivers = {
         mode: EpisodeDriver(
             engine,
             tokenizer,
             environment,
-            DriverConfig(limits=limits, temperature=rollout.temperature, env_threads=plan.env_threads, overlap=overlap),
+            dataclasses.replace(spec.driver, env_threads=plan.env_threads, overlap=overlap),
         )
         for mode, overlap in (("overlap", True), ("lockstep", False))
     }
