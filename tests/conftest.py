@@ -7,22 +7,32 @@ import pytest
 
 UNIT_TESTS = Path(__file__).parent / "unit"
 
-COMPILE_CACHES = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR")
-"""vLLM's model-info cache and the C++ kernels inductor builds even for an eager engine.
-The trainer keeps them in its run dir, and every test has a fresh run dir, so each launch
-paid the cold start: 52.6 s against 18.7 s warm for a world-1 DAPO run here. Both caches
-are keyed by content hash and written atomically, so the launches of one session share
-them (a variable already set in the environment wins, as it does for the trainer)."""
+SHARED_CACHES = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "MEGATRON_RL_BASE_CACHE")
+"""vLLM's model-info cache, the C++ kernels inductor builds even for an eager engine, and the
+task bases runs build from their config (the embedded default's, in `make train`'s test and
+a Slurm job). The trainer keeps them in its run dir, and every test has a fresh run dir, so
+each launch paid the cold start: 52.6 s against 18.7 s warm for a world-1 DAPO run here,
+and each task run built its base. All three are keyed by content hash and written
+atomically (a base under a lock), so the launches of one session share them, on both
+pytest-xdist workers (a variable already set in the environment wins, as it does for the
+trainer)."""
 
 
 @pytest.fixture(scope="session", autouse=True)
-def shared_compile_caches(tmp_path_factory):
-    root = tmp_path_factory.mktemp("compile-caches")
+def shared_caches(tmp_path_factory):
+    root = _session_root(tmp_path_factory) / "shared-caches"
     with pytest.MonkeyPatch.context() as patch:
-        for name in COMPILE_CACHES:
+        for name in SHARED_CACHES:
             if name not in os.environ:
                 patch.setenv(name, str(root / name.lower()))
         yield
+
+
+def _session_root(tmp_path_factory) -> Path:
+    """This session's temporary root: under pytest-xdist, the directory above the workers'
+    own (pytest-N/popen-gw0, popen-gw1), so that both workers find the same caches."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 GPU_SKIP_REASON = "needs a CUDA device: tools/gpu_check.py runs the gpu-marked tests on a machine with one"

@@ -14,7 +14,9 @@ settings, their hash and the measured report).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -24,7 +26,7 @@ import time
 import types
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Iterator, Optional, Protocol
 
 from megatron_rl.models.hf_config import ModelArch, arch_from_hf
 from megatron_rl.parallel.config import ModelShape
@@ -294,29 +296,45 @@ def make_tiny_base(
     """
     directory = Path(directory)
     digest = settings.content_hash()
-    existing = read_report(directory)
-    if existing and existing.get("settings_hash") == digest:
-        report = {**existing["report"], "cached": True, "directory": str(directory)}
-    else:
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
-        staging.chmod(0o755)  # mkdtemp makes it private; the run directory is not
-        try:
-            report = settings.build(staging)
-            (staging / REPORT_FILE).write_text(
-                json.dumps(
-                    {"settings_hash": digest, "settings": dataclasses.asdict(settings), "report": report},
-                    indent=2,
-                )
-            )
-            if directory.exists():
-                shutil.rmtree(directory)
-            os.replace(staging, directory)  # readers never see a half-written directory
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        report = {**report, "cached": False, "directory": str(directory)}
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with _build_lock(directory):
+        existing = read_report(directory)
+        if existing and existing.get("settings_hash") == digest:
+            report = {**existing["report"], "cached": True, "directory": str(directory)}
+        else:
+            report = {**_build_into(directory, settings, digest), "cached": False, "directory": str(directory)}
     if verbose:
         print(format_report(report), flush=True)
+    return report
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    """Held while ``directory`` is checked and built: two processes asking for the same base
+    (two runs sharing a base cache, see trainer.setup) build it once, the second waits and
+    reuses it. An advisory lock on a file beside the directory, released when the holder
+    exits, however it ends."""
+    with open(directory.parent / f".{directory.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build_into(directory: Path, settings: BaseBuild, digest: str) -> dict[str, Any]:
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the run directory is not
+    try:
+        report = settings.build(staging)
+        (staging / REPORT_FILE).write_text(
+            json.dumps({"settings_hash": digest, "settings": dataclasses.asdict(settings), "report": report}, indent=2)
+        )
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(staging, directory)  # readers never see a half-written directory
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return report
 
 

@@ -8,6 +8,7 @@ reuses, by content hash) the task's tiny supervised base with megatron_rl.tasks.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -21,16 +22,24 @@ from megatron_rl.parallel.config import ParallelConfig
 from megatron_rl.parallel.state import ParallelContext
 from megatron_rl.utils import dtypes
 
+BASE_CACHE_ENV = "MEGATRON_RL_BASE_CACHE"
+"""A directory for task bases shared by runs: each base is built once, under its settings'
+content hash, and reused by every run that asks for the same settings (the build is
+deterministic, so a cached base is the base the run would have built)."""
+
 
 def base_model_dir(cfg: Config, rank: int) -> Path:
-    """The HF directory the actor starts from: model.hf_path, or the task base built here from
-    config.sources.base_settings (the settings validation checked the layouts against)."""
+    """The HF directory the actor starts from: model.hf_path, or the task base built from
+    config.sources.base_settings (the settings validation checked the layouts against): in
+    the run dir, or in the base cache named by ``MEGATRON_RL_BASE_CACHE`` under the settings'
+    hash, where runs with the same settings share one build."""
     settings = base_settings(cfg)
     if settings is None:
         return Path(cfg.model.hf_path)
     from megatron_rl.tasks.base_model import make_tiny_base
 
-    directory = Path(cfg.trainer.run_dir) / "base_model"
+    cache = os.environ.get(BASE_CACHE_ENV)
+    directory = Path(cache) / settings.content_hash() if cache else Path(cfg.trainer.run_dir) / "base_model"
     if rank == 0:
         make_tiny_base(directory, settings)
     torch.distributed.barrier()

@@ -1,46 +1,20 @@
-"""torchrun body: the colocated vLLM engine (external_launcher, ExternalDP) against transformers.
-
-Arguments: WORKDIR TP KIND. Every rank builds one engine (vLLM allows one per process:
-its parallel groups are global) for the tiny KIND model with vLLM TP = TP; prompts differ
-per replica. transformers computes the reference logprobs and greedy continuations.
+"""The colocated vLLM engine (external_launcher, ExternalDP) against transformers: the cases
+of test_weight_sync.py's engine tests, run by body_weight_sync.py in its fp32 launches on
+the engine it syncs into (MoE with vLLM TP1: four replicas; dense with vLLM TP2: two), before
+any sync. Each case takes the engine and a transformers model of the weights it serves;
+prompts differ per replica. transformers computes the reference logprobs and greedy
+continuations.
 """
-
-import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from megatron_rl import platform
-from megatron_rl.rollout import EngineConfig, RolloutEngine, Sampling
+from megatron_rl.rollout import Sampling
 from megatron_rl.rollout.seeds import MAX_SAMPLES, prompt_seeds
-from megatron_rl_lab.testing.hf_models import load_reference, save_tiny_model, token_logprobs
-from megatron_rl_lab.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
-from megatron_rl_lab.testing.torchrun import run_cases
+from megatron_rl_lab.testing.hf_models import token_logprobs
 
-WORK = Path(sys.argv[1])
-TP, KIND = int(sys.argv[2]), sys.argv[3]
-ENGINES, REFERENCES = {}, {}
-
-
-def model_dir(kind):
-    path = WORK / kind
-    if dist.get_rank() == 0:
-        save_tiny_model(TINY_DENSE if kind == "dense" else TINY_QWEN3_MOE, path, seed=3)
-    dist.barrier()
-    return path
-
-
-def engine(kind):
-    if kind not in ENGINES:
-        ENGINES[kind] = RolloutEngine(
-            model_dir(kind),
-            EngineConfig(
-                tensor_parallel_size=TP, max_model_len=128, seed=11, load_tokenizer=False, cache_dir=str(WORK / "cache")
-            ),
-        )
-        REFERENCES[kind] = load_reference(model_dir(kind))
-    return ENGINES[kind], REFERENCES[kind]
+MAX_MODEL_LEN = 128
+"""What the engine must hold: the seeded case's prompts of 100 tokens and their samples."""
 
 
 def prompts_of_replica(eng, count=3):
@@ -50,8 +24,7 @@ def prompts_of_replica(eng, count=3):
     ]
 
 
-def sampled_logprobs_match_transformers(kind):
-    eng, ref = engine(kind)
+def sampled_logprobs_match_transformers(eng, ref):
     temperature = 0.7
     groups = eng.generate(prompts_of_replica(eng), Sampling(n=3, max_tokens=12, temperature=temperature))
     worst, reasons = 0.0, set()
@@ -76,11 +49,10 @@ def sampled_logprobs_match_transformers(kind):
     return {"max_abs_diff": worst, "finish_reasons": sorted(reasons), "build_s": eng.build_s}
 
 
-def seeded_samples_do_not_depend_on_replica_or_batch(kind):
+def seeded_samples_do_not_depend_on_replica_or_batch(eng, ref):
     """Per-prompt seeds (rollout.seed_per_prompt): a prompt's samples are the same on every
     replica (each has its own engine generator) and alone or batched with others; other
     seeds give other samples, and the n samples of one prompt differ from each other."""
-    eng, _ = engine(kind)
     sampling = Sampling(n=4, max_tokens=8, temperature=1.0)
     prompts, seeds = [[5, 6, 7], [9, 4, 3, 8], [11, 12]], prompt_seeds(1234, [0, 0, 1], [3, 7, 3], 4)
     batched = eng.generate(prompts, sampling, seeds)
@@ -116,8 +88,7 @@ def greedy_reference(ref, prompt, max_tokens):
     return seq[len(prompt) :]
 
 
-def windows_continue_to_the_one_shot_answer(kind):
-    eng, ref = engine(kind)
+def windows_continue_to_the_one_shot_answer(eng, ref):
     prompts = prompts_of_replica(eng, 4)
     greedy = Sampling(max_tokens=20, temperature=0.0)
     one_shot = [g[0] for g in eng.generate(prompts, greedy)]
@@ -136,8 +107,8 @@ def windows_continue_to_the_one_shot_answer(kind):
     return {"calls": calls, "lengths": [len(s.token_ids) for s in samples]}
 
 
-def reloaded_weights_serve_new_logprobs(kind):
-    eng, ref = engine(kind)
+def reloaded_weights_serve_new_logprobs(eng, ref):
+    """Last of the cases: it leaves the engine serving other weights than the saved model's."""
     g = torch.Generator().manual_seed(7)
     new = {name: t + 0.05 * torch.randn(t.shape, generator=g) for name, t in ref.state_dict().items()}
     ref.load_state_dict(new)
@@ -158,13 +129,9 @@ def reloaded_weights_serve_new_logprobs(kind):
     return {"max_abs_diff": diff, "moved": moved}
 
 
-CASES = {
-    "sampled_logprobs": lambda: sampled_logprobs_match_transformers(KIND),
-    "windows": lambda: windows_continue_to_the_one_shot_answer(KIND),
-    "reload": lambda: reloaded_weights_serve_new_logprobs(KIND),
-    "seeded": lambda: seeded_samples_do_not_depend_on_replica_or_batch(KIND),
+CASES = {  # in this order: "reload" changes the served weights
+    "sampled_logprobs": sampled_logprobs_match_transformers,
+    "windows": windows_continue_to_the_one_shot_answer,
+    "seeded": seeded_samples_do_not_depend_on_replica_or_batch,
+    "reload": reloaded_weights_serve_new_logprobs,
 }
-
-if __name__ == "__main__":
-    platform.init_distributed()
-    run_cases(CASES)

@@ -8,13 +8,19 @@ into vLLM through small buckets with the weight check on, and reports vLLM's log
 against Megatron's. A sync that skips one tensor must be caught by the weight check; an
 export that scrambles one tensor (vLLM then serves exactly what it was sent) by the
 logprob limits of the dtype.
+
+In fp32 the launch first runs the engine's own cases (body_rollout_engine.py) on that engine,
+against transformers, while it still serves the saved model: one vLLM engine per process,
+and a vLLM start per launch, serves both.
 """
 
+import functools
 import os
 import sys
 import zlib
 from pathlib import Path
 
+import body_rollout_engine
 import torch
 import torch.distributed as dist
 
@@ -30,7 +36,7 @@ from megatron_rl.rollout import EngineConfig, RolloutEngine
 from megatron_rl.rollout.parity import ParityError
 from megatron_rl.rollout.sync import WeightSync, check_parity
 from megatron_rl.utils import dtypes
-from megatron_rl_lab.testing.hf_models import save_tiny_model
+from megatron_rl_lab.testing.hf_models import load_reference, save_tiny_model
 from megatron_rl_lab.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
 from megatron_rl_lab.testing.torchrun import run_cases
 
@@ -53,7 +59,7 @@ def setup():
             path,
             EngineConfig(
                 tensor_parallel_size=VLLM_TP,
-                max_model_len=64,
+                max_model_len=body_rollout_engine.MAX_MODEL_LEN,
                 load_tokenizer=False,
                 dtype=DTYPE,
                 cache_dir=str(WORK / "cache"),
@@ -203,12 +209,21 @@ LAYOUTS = {
 }
 
 
+def engine_case(case):
+    path, _, engine = setup()
+    return case(engine, load_reference(path))
+
+
 def cases():
+    out = {}
+    if DTYPE == "float32":
+        for name, case in body_rollout_engine.CASES.items():
+            out[f"engine:{name}"] = functools.partial(engine_case, case)
     if dist.get_world_size() == 2:
         names = ["ep2"] if KIND == "moe" else ["tp2"]
     else:
         names = ["tp2", "pp2", "ep2", "tp2_ep2_etp1"] if KIND == "moe" else ["tp2", "pp2", "tp2_pp2"]
-    out = {name: (lambda layout: lambda: sync_case(layout))(LAYOUTS[name]) for name in names}
+    out.update({name: (lambda layout: lambda: sync_case(layout))(LAYOUTS[name]) for name in names})
     out["skipped_tensor_caught"] = lambda: skipped_tensor_case(LAYOUTS[names[-1]])
     out["scrambled_export_caught"] = lambda: scrambled_export_case(LAYOUTS[names[-1]])
     if dist.get_world_size() == 4:

@@ -6,6 +6,13 @@ weight check, an export that scrambles one by the logprob limits.
 Launches: world 4, MoE with four vLLM TP1 replicas (layouts TP2, PP2, EP2, TP2*EP2*ETP1)
 and dense with two vLLM TP2 replicas (TP2, PP2, TP2*PP2), in fp32; world 2, the MoE in
 bf16 with EP2.
+
+The fp32 launches first test the colocated engine itself (external_launcher, ExternalDP;
+body_rollout_engine.py), against transformers: sampled logprobs equal transformers',
+windowed continuation reproduces one-shot greedy decoding, per-prompt seeds give the same
+samples on every replica and in any batch, and weights reloaded in place (layer-aligned
+buckets) serve the new model exactly. vLLM allows one engine per process (its parallel
+groups are global), so these share the sync's engine and launch.
 """
 
 from pathlib import Path
@@ -41,6 +48,18 @@ def setup(request, tmp_path_factory):
     kind, tp, layouts, dtype, world = SETUPS[request.param]
     work = tmp_path_factory.mktemp(request.param)
     return request.param, launch(BODY, world, args=[str(work), str(tp), kind, dtype], timeout_s=1200)
+
+
+ENGINE_CASES = ("sampled_logprobs", "windows", "seeded", "reload")
+
+
+@pytest.mark.parametrize("case", ENGINE_CASES)
+def test_engine(setup, case):
+    name, results = setup
+    if SETUPS[name][3] != "float32":
+        pytest.skip("the engine is tested in the fp32 launches (transformers' fp32 logprobs)")
+    outcome = results[f"engine:{case}"]
+    assert outcome["ok"], outcome["error"]
 
 
 def _result(results, case):

@@ -65,8 +65,8 @@ def _require_cluster() -> None:
 
 
 @pytest.fixture(scope="session")
-def slurm_env(shared_compile_caches) -> dict:
-    """os.environ plus SLURM_CONF of the test cluster, read after the session's compile
+def slurm_env(shared_caches) -> dict:
+    """os.environ plus SLURM_CONF of the test cluster, read after the session's shared
     caches are set (tests/conftest.py): the cluster check runs at collection, before them."""
     if _ENV is None:
         (pytest.fail if in_ci() else pytest.skip)(_WHY)

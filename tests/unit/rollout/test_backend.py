@@ -1,7 +1,7 @@
 """The colocated engine and the rollout ranks' client are one typed backend, and the
 commands between the training and rollout ranks are typed messages.
 
-The engines themselves run in tests/distributed (colocated: test_rollout_engine.py; the
+The engines themselves run in tests/distributed (colocated: test_weight_sync.py's engine tests; the
 client and server over a real bridge: test_trainer.py's disaggregated runs); here, without
 an engine or a bridge: the methods the protocol names, the messages' trip through pickle
 (what the bridge carries), and the refusal of anything else.

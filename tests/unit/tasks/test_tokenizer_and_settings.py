@@ -76,3 +76,39 @@ def test_model_shape_is_the_shape_of_the_saved_hf_config(family):
     assert settings.model_shape() == arch_from_hf(hf_config(settings, vocab_size=384, eos_id=1, pad_id=0)).shape()
     assert settings.model_shape().num_layers == 3
     assert settings.model_shape().num_moe_experts == (None if family == "qwen3" else 6)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CountedBuild:
+    """A BaseBuild that takes a moment and counts its builds in a shared file."""
+
+    log: str
+
+    def content_hash(self) -> str:
+        return "0123456789abcdef"
+
+    def build(self, out):
+        import time
+
+        with open(self.log, "a") as f:
+            f.write("built\n")
+        time.sleep(0.5)
+        (out / "weights").write_text("w")
+        return {"num_parameters": 1}
+
+
+def _make(directory, log):
+    from megatron_rl.tasks.base_model import make_tiny_base
+
+    return make_tiny_base(directory, _CountedBuild(str(log)), verbose=False)["cached"]
+
+
+def test_processes_asking_for_one_base_at_once_build_it_once(tmp_path):
+    """Two runs sharing a base cache start together: one builds, the other waits and reuses it."""
+    import multiprocessing
+
+    directory, log = tmp_path / "bases" / "0123456789abcdef", tmp_path / "builds.log"
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        cached = pool.starmap(_make, [(directory, log)] * 2)
+    assert sorted(cached) == [False, True] and log.read_text() == "built\n"
+    assert (directory / "weights").read_text() == "w" and _make(directory, log) is True

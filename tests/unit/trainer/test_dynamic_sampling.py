@@ -3,7 +3,7 @@ dropped and the batch is refilled from new prompts, up to max_gen_batches.
 
 Generation is scripted here (a stand-in with the engine's replica attributes), because the
 subject is the refill bookkeeping; vLLM generation itself is tested in
-tests/distributed/test_rollout_engine.py and the whole loop in test_trainer.py. The
+tests/distributed/test_weight_sync.py (the engine tests) and the whole loop in test_trainer.py. The
 all-gather of groups runs on a real one-rank gloo group.
 """
 

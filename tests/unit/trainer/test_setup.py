@@ -14,6 +14,7 @@ from megatron_rl.trainer import setup
 def built(monkeypatch):
     """The settings base_model_dir builds with (the build itself is stubbed)."""
     calls = []
+    monkeypatch.delenv(setup.BASE_CACHE_ENV, raising=False)  # the test session sets one
     monkeypatch.setattr("megatron_rl.tasks.base_model.make_tiny_base", lambda d, s: calls.append((Path(d), s)))
     monkeypatch.setattr(setup.torch.distributed, "barrier", lambda: None)
     return calls
@@ -30,6 +31,16 @@ def test_task_runs_build_the_base_validation_checked(built, tmp_path, preset, fa
     assert model_shape(cfg) == built[0][1].model_shape()
     assert setup.prompt_files(cfg, directory) == [tmp_path / "base_model" / "train.jsonl"]
     assert verifier_name(cfg) == "digits"
+
+
+def test_a_base_cache_holds_the_base_under_its_settings_hash(built, tmp_path, monkeypatch):
+    monkeypatch.setenv(setup.BASE_CACHE_ENV, str(tmp_path / "bases"))
+    runs = [load_config(None, [f"trainer.run_dir={tmp_path / name}"]) for name in ("a", "b")]
+    other = load_config(None, [f"trainer.run_dir={tmp_path / 'c'}", "trainer.seed=8"])
+    directories = [setup.base_model_dir(cfg, rank=0) for cfg in (*runs, other)]
+    digest = base_settings(runs[0]).content_hash()
+    assert directories[:2] == [tmp_path / "bases" / digest] * 2
+    assert directories[2] == tmp_path / "bases" / base_settings(other).content_hash() != directories[0]
 
 
 def test_hf_path_runs_build_nothing(built, tmp_path):
