@@ -11,13 +11,10 @@ PYTEST_ARGS ?=
 venv: $(STAMP)
 
 # Re-run when the pins change; pip is idempotent, so a re-run installs only what changed.
-# --no-compile: pip would byte-compile all ~25k Python files of torch, vLLM and the rest
-# (a minute or two on 2 cores); Python compiles the modules a process imports on first use
-# and keeps them, a fraction of that.
 $(STAMP): requirements/base.txt requirements/cpu.txt requirements/test.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24" "setuptools>=70" wheel
-	$(PY) -m pip install --quiet --no-compile -r requirements/cpu.txt -r requirements/test.txt
+	$(PY) -m pip install --quiet -r requirements/cpu.txt -r requirements/test.txt
 	# PyPI's torchvision/torchaudio/torchcodec are CUDA-linked and break `import vllm`
 	# on the CPU torch; triton is unused on CPU (docs/platform.md).
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true

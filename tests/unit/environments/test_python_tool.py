@@ -106,7 +106,10 @@ def test_a_fork_bomb_meets_the_process_limit(tool):
     refused = re.fullmatch(r"refused after (\d+) BlockingIOError\n", result.observation)
     assert result.status == OK and refused and 1 <= int(refused.group(1)) <= 7, result
     result = drill(tool, "while True:\n    os.fork()\n")
-    assert result.status == ERROR and "BlockingIOError" in result.observation, result
+    # EAGAIN from fork: the process limit. Every process of the bomb prints its traceback to
+    # the one stderr; on a loaded machine the last line kept was once ": [Errno 11] ..."
+    # without its exception's name, so the errno's text is what is checked.
+    assert result.status == ERROR and "[Errno 11] Resource temporarily unavailable" in result.observation, result
 
 
 def test_a_memory_bomb_meets_the_memory_limit(tool):
