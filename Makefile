@@ -25,9 +25,9 @@ train: $(STAMP)
 	$(VENV)/bin/megatron-rl train --config examples/dapo.yaml
 
 # Lint first: it takes a second, so a style slip fails CI before the long test run starts.
-# Two pytest-xdist workers: one runs the Slurm tests, which mostly wait on the cluster, the
-# other everything else (tests/conftest.py); on a quiet 2-core machine the whole CI took
-# 44.4 min this way (docs/benchmarks.md). `make test PYTEST_WORKERS=` runs one process.
+# Two pytest-xdist workers: one starts with the Slurm tests, which mostly wait on the cluster,
+# the other with the unit tests; then both take the other modules, heaviest first
+# (tests/conftest.py, docs/benchmarks.md). `make test PYTEST_WORKERS=` runs one process.
 PYTEST_WORKERS ?= -n 2 --slurm-beside-the-rest
 test: $(STAMP) lint
 	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)

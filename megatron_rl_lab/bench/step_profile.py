@@ -51,6 +51,8 @@ Attention's softmax is the unfused attention's (``aten::_log_softmax`` of a loss
 Optimizer: torch's foreach Adam and Megatron's local multi-tensor fallbacks. MoE routing and
 permutation: the indexing ops of the router's top-k and the token dispatcher."""
 TOP_OPS = 15
+"""Ops named in the report: the step's slowest, and each category's slowest (which the step's
+top list may leave out on a machine whose timings vary)."""
 
 
 def category(op_name: str) -> str:
@@ -89,16 +91,20 @@ def summarize(averages, wall_s: float, cuda: bool) -> dict:
             per_op[event.key] = (us / 1e6, event.count)
     busy_s = sum(seconds for seconds, _ in per_op.values())
     by_category: dict[str, float] = {label: 0.0 for label in (*CATEGORIES, "other")}
-    for name, (seconds, _) in per_op.items():
+    ops_of: dict[str, list[str]] = {label: [] for label in by_category}
+    ranked = sorted(per_op.items(), key=lambda item: -item[1][0])
+    for name, (seconds, _) in ranked:
         by_category[category(name)] += seconds
-    top = sorted(per_op.items(), key=lambda item: -item[1][0])[:TOP_OPS]
+        ops_of[category(name)].append(name)
+    top = ranked[:TOP_OPS]
     return {
         "time_source": "self device time of each op's kernels" if cuda else "self CPU time of each op",
         "step_wall_s": wall_s,
         "busy_s": busy_s,
         "idle_s": max(wall_s - busy_s, 0.0) if cuda else None,
         "categories": {
-            label: {"seconds": s, "share_of_busy": s / busy_s if busy_s else 0.0} for label, s in by_category.items()
+            label: {"seconds": s, "share_of_busy": s / busy_s if busy_s else 0.0, "ops": ops_of[label][:TOP_OPS]}
+            for label, s in by_category.items()
         },
         "top_ops": [{"op": name, "seconds": s, "calls": n, "category": category(name)} for name, (s, n) in top],
     }

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from megatron_rl_lab.testing.torchrun import launch
+from tests.conftest import SHARED_LAUNCH_MODULES
 
 SHARED_BODY = Path(__file__).with_name("body_shared.py")
 WORLD = 8
@@ -25,6 +26,7 @@ SHARED = {  # body -> its test module
     "body_checkpoint": "test_checkpoint.py",
     "body_model_layouts": "test_model_layouts.py",
 }
+assert set(SHARED.values()) == set(SHARED_LAUNCH_MODULES), "tests/conftest.py gives one worker these modules"
 TIMEOUT_S = 2400  # the bodies' own launches had 900-1200 s each
 
 
@@ -52,3 +54,12 @@ class SharedLaunch:
 def shared_launch(request, tmp_path_factory) -> SharedLaunch:
     modules = {item.path.name for item in request.session.items}
     return SharedLaunch(modules, tmp_path_factory.mktemp("shared-launch"))
+
+
+@pytest.fixture(scope="session")
+def bases() -> dict[str, str]:
+    """The trainer modules' tiny bases, {family: directory}, dense and MoE: built once per
+    session, whichever worker asks first (trainer_runs.py)."""
+    from tests.distributed.trainer_runs import small_bases
+
+    return small_bases()

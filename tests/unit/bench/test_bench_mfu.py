@@ -100,5 +100,5 @@ def test_bench_script_short_run(tmp_path):
     assert shares["attention"] > 0 and shares["gemm"] > 0 and shares["optimizer"] > 0, shares
     assert sum(shares.values()) == pytest.approx(profile["busy_s"])
     assert 0 < profile["busy_s"] <= profile["step_wall_s"] * 1.05 and profile["idle_s"] is None
-    assert any("scaled_dot_product" in op["op"] for op in profile["top_ops"] if op["category"] == "attention")
+    assert any("scaled_dot_product" in op for op in profile["categories"]["attention"]["ops"]), profile["categories"]
     assert "profile: busy" in proc.stdout

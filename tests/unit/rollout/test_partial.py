@@ -1,7 +1,7 @@
 """Partial rollouts' per-token versions (rollout/partial.py) and what the trainer derives from
 them: the fresh tokens of a row (trainer/rollouts.py TrainRows) and the staleness and
 partial-sample counts of a step (trainer/sources.py). Hand-computed values; the real
-chunked generation on a rollout rank runs in tests/distributed/test_trainer.py."""
+chunked generation on a rollout rank runs in tests/distributed/test_trainer_async.py."""
 
 import pytest
 

@@ -1,7 +1,7 @@
 """The bookkeeping of rollouts that run ahead of training (trainer/ahead.py): how many
 batches are in flight, the policy version each samples, the staleness bound, and the data
 position a checkpoint saves. The rollout ranks are a scripted stand-in here (the subject is
-the queue); the real bridge and vLLM run in tests/distributed/test_trainer.py."""
+the queue); the real bridge and vLLM run in tests/distributed/test_trainer_async.py."""
 
 import json
 
