@@ -29,7 +29,7 @@ STEPS, SAVE_INTERVAL = 40, 10
 DIST_TIMEOUT_S = 20
 """trainer.dist_timeout_s of the drills: how long a rank waits for a peer that went silent."""
 OUTAGE_AFTER_FAILURE_S = 15
-"""Drill 2 keeps the link down this long after the ranks have failed: longer than the cut
+"""Drill 2 keeps the link down this long after the cut node's task has exited: longer than the cut
 node's slurmstepd tries to report its task's exit to srun (~11 s), the outage after which
 srun alone would wait forever."""
 NODE = "mrl-n3"
@@ -95,13 +95,18 @@ def _job_processes(node: str, job_id: str) -> dict[int, str]:
     return names
 
 
+def _job_tasks(node: str, job_id: str) -> dict[int, str]:
+    """The job's own processes on the node (its torchrun and ranks), Slurm's slurmstepd left out."""
+    return {pid: name for pid, name in _job_processes(node, job_id).items() if name != "slurmstepd"}
+
+
 def test_kill_9_of_a_node_requeues_and_loses_nothing_committed(slurm_env, tmp_path):
     """Drill 1: SIGKILL to every process of the job on mrl-n3 (its torchrun and its rank), mid-run.
     Slurm's own daemons there stay: slurmd, and the step's slurmstepd, without which srun
     waits for the task's exit report until cancelled (Slurm 22.05; docs/platform.md)."""
     job = Job(slurm_env, "train_torchrun.sbatch", tmp_path / "kill", SBATCH, ENV, overrides=OVERRIDES)
     committed, _ = _past_a_checkpoint(job)
-    victims = {p: n for p, n in _job_processes(NODE, job.job_id).items() if n != "slurmstepd"}
+    victims = _job_tasks(NODE, job.job_id)
     failed_at = time.time()
     for pid in victims:
         try:
@@ -130,9 +135,12 @@ def test_kill_9_of_a_node_requeues_and_loses_nothing_committed(slurm_env, tmp_pa
 def test_network_cut_fails_within_the_timeout_names_the_rank_and_requeues(slurm_env, tmp_path):
     """Drill 2: mrl-n3's link to the bridge goes down mid-run. The ranks' collectives give up
     after trainer.dist_timeout_s, each failing with one line naming its rank and node; the
-    link comes back OUTAGE_AFTER_FAILURE_S later, and the job requeues (srun, which never
-    hears from the cut task, is stopped by the launch watcher once the step has ended) and
-    resumes on the same nodes."""
+    link comes back OUTAGE_AFTER_FAILURE_S after the cut node's task has exited (its line
+    reaches the log only then: the output goes over the cut link), and the job requeues
+    (srun, which never hears from the cut task, is stopped by the launch watcher once the
+    step has ended) and resumes on the same nodes. Timed from the first rank's failure, the
+    link may come back before a loaded node's rank has timed out: srun then hears its exit
+    and the watcher has nothing to stop."""
     veth = "mrlv" + NODE.removeprefix("mrl-n")
     job = Job(slurm_env, "train_torchrun.sbatch", tmp_path / "cut", SBATCH, ENV, overrides=OVERRIDES, timeout_s=240)
     committed, _ = _past_a_checkpoint(job)
@@ -146,6 +154,7 @@ def test_network_cut_fails_within_the_timeout_names_the_rank_and_requeues(slurm_
         failure = job.wait_for("the rank's timeout error", lambda: pattern.search(job.text()), DIST_TIMEOUT_S + 40)
         failed_after = time.time() - cut_at
         before = job.rows()
+        job.wait_for("the cut node's task to exit", lambda: not _job_tasks(NODE, job.job_id), DIST_TIMEOUT_S + 60)
         time.sleep(OUTAGE_AFTER_FAILURE_S)  # the outage itself, not a wait for something
     finally:
         subprocess.run(["ip", "link", "set", veth, "up"], check=True)
