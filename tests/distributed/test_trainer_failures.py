@@ -6,6 +6,8 @@ one rollout rank) end the launch naming the rank, the committed checkpoints inta
 import json
 import os
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -49,12 +51,19 @@ def _disaggregated_grpo(run_dir, base, *overrides) -> list[str]:
     ]
 
 
+def _wait_for_step_2(proc, metrics: Path, timeout_s: float, poll_s: float) -> None:
+    """Until ``metrics`` holds step 2's row; fails if the run ends or stalls before it."""
+    deadline = time.monotonic() + timeout_s
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before step 2"
+        time.sleep(poll_s)
+
+
 def _signal_rollout_rank_after_step_2(tmp_path, base, signum, *overrides):
     """A disaggregated GRPO run (world 2, a checkpoint every step) whose rollout rank gets
     ``signum`` once step 2 is logged: (exit code, output, seconds from the signal to the
     end, steps logged, newest intact checkpoint)."""
     import subprocess
-    import time
 
     from megatron_rl.checkpoint.recovery import newest_intact_step
 
@@ -70,10 +79,7 @@ def _signal_rollout_rank_after_step_2(tmp_path, base, signum, *overrides):
     )
     try:
         metrics = run_dir / "metrics.jsonl"
-        deadline = time.monotonic() + 900
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-            assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before step 2"
-            time.sleep(0.5)
+        _wait_for_step_2(proc, metrics, timeout_s=900, poll_s=0.5)
         rollout = _launch_rank_pids(proc.pid, rank=1)
         assert len(rollout) == 1, rollout
         os.kill(rollout[0], signum)
@@ -162,7 +168,6 @@ def test_ctrl_c_finishes_the_step_saves_it_and_the_same_run_dir_resumes(tmp_path
     traceback; a rerun on the same run dir resumes after that step."""
     import signal
     import subprocess
-    import time
 
     from megatron_rl.checkpoint.recovery import newest_intact_step
 
@@ -178,10 +183,7 @@ def test_ctrl_c_finishes_the_step_saves_it_and_the_same_run_dir_resumes(tmp_path
     )
     try:
         metrics = run_dir / "metrics.jsonl"
-        deadline = time.monotonic() + 600
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-            assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before step 2"
-            time.sleep(0.2)
+        _wait_for_step_2(proc, metrics, timeout_s=600, poll_s=0.2)
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=300)
     finally:

@@ -41,9 +41,14 @@ def cached_base(settings) -> str:
     return make_tiny_base(directory, settings, verbose=False)["directory"]
 
 
+def small_base(family: str) -> str:
+    """The SMALL base of ``family`` (qwen3 or qwen3_moe)."""
+    return cached_base(BaseModelSettings(family=family, **SMALL))
+
+
 def small_bases() -> dict[str, str]:
     """{family: base directory} of the SMALL bases, dense and MoE."""
-    return {family: cached_base(BaseModelSettings(family=family, **SMALL)) for family in FAMILIES}
+    return {family: small_base(family) for family in FAMILIES}
 
 
 def tiny_run(run_dir, base) -> list[str]:

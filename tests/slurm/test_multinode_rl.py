@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from megatron_rl.checkpoint import format as fmt
-from megatron_rl.tasks.base_model import BaseModelSettings, make_tiny_base
+from tests.distributed.trainer_runs import small_base
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -166,21 +166,7 @@ def _adam_steps(meta: fmt.Metadata) -> set[float]:
 @pytest.fixture(scope="module")
 def runs(slurm_env, tmp_path_factory) -> dict[str, Launch]:
     root = tmp_path_factory.mktemp("multinode")
-    base = Path(
-        make_tiny_base(
-            root / "base",
-            BaseModelSettings(
-                family="qwen3_moe",
-                task="digits_max",
-                num_train_prompts=300,
-                num_eval_prompts=32,
-                warmup_steps=30,
-                hidden_size=64,
-                warmup_correct_fraction=0.5,
-            ),
-            verbose=False,
-        )["directory"]
-    )
+    base = Path(small_base("qwen3_moe"))  # the trainer modules' MoE base, one build per session
     first = {
         "dp2_nodes": Launch(slurm_env, base, root / "dp2_nodes", TWO_NODES, 1),
         "dp2_host": Launch(slurm_env, base, root / "dp2_host", HOST, 2),
