@@ -27,7 +27,7 @@ train: $(STAMP)
 # Lint first: it takes a second, so a style slip fails CI before the long test run starts.
 # Two pytest-xdist workers: one starts with the Slurm tests, which mostly wait on the cluster,
 # the other with the unit tests; then both take the other modules, heaviest first
-# (tests/conftest.py, docs/benchmarks.md). `make test PYTEST_WORKERS=` runs one process.
+# (tests/ci_schedule.py, docs/benchmarks.md). `make test PYTEST_WORKERS=` runs one process.
 PYTEST_WORKERS ?= -n 2 --slurm-beside-the-rest
 test: $(STAMP) lint
 	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)

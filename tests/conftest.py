@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-UNIT_TESTS = Path(__file__).parent / "unit"
+from tests import ci_schedule
 
 SHARED_CACHES = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "MEGATRON_RL_BASE_CACHE")
 """vLLM's model-info cache, the C++ kernels inductor builds even for an eager engine, and the
@@ -42,18 +42,13 @@ CPU: a check that the bodies and comparisons work before GPU time is spent on th
 
 
 def pytest_addoption(parser):
-    parser.addoption(
-        "--slurm-beside-the-rest",
-        action="store_true",
-        help="with pytest-xdist's -n 2: one worker starts with tests/slurm, the other with the unit tests, "
-        "then both take the other modules, heaviest first (make test)",
-    )
+    ci_schedule.add_option(parser)
 
 
 def pytest_collection_modifyitems(config, items):
     _skip_gpu_tests_without_cuda(items)
-    if config.getoption("slurm_beside_the_rest"):
-        items.sort(key=_schedule_rank)
+    if ci_schedule.enabled(config):
+        items.sort(key=ci_schedule.queue_position)
 
 
 def _skip_gpu_tests_without_cuda(items) -> None:
@@ -70,95 +65,15 @@ def _skip_gpu_tests_without_cuda(items) -> None:
             item.add_marker(skip)
 
 
-SLURM_TESTS = Path(__file__).parent / "slurm"
-HEAVY_FIRST = (
-    "distributed/test_bridge.py",  # with test_checkpoint and test_model_layouts: one unit (below)
-    "distributed/test_trainer_recipes.py",
-    "distributed/test_trainer.py",
-    "distributed/test_weight_sync.py",
-    "distributed/test_tool_episodes.py",
-    "distributed/test_trainer_async.py",
-    "distributed/test_schedules.py",
-    "distributed/test_trainer_failures.py",
-    "distributed/test_embedded_default.py",
-)
-"""The heaviest modules of the rest, heaviest first (`--durations` of a CI run, 2026-11-29:
-560 s for the world-8 unit down to ~100 s): handed out before the lighter ones, so that
-the last module either worker starts is a short one."""
-SHARED_LAUNCH_MODULES = ("test_bridge.py", "test_checkpoint.py", "test_model_layouts.py")
-"""tests/distributed modules whose cases share one world-8 launch (tests/distributed/conftest.py):
-one unit of work, or each worker would start the launch."""
-
-
-def _schedule_rank(item) -> tuple[int, int]:
-    """Collection order under --slurm-beside-the-rest: the Slurm tests, the unit tests, the
-    heaviest of the rest, the rest."""
-    if item.path.is_relative_to(SLURM_TESTS):
-        return (0, 0)
-    if item.path.is_relative_to(UNIT_TESTS):
-        return (1, 0)
-    name = item.path.relative_to(Path(__file__).parent).as_posix()
-    return (2, HEAVY_FIRST.index(name) if name in HEAVY_FIRST else len(HEAVY_FIRST))
-
-
-def _scope_of(nodeid: str) -> str:
-    """The unit of work one worker takes whole: the Slurm tests (one cluster, waits that a
-    second module would skew), the modules of the shared world-8 launch, any other module."""
-    module = nodeid.split("::", 1)[0]
-    if module.startswith("tests/slurm/"):
-        return "tests/slurm"
-    if module.startswith("tests/distributed/") and module.rsplit("/", 1)[1] in SHARED_LAUNCH_MODULES:
-        return "tests/distributed world-8 launch"
-    return module
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`make test` runs two pytest-xdist workers. The first takes the Slurm tests, which
-    spend most of their time waiting on the cluster (requeue delays, the timeouts the drills
-    wait out), while the other runs the unit tests, whose light work fills those waits and
-    leaves the heavy Slurm launches (the multi-node module's, first) the cores. Then both
-    take the other modules one at a time, heaviest first. xdist's own `--dist loadgroup`
-    would say the units with markers, but its group suffix is lost on pytest 9's node ids."""
-    if not config.getoption("slurm_beside_the_rest"):
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    config.option.loadscopereorder = False  # the collection order is the schedule, not the units' sizes
-
-    class SlurmBesideTheRest(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return _scope_of(nodeid)
-
-    return SlurmBesideTheRest(config, log)
-
-
-class ScheduleTimeline:
-    """When each worker ran each unit of work (from the reports' start and stop times),
-    printed at the end of a --slurm-beside-the-rest run: where the workers waited."""
-
-    def __init__(self):
-        self.spans: dict[tuple[str, str], list[float]] = {}
-
-    def pytest_runtest_logreport(self, report):
-        node = getattr(report, "node", None)
-        if node is None:
-            return
-        key = (node.gateway.id, _scope_of(report.nodeid))
-        span = self.spans.setdefault(key, [report.start, report.stop])
-        span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
-
-    def pytest_terminal_summary(self, terminalreporter):
-        if not self.spans:
-            return
-        origin = min(start for start, _ in self.spans.values())
-        terminalreporter.section("schedule: each worker's units of work (s from the first test's start)")
-        for (worker, scope), (start, stop) in sorted(self.spans.items(), key=lambda kv: kv[1][0]):
-            terminalreporter.write_line(
-                f"{worker} {start - origin:7.0f} {stop - origin:7.0f} {stop - start:6.0f}  {scope}"
-            )
+    return ci_schedule.make_scheduler(config, log) if ci_schedule.enabled(config) else None
 
 
 def pytest_configure(config):
-    if config.getoption("slurm_beside_the_rest") and not os.environ.get("PYTEST_XDIST_WORKER"):
-        config.pluginmanager.register(ScheduleTimeline(), "schedule-timeline")
+    if not ci_schedule.enabled(config):
+        return
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        config.pluginmanager.register(ci_schedule.WorkerCpu(), "schedule-worker-cpu")
+    else:
+        config.pluginmanager.register(ci_schedule.ScheduleTimeline(), "schedule-timeline")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from megatron_rl_lab.testing.torchrun import launch
-from tests.conftest import SHARED_LAUNCH_MODULES
+from tests.ci_schedule import SHARED_LAUNCH_MODULES
 
 SHARED_BODY = Path(__file__).with_name("body_shared.py")
 WORLD = 8
@@ -26,7 +26,7 @@ SHARED = {  # body -> its test module
     "body_checkpoint": "test_checkpoint.py",
     "body_model_layouts": "test_model_layouts.py",
 }
-assert set(SHARED.values()) == set(SHARED_LAUNCH_MODULES), "tests/conftest.py gives one worker these modules"
+assert set(SHARED.values()) == set(SHARED_LAUNCH_MODULES), "tests/ci_schedule.py gives one worker these modules"
 TIMEOUT_S = 2400  # the bodies' own launches had 900-1200 s each
 
 
