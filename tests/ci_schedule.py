@@ -99,8 +99,9 @@ def process_cpu_s() -> float:
 
 class WorkerCpu:
     """On a worker: the CPU seconds since its previous report, in each report's
-    ``user_properties`` (what the controller's timeline sums per unit). Jobs that Slurm runs
-    are the cluster's processes, not the worker's: they are not counted."""
+    ``user_properties`` (what the controller's timeline sums per unit). A worker's first unit
+    also holds its collection. Jobs that Slurm runs are the cluster's processes, not the
+    worker's: they are not counted."""
 
     def __init__(self):
         self.last = process_cpu_s()
