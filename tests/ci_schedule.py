@@ -50,7 +50,7 @@ def add_option(parser) -> None:
 
 
 def enabled(config) -> bool:
-    return bool(config.getoption("slurm_beside_the_rest"))
+    return bool(config.getoption(OPTION))
 
 
 def queue_position(item) -> tuple[int, int]:

@@ -136,9 +136,9 @@ def test_network_cut_fails_within_the_timeout_names_the_rank_and_requeues(slurm_
     """Drill 2: mrl-n3's link to the bridge goes down mid-run. The ranks' collectives give up
     after trainer.dist_timeout_s, each failing with one line naming its rank and node; the
     link comes back OUTAGE_AFTER_FAILURE_S after the cut node's task has exited (seen from
-    the host, in the node's namespace), and the job requeues
-    (srun, which never hears from the cut task, is stopped by the launch watcher once the
-    step has ended) and resumes on the same nodes. Timed from the first rank's failure, the
+    the host, in the node's namespace), and the job requeues (srun, which never hears from
+    the cut task, is stopped by the launch watcher once the step has ended) and resumes on
+    the same nodes. Timed from the first rank's failure, the
     link may come back before a loaded node's rank has timed out: srun then hears its exit
     and the watcher has nothing to stop."""
     veth = "mrlv" + NODE.removeprefix("mrl-n")
