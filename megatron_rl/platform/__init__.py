@@ -5,7 +5,8 @@ This package is the only place that knows which one it is. Everything else asks 
 CPU activates the compatibility layer (:mod:`.cpu_compat`) and on GPU does nothing.
 Every patch of a dependency lives here: Megatron-Core's in :mod:`.cpu_compat` (and fixes
 of its release in :mod:`.megatron_fixes`), vLLM's CPU backend's in :mod:`.vllm_compat`
-(installed by the rollout engine on CPU); all three lists use the :mod:`.patch` form. So does
+(installed by the rollout engine on CPU), torch's gloo groups' in :mod:`.torch_compat`; all
+four lists use the :mod:`.patch` form. So does
 every read of a dependency's private API: one accessor per use, named by dependency
 (:mod:`.megatron_internals`, :mod:`.vllm_internals`, :mod:`.torch_internals`,
 :mod:`.python_internals`), each stating the release it was read from.
@@ -42,11 +43,12 @@ def current() -> Platform:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)
         return Platform(torch.device("cuda", local_rank), "nccl")
-    from megatron_rl.platform import cpu_compat
+    from megatron_rl.platform import cpu_compat, torch_compat
 
     # Tests that show a patch is needed switch it off here (comma-separated names).
     exclude = tuple(n for n in os.environ.get("MEGATRON_RL_CPU_PATCHES_EXCLUDE", "").split(",") if n)
-    cpu_compat.install(exclude=exclude)
+    torch_compat.install(exclude=exclude)
+    cpu_compat.install(exclude=tuple(n for n in exclude if n not in torch_compat.patch_names()))
     return Platform(torch.device("cpu"), "gloo")
 
 
