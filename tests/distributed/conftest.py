@@ -1,14 +1,14 @@
-"""One torchrun launch at world 8 for the bodies several test modules use.
+"""One torchrun launch per world size (8 and 4) for the bodies several test modules use.
 
 A launch's cold start (imports and process groups in every rank) measured 32-35 s at
 world 8 on a 2-core machine (2026-11-27), paid once per module before; the shared launch
 took 147 s against 234 s for the three. The shared launch runs the cases of every body
 whose test module is in the session, so running one module still runs only its own cases.
 
-World 4 keeps a launch per module: shared there (five bodies, 2026-11-27 CI) it took 381 s
-against 309 s for the five launches. Each process keeps threads from what its cases built
-(gloo groups that are only forgotten, such as each checkpointer's own), and the cases late
-in a long launch ran several times slower."""
+World 4 was a launch per module until the gloo groups that earlier cases leave behind
+stopped costing CPU (`platform/torch_compat.py`): a process kept one polling thread per
+group, and the cases late in a long launch ran several times slower (381 s for five
+bodies shared against 309 s for five launches, 2026-11-27 CI)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from megatron_rl_lab.testing.torchrun import launch
 from tests.ci_schedule import SHARED_LAUNCH_MODULES
 
 SHARED_BODY = Path(__file__).with_name("body_shared.py")
-WORLD = 8
 SHARED = {  # body -> its test module
     "body_bridge": "test_bridge.py",
     "body_checkpoint": "test_checkpoint.py",
@@ -31,18 +30,18 @@ TIMEOUT_S = 2400  # the bodies' own launches had 900-1200 s each
 
 
 class SharedLaunch:
-    """The shared world-8 launch, started on first use."""
+    """The shared launch at one world size, started on first use."""
 
-    def __init__(self, modules: set[str], directory: Path):
-        self._modules, self._directory, self._results = modules, directory, None
+    def __init__(self, world: int, modules: set[str], directory: Path):
+        self.world, self.directory = world, directory
+        self._modules, self._results = modules, None
 
     def results(self, body: str) -> dict:
         """``body``'s case results ({case: {"ok": ..., ...}}, as `launch`)."""
         if self._results is None:
             bodies = [b for b, module in SHARED.items() if module in self._modules or b == body]
-            self._results = launch(
-                SHARED_BODY, WORLD, timeout_s=TIMEOUT_S, args=[str(WORLD), str(self._directory), ",".join(bodies)]
-            )
+            args = [str(self.world), str(self.directory), ",".join(bodies)]
+            self._results = launch(SHARED_BODY, self.world, timeout_s=TIMEOUT_S, args=args)
         prefix = f"{body}:"
         out = {name[len(prefix) :]: r for name, r in self._results.items() if name.startswith(prefix)}
         if "__launch__" in self._results:
@@ -50,10 +49,21 @@ class SharedLaunch:
         return out
 
 
+def _shared(world: int, request, tmp_path_factory) -> SharedLaunch:
+    modules = {item.path.name for item in request.session.items}
+    return SharedLaunch(world, modules, tmp_path_factory.mktemp(f"shared-launch-{world}"))
+
+
 @pytest.fixture(scope="session")
 def shared_launch(request, tmp_path_factory) -> SharedLaunch:
-    modules = {item.path.name for item in request.session.items}
-    return SharedLaunch(modules, tmp_path_factory.mktemp("shared-launch"))
+    """World 8."""
+    return _shared(8, request, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def shared_launch4(request, tmp_path_factory) -> SharedLaunch:
+    """World 4 (body_checkpoint saves under its ``directory``)."""
+    return _shared(4, request, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -1,13 +1,8 @@
 """HF <-> Megatron bridge for every family in many layouts (world 4; world 8 is slow):
 Megatron logits == transformers logits, and HF -> Megatron -> HF is bitwise identical."""
 
-from pathlib import Path
-
 import pytest
 
-from megatron_rl_lab.testing.torchrun import launch
-
-BODY = Path(__file__).with_name("body_bridge.py")
 LOGIT_TOL = 3e-5  # fp32; measured <= 2e-6, 1.5e-5 with tied embeddings (docs/benchmarks.md)
 
 pytestmark = pytest.mark.distributed
@@ -31,8 +26,8 @@ WORLD8 = _names(("tp2_pp2", "tp2_pp2_ep2"))
 
 
 @pytest.fixture(scope="module")
-def world4():
-    return launch(BODY, 4, args=["4"])
+def world4(shared_launch4):
+    return shared_launch4.results("body_bridge")
 
 
 @pytest.fixture(scope="module")

@@ -31,19 +31,14 @@ pytestmark = pytest.mark.distributed
 
 
 @pytest.fixture(scope="module")
-def world4_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("ckpt4")
+def world4(shared_launch4):
+    return shared_launch4.results("body_checkpoint")
 
 
 @pytest.fixture(scope="module")
-def world4(world4_root):
-    return launch(BODY, 4, args=["4", str(world4_root)])
-
-
-@pytest.fixture(scope="module")
-def world1(world4, world4_root):
+def world1(world4, shared_launch4):
     """A single process loads what the world-4 launch saved (TP2*EP2, PP2*VPP2)."""
-    return launch(BODY, 1, args=["1", str(world4_root)])
+    return launch(BODY, 1, args=["1", str(shared_launch4.directory)])
 
 
 @pytest.fixture(scope="module")

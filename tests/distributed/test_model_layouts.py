@@ -3,13 +3,8 @@ many layouts (world 4 and 8): loss and full gradients equal the single-rank mode
 world-8 launch also runs the RL schedules on packed micro-batches (test_schedules' cases)
 in its three-dimensional layouts, and with context parallelism folded with expert parallelism."""
 
-from pathlib import Path
-
 import pytest
 
-from megatron_rl_lab.testing.torchrun import launch
-
-BODY = Path(__file__).with_name("body_model_layouts.py")
 # fp32, measured 2026-11-25: gradients <= 1.8e-7, losses <= 2.4e-7 (docs/benchmarks.md)
 GRAD_TOL = 5e-7
 LOSS_TOL = 5e-7
@@ -33,8 +28,8 @@ WORLD8 = [
 
 
 @pytest.fixture(scope="module")
-def world4():
-    return launch(BODY, 4, args=["4"])
+def world4(shared_launch4):
+    return shared_launch4.results("body_model_layouts")
 
 
 @pytest.fixture(scope="module")
