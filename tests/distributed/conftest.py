@@ -5,10 +5,10 @@ world 8 on a 2-core machine (2026-11-27), paid once per module before; the share
 took 147 s against 234 s for the three. The shared launch runs the cases of every body
 whose test module is in the session, so running one module still runs only its own cases.
 
-World 4 was a launch per module until the gloo groups that earlier cases leave behind
-stopped costing CPU (`platform/torch_compat.py`): a process kept one polling thread per
-group, and the cases late in a long launch ran several times slower (381 s for five
-bodies shared against 309 s for five launches, 2026-11-27 CI)."""
+Sharing pays at world 4 too because the gloo groups earlier cases leave behind share one
+device per process (`platform/torch_compat.py`): with a polling thread per group, the cases
+late in a long launch ran several times slower, and five bodies in one world-4 launch took
+381 s against 309 s in five launches."""
 
 from __future__ import annotations
 
