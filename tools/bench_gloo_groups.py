@@ -20,11 +20,12 @@ import json
 import os
 import platform
 import resource
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from megatron_rl_lab.testing.torchrun import run_script
 
 PATCH = "gloo_shared_device"
 
@@ -52,14 +53,13 @@ def rank_body(groups: int, idle_s: float, out_dir: Path) -> None:
 
 
 def launch(world: int, groups: int, idle_s: float, shared: bool) -> dict:
-    """One torchrun launch of :func:`rank_body`; the ranks' mean idle CPU share and threads."""
+    """One torchrun launch of :func:`rank_body`: the CPU the sleeping ranks used together,
+    in cores kept busy, and the threads of the rank that had most."""
     with tempfile.TemporaryDirectory(prefix="bench-gloo-") as tmp:
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        if not shared:
-            env["MEGATRON_RL_CPU_PATCHES_EXCLUDE"] = PATCH
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--standalone"]
-        cmd += [__file__, "--rank-body", str(groups), str(idle_s), tmp]
-        subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=600)
+        env = {"MEGATRON_RL_CPU_PATCHES_EXCLUDE": "" if shared else PATCH}
+        proc = run_script(Path(__file__), world, ["--rank-body", str(groups), str(idle_s), tmp], 600, env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"torchrun exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}")
         ranks = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("rank*.json"))]
     idle = sum(r["idle_cpu_s"] for r in ranks)
     return {
