@@ -9,8 +9,8 @@ in the host's /proc."""
 import ast
 import re
 import socket
-import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,12 @@ from megatron_rl.environments.sandbox import Outcome, SandboxConfig
 REPO = Path(__file__).resolve().parents[3]
 MARGIN_S = 1.5
 """Starting and ending a sandbox on the loaded 2-core test machine takes 0.2-0.8 s."""
-DRILL = SandboxConfig(timeout_s=1.0, memory_mb=256, max_processes=8, max_output_bytes=4096)
+DRILL = SandboxConfig(timeout_s=10.0, memory_mb=256, max_processes=8, max_output_bytes=4096)
+"""For the drills that meet another limit. Their wall clock counts from the interpreter's
+start, and a drill starts two (it re-executes itself): on the loaded CI machine a 1 s limit
+once ended a memory bomb and one of eight concurrent sleeps before their own ending."""
+TIMED = replace(DRILL, timeout_s=2.0)
+"""For the drills that meet the wall clock: long enough for their first print under load."""
 
 
 def processes_with(marker: str) -> list[int]:
@@ -66,6 +71,11 @@ def tool(isolation):
     return PythonTool(DRILL, isolation)
 
 
+@pytest.fixture(scope="module")
+def timed(isolation):
+    return PythonTool(TIMED, isolation)
+
+
 def test_ok_path_prints_the_exact_output(tool):
     result = tool("print(2**100)")
     assert (result.observation, result.status) == ("1267650600228229401496703205376\n", OK)
@@ -73,14 +83,14 @@ def test_ok_path_prints_the_exact_output(tool):
     assert (result.observation, result.status) == ("/box kept\n", OK)
 
 
-def test_an_infinite_loop_times_out(tool):
-    result = drill(tool, "while True:\n    pass\n")
-    assert (result.observation, result.status) == ("error: timed out after 1.0 s", TIMEOUT)
+def test_an_infinite_loop_times_out(timed):
+    result = drill(timed, "while True:\n    pass\n")
+    assert (result.observation, result.status) == ("error: timed out after 2.0 s", TIMEOUT)
 
 
-def test_what_was_printed_before_a_timeout_is_kept(tool):
-    result = drill(tool, "import time\nprint('started')\ntime.sleep(30)\n")
-    assert (result.observation, result.status) == ("started\nerror: timed out after 1.0 s", TIMEOUT)
+def test_what_was_printed_before_a_timeout_is_kept(timed):
+    result = drill(timed, "import time\nprint('started')\ntime.sleep(30)\n")
+    assert (result.observation, result.status) == ("started\nerror: timed out after 2.0 s", TIMEOUT)
 
 
 def test_an_exception_gives_the_tracebacks_last_line(tool):
@@ -183,23 +193,21 @@ def test_a_daemon_ends_with_the_call(tool):
 
 
 def test_eight_concurrent_calls_overlap(isolation):
-    """Run one after the other, eight 0.5 s sleeps take more than 4 s; here they overlap.
+    """Run one after the other, eight 0.5 s sleeps span more than 4 s; here they overlap.
     The sleeps' own times (the clock is shared with the host) show it however loaded the
-    machine is; the wall time shows it on top of the sandboxes' start."""
+    machine is, and they include the later sandboxes' start: were the starts serialised,
+    eight of them (0.2-0.8 s each) would spread the sleeps as well."""
     code = "import time\nstart = time.time()\ntime.sleep(0.5)\nprint(start, time.time())"
-    start = time.monotonic()
     results = run_many([code] * 8, DRILL, max_workers=8, report=isolation)
-    elapsed = time.monotonic() - start
     assert [r.status for r in results] == [OK] * 8, results
     spans = [tuple(map(float, r.observation.split())) for r in results]
     covered = max(end for _, end in spans) - min(begin for begin, _ in spans)
     assert covered < 0.5 * 8 / 2, f"the sleeps spanned {covered:.2f} s"
-    assert elapsed < 0.5 * 8, f"8 calls of 0.5 s took {elapsed:.2f} s"
 
 
 def test_weaker_isolation_still_limits_time_and_ends_the_process_group():
     none = IsolationReport(False, False, False, False, "", False, "", ("drill",))
-    tool = PythonTool(SandboxConfig(timeout_s=1.0, allow_weaker_isolation=True), none)
+    tool = PythonTool(SandboxConfig(timeout_s=TIMED.timeout_s, allow_weaker_isolation=True), none)
     assert tool("print(6 * 7)").observation == "42\n"
     result = drill(tool, "import time\nif os.fork() == 0:\n    time.sleep(60)\ntime.sleep(60)\n")
     assert result.status == TIMEOUT
