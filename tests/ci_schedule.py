@@ -21,23 +21,28 @@ UNIT_TESTS = TESTS / "unit"
 OPTION = "--slurm-beside-the-rest"
 
 HEAVY_FIRST = (
-    "distributed/test_bridge.py",  # with test_checkpoint and test_model_layouts: one unit (below)
+    "distributed/test_bridge.py",  # with the other SHARED_LAUNCH_MODULES: one unit (below)
     "distributed/test_trainer_recipes.py",
     "distributed/test_tool_episodes.py",
     "distributed/test_trainer.py",
     "distributed/test_weight_sync.py",
     "distributed/test_trainer_async.py",
     "distributed/test_trainer_failures.py",
-    "distributed/test_schedules.py",
     "distributed/test_embedded_default.py",
 )
 """The heaviest modules of the rest, heaviest first (the distributed modules one after the
 other on a quiet machine, 2026-11-29: 500 s for the world-8 unit down to 120 s): handed out
 before the lighter ones, so that the last module either worker starts is a short one."""
 assert all((TESTS / name).is_file() for name in HEAVY_FIRST), "HEAVY_FIRST names a module that is not there"
-SHARED_LAUNCH_MODULES = ("test_bridge.py", "test_checkpoint.py", "test_model_layouts.py")
-"""tests/distributed modules whose cases share one world-8 launch (tests/distributed/conftest.py):
-one unit of work, or each worker would start the launch."""
+SHARED_LAUNCH_MODULES = (
+    "test_bridge.py",
+    "test_checkpoint.py",
+    "test_model_layouts.py",
+    "test_schedules.py",
+    "test_route_replay.py",
+)
+"""tests/distributed modules whose cases share one launch per world size (tests/distributed/conftest.py):
+one unit of work, or each worker would start the launches."""
 
 
 def add_option(parser) -> None:
@@ -66,12 +71,12 @@ def queue_position(item) -> tuple[int, int]:
 
 def scope_of(nodeid: str) -> str:
     """The unit of work one worker takes whole: the Slurm tests (one cluster, waits that a
-    second module would skew), the modules of the shared world-8 launch, any other module."""
+    second module would skew), the modules of the shared launches, any other module."""
     module = nodeid.split("::", 1)[0]
     if module.startswith("tests/slurm/"):
         return "tests/slurm"
     if module.startswith("tests/distributed/") and module.rsplit("/", 1)[1] in SHARED_LAUNCH_MODULES:
-        return "tests/distributed world-8 launch"
+        return "tests/distributed shared launches"
     return module
 
 

@@ -5,6 +5,7 @@ world 8 on a 2-core machine (2026-11-27), paid once per module before; the share
 took 147 s against 234 s for the three. The shared launch runs the cases of every body
 whose test module is in the session, so running one module still runs only its own cases.
 
+At world 4 the schedules' and the route replay's bodies join the launch as well.
 Sharing pays at world 4 too because the gloo groups earlier cases leave behind share one
 device per process (`platform/torch_compat.py`): with a polling thread per group, the cases
 late in a long launch ran several times slower, and five bodies in one world-4 launch took
@@ -20,13 +21,15 @@ from megatron_rl_lab.testing.torchrun import launch
 from tests.ci_schedule import SHARED_LAUNCH_MODULES
 
 SHARED_BODY = Path(__file__).with_name("body_shared.py")
-SHARED = {  # body -> its test module
-    "body_bridge": "test_bridge.py",
-    "body_checkpoint": "test_checkpoint.py",
-    "body_model_layouts": "test_model_layouts.py",
+SHARED = {  # body -> its test module and the world sizes it runs at, in the launch's order
+    "body_bridge": ("test_bridge.py", (4, 8)),
+    "body_checkpoint": ("test_checkpoint.py", (4, 8)),
+    "body_model_layouts": ("test_model_layouts.py", (4, 8)),
+    "body_schedules": ("test_schedules.py", (4,)),
+    "body_route_replay": ("test_route_replay.py", (4,)),
 }
-assert set(SHARED.values()) == set(SHARED_LAUNCH_MODULES), "tests/ci_schedule.py gives one worker these modules"
-TIMEOUT_S = 2400  # the bodies' own launches had 900-1200 s each
+assert {m for m, _ in SHARED.values()} == set(SHARED_LAUNCH_MODULES), "tests/ci_schedule.py gives one worker these"
+TIMEOUT_S = 3600  # the bodies' own launches had 900-1200 s each
 
 
 class SharedLaunch:
@@ -39,7 +42,11 @@ class SharedLaunch:
     def results(self, body: str) -> dict:
         """``body``'s case results ({case: {"ok": ..., ...}}, as `launch`)."""
         if self._results is None:
-            bodies = [b for b, module in SHARED.items() if module in self._modules or b == body]
+            bodies = [
+                b
+                for b, (module, worlds) in SHARED.items()
+                if self.world in worlds and (module in self._modules or b == body)
+            ]
             args = [str(self.world), str(self.directory), ",".join(bodies)]
             self._results = launch(SHARED_BODY, self.world, timeout_s=TIMEOUT_S, args=args)
         prefix = f"{body}:"

@@ -2,13 +2,8 @@
 layout (TP with sequence parallelism, EP, ETP, PP*VPP, CP), forward-only and in a
 forward-backward with full activation recompute, matching the single-rank model."""
 
-from pathlib import Path
-
 import pytest
 
-from megatron_rl_lab.testing.torchrun import launch
-
-BODY = Path(__file__).with_name("body_route_replay.py")
 LAYOUTS = ["tp2_sp_ep2", "tp2_ep2_etp1", "ep4", "pp2_vpp2_ep2", "cp2_ep2"]
 LOGP_TOL, LOSS_TOL, GRAD_TOL = 1e-5, 1e-5, 1e-5
 """fp32 reductions in another order (the layout test's tolerances)."""
@@ -17,8 +12,8 @@ pytestmark = pytest.mark.distributed
 
 
 @pytest.fixture(scope="module")
-def world4():
-    return launch(BODY, 4, args=["4"], timeout_s=900)
+def world4(shared_launch4):
+    return shared_launch4.results("body_route_replay")
 
 
 def _result(results, case):

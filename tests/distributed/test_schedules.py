@@ -1,4 +1,4 @@
-"""RL losses through Megatron's schedules (one world-4 launch): for DAPO (token-mean) and
+"""RL losses through Megatron's schedules (the shared world-4 launch): for DAPO (token-mean) and
 GRPO (seq-mean-token-mean), and one recipe using every actor-loss piece, the gradient of
 one mini-batch split over microbatches and DP4 / PP2 / PP2·VPP2 / TP2 / TP2·EP2 equals
 plain single-process autograd on the whole batch; logprobs and entropy (padded vocabulary,
@@ -12,13 +12,8 @@ references in every layout above. With every sequence split over context-paralle
 ranks, CP2·PP2), padded and packed, actor and critic, the same references hold.
 """
 
-from pathlib import Path
-
 import pytest
 
-from megatron_rl_lab.testing.torchrun import launch
-
-BODY = Path(__file__).with_name("body_schedules.py")
 GRAD_TOL = 1e-6  # fp32; observed ≤ 1.2e-7 with gradients up to 0.28
 LOGPROB_TOL = 1e-6
 ENTROPY_TOL = 1e-5  # entropies are ~4.5 nats: 1e-5 is a relative 2e-6
@@ -64,8 +59,8 @@ CP_CRITIC_CASES = ["cp-dense-critic-cp2", "packed-cp-dense-critic-cp2_pp2"]
 
 
 @pytest.fixture(scope="module")
-def results():
-    return launch(BODY, 4)
+def results(shared_launch4):
+    return shared_launch4.results("body_schedules")
 
 
 def _result(results, case):
