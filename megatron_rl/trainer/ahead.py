@@ -155,20 +155,26 @@ class StepTimes:
     """Time the training ranks waited for them."""
     rollout_idle_s: float = 0.0
     """Time the rollout ranks waited for their commands."""
+    hidden_s: float = 0.0
+    """Generation time the training ranks did not wait for, batch by batch: a batch that ran
+    ahead hides part of its generation behind training; a refill drawn on the spot hides
+    none, and the latency of its answer must not count against the batch that ran ahead."""
     dropped_stale: int = 0
 
     def took(self, generation, waited_s: float) -> None:
         self.generation_s += generation.seconds
         self.train_idle_s += waited_s
         self.rollout_idle_s += generation.idle_s
+        self.hidden_s += max(generation.seconds - waited_s, 0.0)
 
     def metrics(self) -> dict:
         out = {
             "timing/generation_s": self.generation_s,
             "timing/train_idle_s": self.train_idle_s,
             "timing/rollout_idle_s": self.rollout_idle_s,
+            "timing/generation_hidden_s": self.hidden_s,
             "rollout/dropped_stale": self.dropped_stale,
         }
-        self.generation_s = self.train_idle_s = self.rollout_idle_s = 0.0
+        self.generation_s = self.train_idle_s = self.rollout_idle_s = self.hidden_s = 0.0
         self.dropped_stale = 0
         return out

@@ -578,14 +578,14 @@ class RLTrainer:
         step: the save call itself, and this step's updates waiting for its deferred host copy.
         With rollout ranks of their own, timing/overlap_fraction: the share of the step in which
         the generation of what it trained on ran beside training (generation time the training
-        ranks did not wait for)."""
+        ranks did not wait for, summed batch by batch)."""
         metrics["timing/step_s"] = time.perf_counter() - started
         metrics["timing/checkpoint_s"], self.last_save_s = self.last_save_s, 0.0
         metrics["timing/checkpoint_wait_s"] = self.checkpointer.snapshot_wait_seconds() - snapshot_waited
         metrics["throughput/tokens_per_s"] = tokens / metrics["timing/step_s"]
         if "timing/generation_s" in metrics:  # rollout ranks of their own
-            hidden = metrics["timing/generation_s"] - metrics["timing/train_idle_s"]
-            metrics["timing/overlap_fraction"] = min(max(hidden / metrics["timing/step_s"], 0.0), 1.0)
+            hidden = metrics["timing/generation_hidden_s"]
+            metrics["timing/overlap_fraction"] = min(hidden / metrics["timing/step_s"], 1.0)
 
     def agree_to_stop(self, metrics: dict) -> bool:
         """Whether the monitor declared a machine faulty (stop_on_alert); and any stop signal

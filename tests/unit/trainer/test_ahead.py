@@ -10,7 +10,7 @@ import pytest
 from megatron_rl.data import PromptDataset, PromptFields, PromptLoader
 from megatron_rl.rollout import Sample, Sampling
 from megatron_rl.rollout.remote import Generation
-from megatron_rl.trainer.ahead import AheadGeneration, GroupRequests
+from megatron_rl.trainer.ahead import AheadGeneration, GroupRequests, StepTimes
 
 
 class ScriptedRolloutRanks:
@@ -104,3 +104,17 @@ def test_partial_batches_are_judged_by_their_oldest_token(loader):
     assert ahead.draw(Sampling()).version == 3
     assert ahead.step_times.metrics()["rollout/dropped_stale"] == 2
     assert all(command.chunk_tokens == 3 for command in ranks.commands)
+
+
+def test_hidden_generation_is_counted_batch_by_batch():
+    """A batch that ran ahead (1.0 s generating, 0.3 s waited for) hides 0.7 s; a refill drawn
+    on the spot (0.5 s, waited 0.55 s with the answer's latency) hides none. Summed first, the
+    refill's latency would have cut the step's hidden time to 0.65 s (a CI run on a quiet
+    machine once saw three refills make it negative, clamped to an overlap of 0)."""
+    times = StepTimes()
+    times.took(Generation([], seconds=1.0, idle_s=0.0), waited_s=0.3)
+    times.took(Generation([], seconds=0.5, idle_s=0.0), waited_s=0.55)
+    out = times.metrics()
+    assert out["timing/generation_hidden_s"] == pytest.approx(0.7)
+    assert (out["timing/generation_s"], out["timing/train_idle_s"]) == (pytest.approx(1.5), pytest.approx(0.85))
+    assert times.metrics()["timing/generation_hidden_s"] == 0  # reset per step
