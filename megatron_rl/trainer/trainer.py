@@ -583,7 +583,7 @@ class RLTrainer:
         metrics["timing/checkpoint_s"], self.last_save_s = self.last_save_s, 0.0
         metrics["timing/checkpoint_wait_s"] = self.checkpointer.snapshot_wait_seconds() - snapshot_waited
         metrics["throughput/tokens_per_s"] = tokens / metrics["timing/step_s"]
-        if "timing/generation_s" in metrics:  # rollout ranks of their own
+        if "timing/generation_hidden_s" in metrics:  # rollout ranks of their own
             hidden = metrics["timing/generation_hidden_s"]
             metrics["timing/overlap_fraction"] = min(hidden / metrics["timing/step_s"], 1.0)
 

@@ -34,8 +34,8 @@ MARGIN_S = 1.5
 """Starting and ending a sandbox on the loaded 2-core test machine takes 0.2-0.8 s."""
 DRILL = SandboxConfig(timeout_s=10.0, memory_mb=256, max_processes=8, max_output_bytes=4096)
 """For the drills that meet another limit. Their wall clock counts from the interpreter's
-start, and a drill starts two (it re-executes itself): on the loaded CI machine a 1 s limit
-once ended a memory bomb and one of eight concurrent sleeps before their own ending."""
+start, and a drill starts two (it re-executes itself): under CI's load a 1 s limit can end a
+memory bomb, or one of eight concurrent 0.5 s sleeps, before their own ending."""
 TIMED = replace(DRILL, timeout_s=2.0)
 """For the drills that meet the wall clock: long enough for their first print under load."""
 

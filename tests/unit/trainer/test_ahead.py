@@ -109,8 +109,8 @@ def test_partial_batches_are_judged_by_their_oldest_token(loader):
 def test_hidden_generation_is_counted_batch_by_batch():
     """A batch that ran ahead (1.0 s generating, 0.3 s waited for) hides 0.7 s; a refill drawn
     on the spot (0.5 s, waited 0.55 s with the answer's latency) hides none. Summed first, the
-    refill's latency would have cut the step's hidden time to 0.65 s (a CI run on a quiet
-    machine once saw three refills make it negative, clamped to an overlap of 0)."""
+    refill's latency would cut the step's hidden time to 0.65 s, and a few refills would
+    cancel it entirely."""
     times = StepTimes()
     times.took(Generation([], seconds=1.0, idle_s=0.0), waited_s=0.3)
     times.took(Generation([], seconds=0.5, idle_s=0.0), waited_s=0.55)
