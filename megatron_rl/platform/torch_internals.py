@@ -51,3 +51,22 @@ def has_grouped_mm() -> bool:
     import torch
 
     return hasattr(torch, "_grouped_mm")
+
+
+def inductor_cache_dir() -> str:
+    """The directory inductor keeps its compiled C++ kernels in: ``TORCHINDUCTOR_CACHE_DIR``,
+    else its default under the temp dir (``torch._inductor.runtime.cache_dir_utils.cache_dir``,
+    torch 2.13.0, which also creates it and exports the variable)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
+
+
+def vec_isa_probe_fingerprint(isa) -> str:
+    """What decides whether a vector ISA's probe kernel builds and loads, besides its code:
+    the C++ compiler's version, the ISA's compile flags and torch's version. Torch 2.13.0
+    names the probe's compiled file by the same string
+    (``torch._inductor.cpu_vec_isa._get_isa_dry_compile_fingerprint``)."""
+    from torch._inductor.cpu_vec_isa import _get_isa_dry_compile_fingerprint
+
+    return _get_isa_dry_compile_fingerprint(isa.build_arch_flags())

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 import torch
 
 from megatron_rl.algorithms.hapo import EntropyStats
-from megatron_rl.platform import vllm_compat
+from megatron_rl.platform import torch_compat, vllm_compat
 from megatron_rl.rollout import vllm_env
 from megatron_rl.utils import dtypes
 
@@ -190,6 +190,7 @@ class RolloutEngine:
         on_cpu = not torch.cuda.is_available()
         if on_cpu:
             vllm_compat.install()  # per-job shm names, the MoE reload repack, plain LM heads
+            torch_compat.VEC_ISA_PROBE_MEMO.apply()  # its C++ kernels' ISA probes, once per machine
         kwargs = {}
         if dist.is_initialized():
             kwargs["distributed_executor_backend"] = "external_launcher"

@@ -72,5 +72,58 @@ def test_gloo_groups_share_one_event_loop_per_process_and_reduce_right(tmp_path)
 
 def test_the_patch_names_the_release_it_was_written_for():
     assert torch.__version__.startswith(torch_compat.TORCH_VERSION) or torch.cuda.is_available()
-    assert torch_compat.patch_names() == ["gloo_shared_device"]
-    assert torch_compat.GLOO_SHARED_DEVICE.why
+    assert torch_compat.patch_names() == ["gloo_shared_device", "vec_isa_probe_memo"]
+    assert all(patch.why for patch in torch_compat.PATCHES)
+
+
+PICK_ISA = """
+import json
+import torch
+from torch._inductor import cpu_vec_isa
+from megatron_rl.platform import torch_compat
+
+probes = []
+original = cpu_vec_isa.VecISA._probe_load
+cpu_vec_isa.VecISA._probe_load = lambda self, path: probes.append(path) or original(self, path)
+torch_compat.VEC_ISA_PROBE_MEMO.apply()
+isa = cpu_vec_isa.pick_vec_isa()
+print(json.dumps({"isa": str(isa), "flags": isa.build_arch_flags(), "probes": len(probes)}))
+"""
+
+
+def test_a_vec_isa_probe_that_passed_loads_once_per_machine(tmp_path):
+    """Two fresh processes pick inductor's vector ISA with the same cache directory: the
+    first runs torch's probes (the patch only calls them), the second none, and picks the
+    same ISA with the same flags."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    picks = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", PICK_ISA], capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        picks.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    first, second = picks
+    assert first["probes"] > 0 and second["probes"] == 0, picks
+    assert (second["isa"], second["flags"]) == (first["isa"], first["flags"])
+    markers = list((tmp_path / "inductor" / torch_compat.VEC_ISA_PROBES_DIR).iterdir())
+    assert 0 < len(markers) <= first["probes"]
+
+
+class _Isa:
+    def build_arch_flags(self) -> str:
+        return "-mavx2 -mfma"
+
+
+def test_a_failed_vec_isa_probe_is_not_remembered(tmp_path, monkeypatch):
+    """A probe can fail for a passing reason (it timed out under load): it runs again next time."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    answers, calls = [False, True, False], []
+
+    def probe(isa, code):
+        calls.append(code)
+        return answers[len(calls) - 1]
+
+    check_build = torch_compat.VEC_ISA_PROBE_MEMO.make(probe)
+    assert [check_build(_Isa(), "int f();") for _ in range(3)] == [False, True, True]
+    assert len(calls) == 2  # the third answer came from the marker the second left
+    assert check_build(_Isa(), "int g();") is False  # other code: probed, and answered False
+    assert len(calls) == 3

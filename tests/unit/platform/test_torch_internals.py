@@ -48,3 +48,13 @@ def test_grouped_mm_is_one_matmul_per_group_and_takes_an_expanded_gradient():
     assert torch.allclose(got[0], rows.grad, rtol=1e-6, atol=1e-6)
     assert torch.allclose(got[1], weights.grad, rtol=1e-6, atol=1e-6)
     assert torch.equal(got[1][1], torch.zeros(8, 4))
+
+
+def test_inductors_cache_dir_and_the_vec_isa_probe_fingerprint(tmp_path, monkeypatch):
+    import torch
+    from torch._inductor.cpu_vec_isa import VecAVX2
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    assert torch_internals.inductor_cache_dir() == str(tmp_path / "inductor")
+    fingerprint = torch_internals.vec_isa_probe_fingerprint(VecAVX2())
+    assert VecAVX2().build_arch_flags() in fingerprint and torch.__version__ in fingerprint
