@@ -200,6 +200,7 @@ class RolloutEngine:
                 dist.barrier()
         from vllm import LLM
 
+        vllm_env.freeze_gc_heap()
         start = time.perf_counter()
         with vllm_compat.cpu_linear_format(config.cpu_linear if on_cpu else "packed"):
             self.llm = LLM(
