@@ -12,6 +12,7 @@ import sys
 from typing import NoReturn, Optional, Sequence
 
 from megatron_rl.commands import Subcommand, installed
+from megatron_rl.launch import startup_gc
 
 EPILOG = """\
 examples:
@@ -113,9 +114,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(format_rank_map(cfg.parallel, args.world_size))
             return 0
         if args.command == "train":
+            startup_gc.pause()  # until the run is built (launch.startup_gc)
             cfg = _load(args, _world_size_from_env())
             if cfg.trainer.job == "smoke":
                 from megatron_rl.models.smoke import run
+
+                startup_gc.resume()
 
                 summary = run(cfg)
                 print(

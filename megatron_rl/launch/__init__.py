@@ -10,6 +10,7 @@ The batch script and the trainer agree on three things, each in its own module:
   exclude     the monitor's exclude file as a Slurm node list
   resume      metrics.jsonl continued on restart (rows past the resumed step dropped)
   process_exit  a rank whose run returned ends without the interpreter's teardown
+  startup_gc  the garbage collector paused through a rank's start, then the heap frozen
 
 Nothing here imports torch at module level, so `python -m megatron_rl.launch` is fast
 enough to run from a batch script.

@@ -33,7 +33,7 @@ from megatron_rl.algorithms import explained_variance, kl_penalty
 from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.algorithms.rollout_correction import CorrectionInputs, correct_rollout
 from megatron_rl.config import Config, ConfigError, dump_yaml, to_dict, validate, verifier_name
-from megatron_rl.launch import exit_codes
+from megatron_rl.launch import exit_codes, startup_gc
 from megatron_rl.launch.exclude import ExcludeWatch
 from megatron_rl.launch.roles import ROLLOUT, RoleWorld, init_roles
 from megatron_rl.launch.signals import StopSignals, stop_line
@@ -310,6 +310,7 @@ class RLTrainer:
         """Train from the step after the newest checkpoint to trainer.max_steps, or until told to
         stop. Rollout ranks that fail or hang end the run with exit 1 (requeue) after the saves
         in flight commit."""
+        startup_gc.resume()  # the run is built: its garbage collected once, the rest frozen
         step = self.first_step - 1
         try:
             if step == 0 and self.cfg.eval.due(0, self.cfg.trainer.max_steps):  # the starting weights, as step 0
@@ -755,6 +756,7 @@ def _serve_rollouts(roles: RoleWorld, cfg: Config) -> dict:
     launch reports the run)."""
     from megatron_rl.rollout.remote import serve
 
+    startup_gc.resume()  # the engine is built on the trainer's first command
     served = serve(roles.bridge)
     return {
         "run_dir": str(cfg.trainer.run_dir),
