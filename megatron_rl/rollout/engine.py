@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 import torch
 
 from megatron_rl.algorithms.hapo import EntropyStats
+from megatron_rl.launch import startup_gc
 from megatron_rl.platform import torch_compat, vllm_compat
 from megatron_rl.rollout import vllm_env
 from megatron_rl.utils import dtypes
@@ -200,7 +201,7 @@ class RolloutEngine:
                 dist.barrier()
         from vllm import LLM
 
-        vllm_env.freeze_gc_heap()
+        startup_gc.freeze_heap()  # vLLM's build collects several times: not over what lives now
         start = time.perf_counter()
         with vllm_compat.cpu_linear_format(config.cpu_linear if on_cpu else "packed"):
             self.llm = LLM(

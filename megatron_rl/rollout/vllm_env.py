@@ -8,8 +8,6 @@ What must happen before the engine is built:
   lines per engine start and per weight load, which bury the trainer's progress line. vLLM
   takes ``VLLM_LOGGING_LEVEL`` into its logging config when an engine is made, so the
   variable is set here; a logger an earlier engine already configured is set directly;
-- the garbage collector's heap is collected once and frozen (:func:`freeze_gc_heap`), so that
-  the full collections vLLM runs while it builds the engine skip what was imported before;
 - shared-memory segments of vLLM's CPU communicator survive a crashed or killed rank and
   make the next launch fail (errno 17): :func:`remove_stale_shm` removes the ones nobody
   maps. Naming them per job, and every other patch of vLLM, is in
@@ -18,7 +16,6 @@ What must happen before the engine is built:
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import sys
@@ -47,21 +44,6 @@ def prepare_environment(
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
     if threads is not None:
         torch.set_num_threads(threads)
-
-
-def freeze_gc_heap() -> None:
-    """Collect the garbage once, then freeze every object left, as vLLM itself does when its
-    engine is up (``vllm.utils.gc_utils.freeze_gc_heap``), only before the build.
-
-    A rank holds about 700,000 tracked objects by then (torch, Megatron-Core, vLLM and the
-    models), and the build runs five full collections (two in vLLM's model loader, three in
-    its own freeze at the end), each walking all of them. Frozen objects are never walked
-    again: a world-1 DAPO run of 3 steps here took 10.1 CPU-s against 10.9. Collecting first
-    keeps garbage cycles (a model's tensors among them) from being frozen for good; there
-    were 10 unreachable objects at that point of the run. Objects made later are collected
-    as usual."""
-    gc.collect()
-    gc.freeze()
 
 
 def set_log_level(level: str) -> None:

@@ -1,6 +1,7 @@
 """The collector paused through a rank's start: no automatic collection while paused; at the
 resume the garbage made meanwhile is collected, what lives is frozen, and collections run
-again; a resume without a pause changes nothing."""
+again; a resume without a pause changes nothing. The freeze before vLLM's build collects
+the garbage before it freezes the rest."""
 
 import gc
 import weakref
@@ -48,3 +49,16 @@ def test_a_resume_without_a_pause_changes_nothing(collector_restored):
     frozen_before = gc.get_freeze_count()
     startup_gc.resume()
     assert gc.isenabled() and gc.get_freeze_count() == frozen_before
+
+
+def test_the_heap_is_frozen_after_its_garbage_is_collected(collector_restored):
+    """What lives is frozen (the engine build's collections skip it); a garbage cycle made
+    before is collected, not kept for good; a cycle made after is collected as usual."""
+    kept = _Node()
+    made_before = _cycle()
+    startup_gc.freeze_heap()
+    assert made_before() is None and gc.get_freeze_count() > 0
+    assert all(obj is not kept for obj in gc.get_objects(generation=2))  # frozen: in no generation
+    made_after = _cycle()
+    gc.collect()
+    assert made_after() is None

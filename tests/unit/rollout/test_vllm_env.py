@@ -1,8 +1,6 @@
 """Colocation hygiene: stale vLLM shared-memory segments go, live ones stay, a process that
-skips vLLM's shutdown unlinks its own; vLLM logs at rollout.log_level; the heap is frozen
-before the engine is built, without the garbage."""
+skips vLLM's shutdown unlinks its own; vLLM logs at rollout.log_level."""
 
-import gc
 import logging
 import mmap
 import os
@@ -15,34 +13,6 @@ import pytest
 
 from megatron_rl.config import ConfigError, load_config
 from megatron_rl.rollout import vllm_env
-
-
-class _Node:
-    pass
-
-
-def test_the_heap_is_frozen_after_its_garbage_is_collected():
-    """What lives is frozen (the engine build's collections skip it); a garbage cycle made
-    before is collected, not kept for good; a cycle made after is collected as usual."""
-    import weakref
-
-    kept = _Node()
-    garbage = _Node()
-    garbage.self = garbage
-    dead = weakref.ref(garbage)
-    del garbage
-    try:
-        vllm_env.freeze_gc_heap()
-        assert dead() is None and gc.get_freeze_count() > 0
-        assert all(obj is not kept for obj in gc.get_objects(generation=2))  # frozen: in no generation
-        later = _Node()
-        later.self = later
-        later_ref = weakref.ref(later)
-        del later
-        gc.collect()
-        assert later_ref() is None
-    finally:
-        gc.unfreeze()
 
 
 def test_stale_segments_are_removed_and_mapped_ones_kept(tmp_path):
