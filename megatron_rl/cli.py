@@ -1,6 +1,6 @@
 """`megatron-rl`: the command line (also `python -m megatron_rl`).
 
-Config errors are reported by one validation pass (megatron_rl.config.checks) before Megatron
+Config errors are reported by one validation pass (megatron_rl.from_config.checks) before Megatron
 or any process group is touched (bad layouts, data and names before torch too), so they come
 back in well under two seconds.
 """
@@ -71,7 +71,8 @@ def build_parser(own_parsers: dict[str, Subcommand]) -> argparse.ArgumentParser:
 
 
 def _load(args, world_size: Optional[int] = None):
-    from megatron_rl.config import load_config, validate
+    from megatron_rl.config import load_config
+    from megatron_rl.from_config import validate
 
     cfg = load_config(args.config, args.overrides)
     if world_size is not None:
@@ -101,7 +102,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command == "config":
             from megatron_rl.config import dump_yaml
-            from megatron_rl.config.checks import check_recipe
+            from megatron_rl.from_config.checks import check_recipe
 
             cfg = _load(args)
             check_recipe(cfg)  # an unknown recipe or override fails here (the layout needs a world size)
@@ -117,7 +118,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             startup_gc.pause()  # until the run is built (launch.startup_gc)
             cfg = _load(args, _world_size_from_env())
             if cfg.trainer.job == "smoke":
-                from megatron_rl.models.smoke import run
+                from megatron_rl.trainer.smoke import run
 
                 startup_gc.resume()
 

@@ -1,5 +1,5 @@
 """YAML + dotted ``key=value`` overrides -> the :class:`Config` tree (each section checks its
-own fields; :func:`megatron_rl.config.checks.validate` checks the run as a whole).
+own fields; :func:`megatron_rl.from_config.checks.validate` checks the run as a whole).
 
 Everything here is cheap (no torch, no Megatron import) so that a bad key fails in well
 under two seconds, before any process group exists.

@@ -2,7 +2,7 @@
 
 Each section validates only its own fields (raising, never rewriting); everything that
 spans sections (layouts against the real model, recipe compatibility, batch sizes, data,
-reward and task names) is the one pass :func:`megatron_rl.config.checks.validate`. Later
+reward and task names) is the one pass :func:`megatron_rl.from_config.checks.validate`. Later
 components add their sections here.
 """
 
@@ -12,8 +12,8 @@ import dataclasses
 import re
 from typing import Optional
 
+from megatron_rl.config.sandbox import SandboxConfig
 from megatron_rl.data.reasoning_gym import SOURCE_PREFIX as GYM_PREFIX
-from megatron_rl.environments.sandbox import SandboxConfig
 from megatron_rl.models.presets import PRESETS
 from megatron_rl.monitor.config import OnlineConfig
 from megatron_rl.parallel.config import ParallelConfig
@@ -500,7 +500,7 @@ class EnvironmentConfig:
     not the last bits of vLLM's logprobs)."""
     sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
     """Limits of one python tool call and whether a run may go on with weaker isolation
-    (environments.sandbox.SandboxConfig)."""
+    (config.sandbox.SandboxConfig, enforced by environments.sandbox)."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_episode_tokens", "env_threads"):

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron_rl.utils.one_line_cli import OneLineParser
+from megatron_rl.launch.one_line_cli import OneLineParser
 
 BAD_INPUT = 2
 

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron_rl.utils.one_line_cli import OneLineParser
+from megatron_rl.launch.one_line_cli import OneLineParser
 
 BAD_INPUT = 2
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
@@ -152,7 +152,8 @@ def prepare(args: argparse.Namespace, world_size: int):
     The config gets the target's HF directory as model.hf_path (what the run started from:
     its held-out split and layouts are checked against it), only the selected sets, and the
     colocated engines this command runs; then the run's one validation pass."""
-    from megatron_rl.config import load_config, validate
+    from megatron_rl.config import load_config
+    from megatron_rl.from_config import validate
 
     if args.hf is not None and args.step is not None:
         raise EvalInputError("--step applies to --ckpt, not to --hf")

@@ -4,7 +4,7 @@ HF directory in the colocated vLLM engines a run would have, then the run's Eval
 A checkpoint goes the way training's weights go: the actor is built in the config's
 ``parallel`` layout, the step loaded into it (any saved layout reshards), and its weights
 synced into engines started from the HF directory the run started from. The engines get the
-trainer's settings (trainer.setup.engine_config) and every sample its eval seed, so the
+trainer's settings (from_config.setup.engine_config) and every sample its eval seed, so the
 numbers are the ones the run's eval phase logged for the same weights.
 """
 
@@ -25,8 +25,8 @@ from megatron_rl.config import Config
 from megatron_rl.evaluation.cli import Target
 from megatron_rl.evaluation.phase import Evaluator, eval_sampling
 from megatron_rl.evaluation.sets import eval_rewards, load_sets
+from megatron_rl.from_config import setup
 from megatron_rl.models.hf_config import ModelArch, arch_from_hf
-from megatron_rl.trainer import setup
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from megatron_rl.config.schema import HELD_OUT, Config, ConfigError, EvalSetConfig
-from megatron_rl.config.sources import GYM_REWARD, verifier_name
+from megatron_rl.from_config.sources import GYM_REWARD, verifier_name
 from megatron_rl.tasks.base_model import HELD_OUT_FILE
 
 

@@ -47,7 +47,7 @@ def _finish_for_the_outside_world() -> None:
     # First, while imports still work (a module imported after the thread shutdown below
     # cannot register its exit hooks and fails): free vLLM's shared memory.
     if "vllm" in sys.modules:  # only a vLLM engine made CPU communicator segments
-        from megatron_rl.rollout.vllm_env import release_shared_memory
+        from megatron_rl.platform.vllm_shm import release_shared_memory
 
         release_shared_memory()
     # What the interpreter's exit does first: wake the idle workers of every thread pool

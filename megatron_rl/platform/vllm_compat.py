@@ -140,7 +140,7 @@ SHM_GROUP_NAME = Patch(
     _name_shm_per_job,
     why="under external_launcher the name is the same for every job on a host, so a second "
     "job started beside a running one fails with 'create shm in SHMManager failed. errno: 17' "
-    "(segments a killed rank left behind: rollout.vllm_env.remove_stale_shm)",
+    "(segments a killed rank left behind: platform.vllm_shm.remove_stale_shm)",
 )
 MOE_RELOAD_REPACK = Patch(
     "moe_reload_repack",

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, Sequence
 
+from megatron_rl.rewards.digit_answer import DigitAnswerVerifier
 from megatron_rl.rewards.math_verifier import MathVerifier
 from megatron_rl.rewards.reasoning_gym import ReasoningGymVerifier
-from megatron_rl.tasks.verifier import DigitAnswerVerifier
 
 
 class Verifier(Protocol):

@@ -23,7 +23,7 @@ import torch
 
 from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.launch import startup_gc
-from megatron_rl.platform import torch_compat, vllm_compat
+from megatron_rl.platform import torch_compat, vllm_compat, vllm_shm
 from megatron_rl.rollout import vllm_env
 from megatron_rl.utils import dtypes
 
@@ -197,7 +197,7 @@ class RolloutEngine:
             kwargs["distributed_executor_backend"] = "external_launcher"
             if on_cpu:
                 if self.tp > 1 and rank % self.tp == 0:
-                    vllm_env.remove_stale_shm()
+                    vllm_shm.remove_stale_shm()
                 dist.barrier()
         from vllm import LLM
 

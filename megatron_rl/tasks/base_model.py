@@ -311,7 +311,7 @@ def make_tiny_base(
 @contextlib.contextmanager
 def _build_lock(directory: Path) -> Iterator[None]:
     """Held while ``directory`` is checked and built: two processes asking for the same base
-    (two runs sharing a base cache, see trainer.setup) build it once, the second waits and
+    (two runs sharing a base cache, see from_config.setup) build it once, the second waits and
     reuses it. An advisory lock on a file beside the directory, released when the holder
     exits, however it ends."""
     with open(directory.parent / f".{directory.name}.lock", "a") as lock:

@@ -38,9 +38,9 @@ from typing import Any, Sequence
 
 from megatron_rl.environments.tools import PYTHON
 from megatron_rl.parallel.config import ModelShape
+from megatron_rl.rewards.digit_answer import final_answer
 from megatron_rl.tasks.base_model import HELD_OUT_FILE, BaseModelSettings, settings_hash
 from megatron_rl.tasks.chat_format import END, render_chat
-from megatron_rl.tasks.verifier import final_answer
 
 BUILD_VERSION = 1
 """Bump when the generated artefacts change for the same settings (invalidates caches)."""

@@ -13,9 +13,9 @@ from typing import Sequence
 
 import torch
 
+from megatron_rl.rewards.digit_answer import DigitAnswerVerifier
 from megatron_rl.tasks.chat_format import prompt_messages, training_text
 from megatron_rl.tasks.digits import ANSWER_SPACE, DigitTask, TaskExample
-from megatron_rl.tasks.verifier import DigitAnswerVerifier
 
 
 def warmup_solution(task: DigitTask, example: TaskExample, rng: random.Random, correct: bool) -> str:

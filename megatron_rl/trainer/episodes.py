@@ -32,7 +32,7 @@ training by ``rollout.max_staleness`` batches as single-turn batches are
 every turn of it samples one policy version, and a checkpoint's data position comes
 before the batches in flight, which a resumed run draws again.
 
-What it does not cover yet (config.checks refuses each): replicas of several ranks (engine
+What it does not cover yet (from_config.checks refuses each): replicas of several ranks (engine
 TP > 1), partial rollouts, T-PPO windows, the eval phase.
 """
 
@@ -42,12 +42,14 @@ import dataclasses
 from typing import Callable, Optional
 
 from megatron_rl.algorithms.recipes import AlgorithmRecipe
-from megatron_rl.config import Config, verifier_name
+from megatron_rl.config import Config
 from megatron_rl.data import PromptBatch, PromptLoader
 from megatron_rl.environments.driver import DriverConfig, DriverTimes, EpisodeDriver
 from megatron_rl.environments.episode import EpisodeLimits, EpisodeResult
 from megatron_rl.environments.interface import EpisodeRecord
 from megatron_rl.environments.spec import EpisodeSpec, build_driver
+from megatron_rl.from_config import verifier_name
+from megatron_rl.from_config.rows import usable_groups
 from megatron_rl.rollout import Sample, Sampling
 from megatron_rl.rollout.commands import GenerateEpisodes
 from megatron_rl.rollout.remote import EpisodeGeneration, RolloutClient
@@ -55,7 +57,6 @@ from megatron_rl.rollout.replicas import run_episodes
 from megatron_rl.rollout.seeds import episode_seeds
 from megatron_rl.trainer.ahead import AheadGeneration
 from megatron_rl.trainer.rollouts import Drawn, TrainRows, collect_rollouts
-from megatron_rl.trainer.rows import usable_groups
 from megatron_rl.trainer.sources import Rollout, RolloutSource, collection_metrics, staleness_metrics
 
 EPISODE_COUNTS = ("tool_calls", "tool_errors", "tool_timeouts", "observation_tokens", "sampled_tokens")

@@ -22,12 +22,12 @@ from typing import Callable, Optional
 
 from megatron_rl.algorithms.recipes import AlgorithmRecipe
 from megatron_rl.data import PromptBatch, PromptLoader
+from megatron_rl.from_config.rows import usable_groups
 from megatron_rl.rollout import Sampling
 from megatron_rl.rollout.partial import spans_versions
 from megatron_rl.rollout.replicas import Continue, Generate
 from megatron_rl.trainer.ahead import AheadGeneration
 from megatron_rl.trainer.rollouts import Group, TrainRows, collect_rollouts, lockstep_draw, windowed_rollouts
-from megatron_rl.trainer.rows import usable_groups
 from megatron_rl.trainer.windows import WindowPool, WindowSample
 
 Score = Callable[[list[str], list[str]], tuple[list[float], dict]]

@@ -21,7 +21,7 @@ from megatron_rl.checkpoint import Checkpointer
 from megatron_rl.checkpoint.recovery import newest_intact_step
 from megatron_rl.config import ConfigError
 from megatron_rl.config.schema import CheckpointConfig
-from megatron_rl.trainer.setup import Trainable
+from megatron_rl.from_config.setup import Trainable
 
 CRITIC_DIR = "critic"
 """The critic's checkpoints, under the actor's root (step directories only match there)."""

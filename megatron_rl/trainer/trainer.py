@@ -32,7 +32,9 @@ from megatron_rl import checkpoint, platform
 from megatron_rl.algorithms import explained_variance, kl_penalty
 from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.algorithms.rollout_correction import CorrectionInputs, correct_rollout
-from megatron_rl.config import Config, ConfigError, dump_yaml, to_dict, validate, verifier_name
+from megatron_rl.config import Config, ConfigError, dump_yaml, to_dict
+from megatron_rl.from_config import setup, validate, verifier_name
+from megatron_rl.from_config.rows import train_row_multiple
 from megatron_rl.launch import exit_codes, startup_gc
 from megatron_rl.launch.exclude import ExcludeWatch
 from megatron_rl.launch.roles import ROLLOUT, RoleWorld, init_roles
@@ -54,7 +56,6 @@ from megatron_rl.schedules import (
     local_batch,
     train_step,
 )
-from megatron_rl.trainer import setup
 from megatron_rl.trainer.advantages import estimate_advantages
 from megatron_rl.trainer.ahead import AheadGeneration, GroupRequests
 from megatron_rl.trainer.assembly import StepBatch, assemble, routes_missing
@@ -64,7 +65,6 @@ from megatron_rl.trainer.loggers import open_loggers
 from megatron_rl.trainer.metrics import MetricsLog
 from megatron_rl.trainer.reference import ReferencePolicy
 from megatron_rl.trainer.rollouts import TrainRows
-from megatron_rl.trainer.rows import train_row_multiple
 from megatron_rl.trainer.sources import GroupSource, RolloutSource, WindowSource
 from megatron_rl.trainer.state import RunCheckpoint, choose_resume_step
 from megatron_rl.trainer.windows import WindowPool

@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from megatron_rl.from_config.rows import check_window_pool
+
 if TYPE_CHECKING:  # the engine module loads torch; config validation imports this file without it
     from megatron_rl.rollout import Sample
 
@@ -105,27 +107,12 @@ class WindowPool:
     """The responses of a T-PPO run that have not left training yet, oldest first."""
 
     def __init__(self, capacity: int, group_size: int, row_multiple: int):
-        self.check_sizes(capacity, group_size, row_multiple)
+        check_window_pool(capacity, group_size, row_multiple)
         self.capacity = capacity
         self.group_size = group_size
         self.row_multiple = row_multiple
         self.samples: list[WindowSample] = []
         self.next_prompt_key = 0
-
-    @staticmethod
-    def check_sizes(capacity: int, group_size: int, row_multiple: int) -> None:
-        """Raise ValueError unless a pool of these sizes can train: it holds a whole group
-        and one training batch (config validation runs this before anything is built)."""
-        if group_size < 1 or capacity < group_size:
-            raise ValueError(
-                f"window pool: capacity={capacity} rows must hold at least one group of group_size={group_size} >= 1"
-            )
-        if row_multiple < 1 or capacity < row_multiple:
-            raise ValueError(
-                f"window pool: capacity={capacity} rows cannot fill one training batch of "
-                f"{row_multiple} rows (DP x micro_batch_size x mini_batches); raise "
-                "rollout.prompts_per_step or rollout.n_samples"
-            )
 
     # -- one step, in order -------------------------------------------------------------
 

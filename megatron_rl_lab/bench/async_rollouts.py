@@ -261,7 +261,8 @@ def launches(plan: Plan) -> list[Launch]:
 def check_configs(plan: Plan) -> None:
     """Each run's config passes the trainer's own validation at its world size (a layout
     the training ranks cannot hold, a batch that does not split): one line before any launch."""
-    from megatron_rl.config import ConfigError, load_config, validate
+    from megatron_rl.config import ConfigError, load_config
+    from megatron_rl.from_config import validate
 
     for launch in launches(plan):
         try:

@@ -4,7 +4,7 @@ Each case builds the actor (or critic) in Megatron DDP with the distributed opti
 (:mod:`.training`) and runs warm-up then timed steps of ``get_forward_backward_func`` +
 ``optimizer.step()`` on synthetic tokens (every token is real: full rows, no padding, no
 packing). Model FLOPs per step come from
-:mod:`megatron_rl.utils.flops`; MFU is achieved FLOP/s per device over the device's peak
+:mod:`megatron_rl.models.flops`; MFU is achieved FLOP/s per device over the device's peak
 (:mod:`.hardware`). Rank 0 prints one line per case and writes all results as JSON.
 """
 
@@ -24,9 +24,9 @@ import torch.distributed as dist
 
 from megatron_rl import platform
 from megatron_rl.models.builder import BuildOptions
+from megatron_rl.models.flops import training_flops
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.utils import dtypes
-from megatron_rl.utils.flops import training_flops
 from megatron_rl_lab.bench import hardware, step_profile
 from megatron_rl_lab.bench.args import save_json
 from megatron_rl_lab.bench.plan import Case, MfuSettings

@@ -136,7 +136,8 @@ def make_plan(args: argparse.Namespace, world: int) -> Plan:
 def config(plan: Plan):
     """The recipe with the plan's overrides, validated at world 1 (one line if it is not a
     tool recipe or does not validate)."""
-    from megatron_rl.config import ConfigError, load_config, validate
+    from megatron_rl.config import ConfigError, load_config
+    from megatron_rl.from_config import validate
 
     try:
         cfg = validate(load_config(plan.config, list(plan.overrides)), 1)
@@ -271,17 +272,17 @@ def run(plan: Plan) -> dict:
     from transformers import AutoTokenizer
 
     from megatron_rl import platform
-    from megatron_rl.config.sources import base_settings, verifier_name
     from megatron_rl.data import PromptLoader
     from megatron_rl.environments.driver import EpisodeDriver
     from megatron_rl.environments.interface import EnvironmentSetup, EpisodeRecord
     from megatron_rl.environments.isolation import probe_isolation
     from megatron_rl.environments.registry import get_environment
     from megatron_rl.environments.tools import build_tools
+    from megatron_rl.from_config import setup
+    from megatron_rl.from_config.sources import base_settings, verifier_name
     from megatron_rl.models.hf_config import arch_from_hf
     from megatron_rl.rollout import RolloutEngine
     from megatron_rl.tasks.base_model import make_tiny_base
-    from megatron_rl.trainer import setup
     from megatron_rl.trainer.episodes import episode_spec
 
     cfg, started = config(plan), datetime.datetime.now(datetime.timezone.utc)

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from megatron_rl.config import ConfigError, dump_yaml, load_config, validate
+from megatron_rl.config import ConfigError, dump_yaml, load_config
+from megatron_rl.from_config import validate
 
 
 def test_overrides_are_typed_and_applied(tmp_path):

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.config import ConfigError, load_config, validate
+from megatron_rl.config import ConfigError, load_config
 from megatron_rl.environments.isolation import IsolationReport
+from megatron_rl.from_config import validate
 
 TOOLS = str(Path(__file__).resolve().parents[3] / "examples" / "tool_grpo.yaml")
 

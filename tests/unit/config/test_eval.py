@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.config import ConfigError, dump_yaml, load_config, validate
+from megatron_rl.config import ConfigError, dump_yaml, load_config
+from megatron_rl.from_config import validate
 from megatron_rl.tasks.base_model import BaseModelSettings
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from megatron_rl.algorithms.recipes import RECIPES
-from megatron_rl.config import load_config, validate
+from megatron_rl.config import load_config
+from megatron_rl.from_config import validate
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 TINY = sorted(p for p in EXAMPLES.glob("*.yaml") if p.stem in RECIPES)

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.config import ConfigError, base_settings, load_config, validate
-from megatron_rl.config.sources import gym_spec, prompt_file
+from megatron_rl.config import ConfigError, load_config
 from megatron_rl.data.reasoning_gym import GymSpec
+from megatron_rl.from_config import base_settings, validate
+from megatron_rl.from_config.sources import gym_spec, prompt_file
 from megatron_rl.tasks.gym_base import GymBaseSettings
 
 RECIPE = str(Path(__file__).resolve().parents[3] / "examples" / "dapo_reasoning_gym.yaml")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.config import ConfigError, base_settings, load_config, model_shape, validate
+from megatron_rl.config import ConfigError, load_config
+from megatron_rl.from_config import base_settings, model_shape, validate
 from megatron_rl.tasks import TASKS
 from megatron_rl.tasks.base_model import BaseModelSettings
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.config import ConfigError, base_settings, load_config, model_arch
+from megatron_rl.config import ConfigError, load_config
+from megatron_rl.from_config import base_settings, model_arch
 from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.models.presets import PRESETS, preset
 from megatron_rl.tasks.base_model import BaseModelSettings

@@ -4,9 +4,9 @@ import struct
 
 import pytest
 
-from megatron_rl.config import loggers
-from megatron_rl.config.loggers import check_loggers
 from megatron_rl.config.schema import ConfigError
+from megatron_rl.from_config import loggers
+from megatron_rl.from_config.loggers import check_loggers
 from megatron_rl.trainer.loggers import mlflow_key, open_loggers
 
 STEPS = {1: {"reward/mean": 0.25, "val/digits/pass@4": 0.5}, 2: {"reward/mean": 0.5, "val/digits/pass@4": 0.75}}

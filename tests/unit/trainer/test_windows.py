@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from megatron_rl.from_config.rows import check_window_pool
 from megatron_rl.rollout.engine import Sample
 from megatron_rl.trainer.rollouts import TrainRows
 from megatron_rl.trainer.windows import WindowPool
@@ -167,12 +168,12 @@ def test_window_masks_and_egae_advantages_by_hand():
 
 
 def test_pool_size_check_is_the_one_config_validation_runs():
-    # capacity 4 < one training batch of 8 rows: the pool and the staticmethod refuse alike.
+    # capacity 4 < one training batch of 8 rows: the pool and the check refuse alike.
     with pytest.raises(ValueError) as built:
         WindowPool(capacity=4, group_size=2, row_multiple=8)
     with pytest.raises(ValueError) as checked:
-        WindowPool.check_sizes(4, 2, 8)
+        check_window_pool(4, 2, 8)
     assert str(built.value) == str(checked.value)
-    WindowPool.check_sizes(8, 2, 8)
+    check_window_pool(8, 2, 8)
     with pytest.raises(ValueError, match="must hold at least one group"):
-        WindowPool.check_sizes(2, 3, 1)
+        check_window_pool(2, 3, 1)

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from megatron_rl.config import Config
-from megatron_rl.config.sources import base_settings, gym_spec, prompt_file
+from megatron_rl.from_config.sources import base_settings, gym_spec, prompt_file
 from megatron_rl.models.builder import BuildOptions, build_model, wrap_for_training
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import ParallelConfig

@@ -3,8 +3,9 @@ which config validation uses to refuse a rollout that can never fill a training 
 
 import pytest
 
-from megatron_rl.config import ConfigError, load_config, validate
-from megatron_rl.trainer.rows import train_row_multiple, usable_groups
+from megatron_rl.config import ConfigError, load_config
+from megatron_rl.from_config import validate
+from megatron_rl.from_config.rows import train_row_multiple, usable_groups
 
 
 def test_usable_groups_keeps_the_most_whole_groups_that_split_evenly():

@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
+from megatron_rl.models.flops import forward_flops, gemm_shape, training_flops, training_flops_per_token
 from megatron_rl.models.hf_config import ModelArch
-from megatron_rl.utils.flops import forward_flops, gemm_shape, training_flops, training_flops_per_token
 
 # The numbers the hand arithmetic below uses (the shape of testing.tiny's archs, copied here so
 # that the expectations stay tied to the numbers they were computed from).

@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl import checkpoint, platform
-from megatron_rl.config import Config, dump_yaml, model_arch, validate
+from megatron_rl.config import Config, dump_yaml
+from megatron_rl.from_config import model_arch, validate
 from megatron_rl.launch import exit_codes
 from megatron_rl.launch.exclude import ExcludeWatch
 from megatron_rl.launch.resume import continue_metrics

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from megatron_rl.config import base_settings, load_config, model_shape, verifier_name
+from megatron_rl.config import load_config
+from megatron_rl.from_config import base_settings, model_shape, setup, verifier_name
 from megatron_rl.tasks.base_model import BaseModelSettings
-from megatron_rl.trainer import setup
 
 
 @pytest.fixture

@@ -12,9 +12,10 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from megatron_rl.config import sources
-from megatron_rl.config.loggers import check_loggers
 from megatron_rl.config.schema import HELD_OUT, Config, ConfigError, EvalSetConfig
+from megatron_rl.from_config import sources
+from megatron_rl.from_config.loggers import check_loggers
+from megatron_rl.from_config.rows import check_window_pool, train_row_multiple, usable_groups
 from megatron_rl.parallel.config import LayoutError, ModelShape, sequence_multiple
 
 FIRST_ROWS = 8
@@ -290,14 +291,11 @@ def check_recipe(config: Config):
 
 def _check_rows_per_step(config: Config, world_size: int, recipe) -> None:
     """A step's rollout can fill at least one training batch; otherwise every step trains nothing."""
-    from megatron_rl.trainer.rows import train_row_multiple, usable_groups
-    from megatron_rl.trainer.windows import WindowPool
-
     groups, group_size = config.rollout.prompts_per_step, config.rollout.n_samples
     multiple = train_row_multiple(config, world_size, recipe.use_critic)
     if recipe.generation_window is not None:  # T-PPO trains any rows of its pool
         try:
-            WindowPool.check_sizes(groups * group_size, group_size, multiple)
+            check_window_pool(groups * group_size, group_size, multiple)
         except ValueError as err:
             raise ConfigError(str(err)) from None
     elif usable_groups(groups, group_size, multiple) == 0:

@@ -3,7 +3,8 @@
 Every mini-batch splits evenly over the data-parallel ranks of actor and critic and into
 micro-batches, so a step trains a multiple of :func:`train_row_multiple` rows. Without a
 generation window the rows come in whole groups (:func:`usable_groups`); T-PPO's pool
-trains any rows (trainer.windows). Pure integer arithmetic: no torch, no process group.
+(trainer.windows) trains any rows once it holds a group and a batch
+(:func:`check_window_pool`). Pure integer arithmetic: no torch, no process group.
 """
 
 from __future__ import annotations
@@ -28,3 +29,18 @@ def usable_groups(num_groups: int, group_size: int, multiple: int) -> int:
     while num_groups and (num_groups * group_size) % multiple:
         num_groups -= 1
     return num_groups
+
+
+def check_window_pool(capacity: int, group_size: int, row_multiple: int) -> None:
+    """Raise ValueError unless T-PPO's window pool of these sizes can train: it holds a whole
+    group and one training batch (config validation runs this before anything is built)."""
+    if group_size < 1 or capacity < group_size:
+        raise ValueError(
+            f"window pool: capacity={capacity} rows must hold at least one group of group_size={group_size} >= 1"
+        )
+    if row_multiple < 1 or capacity < row_multiple:
+        raise ValueError(
+            f"window pool: capacity={capacity} rows cannot fill one training batch of "
+            f"{row_multiple} rows (DP x micro_batch_size x mini_batches); raise "
+            "rollout.prompts_per_step or rollout.n_samples"
+        )
