@@ -114,9 +114,15 @@ def build_model(
     options: Optional[BuildOptions] = None,
     pg_collection=None,
 ) -> list[torch.nn.Module]:
-    """The model chunks this rank holds (one per virtual pipeline stage)."""
+    """The model chunks this rank holds (one per virtual pipeline stage), for ``parallel``,
+    which must be the layout of Megatron's current groups (inside its context's ``active()``
+    when a process holds several): Megatron builds from its current groups whatever layout
+    the config names, so a mismatch is refused here rather than trained wrongly."""
     from megatron.core import parallel_state as ps
 
+    from megatron_rl.parallel.state import require_current
+
+    require_current(parallel, f"build_model({role!r})")
     options = options or BuildOptions()
     config = transformer_config(arch, parallel, options)
     pp_rank, pp_size = ps.get_pipeline_model_parallel_rank(), parallel.pp

@@ -11,6 +11,11 @@ globals and of the model-parallel RNG tracker, and :meth:`ParallelContext.active
 installs them while that layout's model is built, run, stepped or saved (through
 :mod:`megatron_rl.platform.megatron_internals`, which knows their names). Switching is a
 few dozen attribute assignments; no process group is created or destroyed by it.
+
+The swap is process state, so what is built outside the right ``active()`` would take
+another layout's groups without a word. :func:`require_current` closes that hole where a
+model is made: ``models.build_model`` refuses a layout whose sizes are not those of
+Megatron's current groups.
 """
 
 from __future__ import annotations
@@ -210,6 +215,38 @@ def _destroy_groups(groups: list) -> None:
     for group in groups:
         if is_registered_process_group(group):  # not destroyed already (Megatron's gloo groups)
             dist.destroy_process_group(group)
+
+
+def current_sizes() -> Optional[dict[str, int]]:
+    """The sizes of Megatron's current groups by ParallelConfig field name; None when no
+    layout is initialised."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return None
+    return {
+        "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
+        "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
+        "context_parallel_size": ps.get_context_parallel_world_size(),
+        "expert_model_parallel_size": ps.get_expert_model_parallel_world_size(),
+        "expert_tensor_parallel_size": ps.get_expert_tensor_parallel_world_size(),
+    }
+
+
+def require_current(config: ParallelConfig, what: str) -> None:
+    """Raise RuntimeError unless Megatron's current groups are ``config``'s sizes: ``what``
+    would otherwise be built (or run) in another layout than the one it names."""
+    live = current_sizes()
+    if live is None:
+        raise RuntimeError(f"{what}: no parallel layout is initialised; call parallel.initialize first")
+    wanted = config.megatron_sizes()
+    wrong = {name: (live[name], wanted[name]) for name in live if live[name] != wanted[name]}
+    if wrong:
+        sizes = ", ".join(f"{name}={want} (current {have})" for name, (have, want) in wrong.items())
+        raise RuntimeError(
+            f"{what} is for another layout than Megatron's current one: {sizes}; "
+            "build and run it inside its own ParallelContext.active()"
+        )
 
 
 def check_coordinates(ctx: ParallelContext) -> Optional[str]:

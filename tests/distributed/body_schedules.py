@@ -294,6 +294,11 @@ def two_layouts_case(actor_kind, actor_layout, actor_mbs, critic_kind, critic_la
     critic_layout_ctx = initialize_alongside(
         ParallelConfig(**critic_layout), seed=42, model=TINY_ARCHS[critic_kind].shape()
     )
+    try:  # outside its context the actor's groups are current: building the critic is refused
+        build_model("critic", TINY_ARCHS[critic_kind], ParallelConfig(**critic_layout), OPTIONS)
+        refused_outside = None
+    except RuntimeError as err:
+        refused_outside = str(err)
     with critic_layout_ctx.active():
         critic, critic_opt = build("critic", critic_kind, critic_layout, cref["weights"], optimizer="plain")
         critic_coords = check_coordinates(critic_layout_ctx)
@@ -330,6 +335,7 @@ def two_layouts_case(actor_kind, actor_layout, actor_mbs, critic_kind, critic_la
         "critic_ref_grad_norm": ref_norm,
         "critic_weights_moved": moved,
         "coordinates": [critic_coords, check_coordinates_now(actor_layout)],
+        "critic_refused_outside_its_layout": refused_outside,
     }
     destroy()
     return out

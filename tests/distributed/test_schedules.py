@@ -116,6 +116,8 @@ TWO_LAYOUT_CASES = ["two-layouts-moe-actor-tp2_ep2+moe-critic-pp2", "two-layouts
 def test_actor_and_critic_in_their_own_layouts_match_single_process(results, case):
     r = _result(results, case)
     assert r["coordinates"] == [None, None]  # Megatron's live ranks are each layout's own inside its scope
+    refused = r["critic_refused_outside_its_layout"]  # built outside its active(): the actor's groups
+    assert refused is not None and "ParallelContext.active()" in refused, refused
     assert r["logprob_diff"] < LOGPROB_TOL and r["value_diff"] < 1e-6
     _check_grads(r["actor"])
     _check_grads(r["critic"])
