@@ -37,9 +37,9 @@ from megatron_rl.config.schema import Config, EvalConfig
 from megatron_rl.evaluation.metrics import PromptResult, set_metrics
 from megatron_rl.evaluation.sets import EvalSet
 from megatron_rl.rollout.backend import RolloutBackend
-from megatron_rl.rollout.engine import Sampling
 from megatron_rl.rollout.replicas import contiguous_share
 from megatron_rl.rollout.seeds import MAX_SAMPLES
+from megatron_rl.rollout.types import Sampling
 
 Score = Callable[[list[str], list[str]], tuple[list[float], dict]]
 Decode = Callable[[list[int]], str]

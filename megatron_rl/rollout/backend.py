@@ -15,7 +15,7 @@ import torch
 
 if TYPE_CHECKING:
     from megatron_rl.data import PromptBatch
-    from megatron_rl.rollout.engine import EngineConfig, EvalSamples, Sample, Sampling
+    from megatron_rl.rollout.types import EngineConfig, EvalSamples, Sample, Sampling
     from megatron_rl.rollout.weight_check import WeightCheckResult
 
 

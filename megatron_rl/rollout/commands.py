@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from megatron_rl.data import PromptBatch
     from megatron_rl.environments.interface import EpisodeRecord
     from megatron_rl.environments.spec import EpisodeSpec
-    from megatron_rl.rollout.engine import EngineConfig, Sample, Sampling
+    from megatron_rl.rollout.types import EngineConfig, Sample, Sampling
 
 
 class UnknownCommandError(TypeError):
@@ -69,7 +69,7 @@ class GenerateEpisodes:
 @dataclasses.dataclass(frozen=True)
 class GenerateEval:
     """Held-out evaluation's samples, prompt i's seeded from ``seeds[i]``; answered with an
-    :class:`~megatron_rl.rollout.engine.EvalSamples` stamped with the policy version served."""
+    :class:`~megatron_rl.rollout.types.EvalSamples` stamped with the policy version served."""
 
     prompt_ids: list[list[int]]
     sampling: Sampling

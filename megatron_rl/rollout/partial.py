@@ -24,7 +24,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from megatron_rl.rollout.engine import RolloutEngine, Sample, Sampling
+from megatron_rl.rollout.engine import RolloutEngine
+from megatron_rl.rollout.types import Sample, Sampling
 
 if TYPE_CHECKING:
     from megatron_rl.data import PromptBatch

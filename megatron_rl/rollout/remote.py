@@ -66,7 +66,7 @@ from megatron_rl.rollout.commands import (
     UnknownCommandError,
     check_command,
 )
-from megatron_rl.rollout.engine import EngineConfig, EvalSamples, Sample, Sampling
+from megatron_rl.rollout.types import EngineConfig, EvalSamples, Sample, Sampling
 from megatron_rl.utils.alignment import DTYPE_VIEW_ALIGN, align_up
 
 if TYPE_CHECKING:

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import torch.distributed as dist
 
 from megatron_rl.data import PromptBatch
-from megatron_rl.rollout.engine import RolloutEngine, Sample, Sampling
+from megatron_rl.rollout.engine import RolloutEngine
 from megatron_rl.rollout.seeds import prompt_seeds
+from megatron_rl.rollout.types import Sample, Sampling
 
 if TYPE_CHECKING:
     from megatron_rl.environments.driver import DriverTimes, EpisodeDriver

@@ -15,8 +15,8 @@ from megatron_rl.evaluation import PromptResult, pass_at_k
 from megatron_rl.evaluation.phase import Evaluator, sample_seed
 from megatron_rl.evaluation.sets import EvalSet, load_sets
 from megatron_rl.rollout import replicas
-from megatron_rl.rollout.engine import EvalSamples, Sample, Sampling
 from megatron_rl.rollout.seeds import MAX_SAMPLES, prompt_seed
+from megatron_rl.rollout.types import EvalSamples, Sample, Sampling
 
 
 class ScriptedEngine:

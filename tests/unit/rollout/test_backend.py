@@ -19,8 +19,9 @@ from megatron_rl.environments.interface import EpisodeRecord
 from megatron_rl.rollout import commands
 from megatron_rl.rollout.backend import RolloutBackend
 from megatron_rl.rollout.channel import _to_bytes
-from megatron_rl.rollout.engine import EngineConfig, RolloutEngine, Sample, Sampling
+from megatron_rl.rollout.engine import RolloutEngine
 from megatron_rl.rollout.remote import HANDLERS, RolloutClient, RolloutServer
+from megatron_rl.rollout.types import EngineConfig, Sample, Sampling
 
 IMPLEMENTATIONS = [RolloutEngine, RolloutClient]
 PROTOCOL_METHODS = [
@@ -125,7 +126,7 @@ class _EvalEngine:
         self.updates += 1
 
     def generate_eval(self, prompt_ids, sampling, seeds):
-        from megatron_rl.rollout.engine import EvalSamples
+        from megatron_rl.rollout.types import EvalSamples
 
         return EvalSamples([[] for _ in prompt_ids])
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from megatron_rl.rollout.engine import Sample
+from megatron_rl.rollout.types import Sample
 from megatron_rl.trainer.rollouts import TrainRows
 from megatron_rl.trainer.windows import WindowPool
 
