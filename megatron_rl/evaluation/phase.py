@@ -14,7 +14,7 @@ It leaves training as it was (a run with eval on trains exactly as with it off):
   prompt with the training data is refused;
 - every sample has its own seed (from eval.seed, the set, the prompt and the sample), and
   the generation puts back every random generator of the process that runs vLLM and drops
-  the prefix cache it filled (:meth:`~megatron_rl.rollout.engine.RolloutEngine.generate_eval`);
+  the prefix cache it filled (:meth:`~megatron_rl.rollout.replicas.Replicas.generate_eval`);
 - nothing it samples enters a training batch.
 
 The backend deals each set's prompts to its replicas and returns every sample to every

@@ -17,17 +17,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence, Union
 
 import torch
 
 from megatron_rl.launch import startup_gc
 from megatron_rl.platform import torch_compat, vllm_compat
 from megatron_rl.rollout import vllm_env
-from megatron_rl.rollout.types import EngineConfig, EvalSamples, Sample, Sampling
-
-if TYPE_CHECKING:
-    from megatron_rl.data import PromptBatch
+from megatron_rl.rollout.types import EngineConfig, Sample, Sampling
 
 Prompt = Union[str, Sequence[int]]
 
@@ -46,9 +43,10 @@ def prefill_waves(tokens: Sequence[int], budget: int) -> list[range]:
 
 
 class RolloutEngine:
-    """A colocated vLLM engine: generate, continue, and load new weights in place. A
-    :class:`~megatron_rl.rollout.backend.RolloutBackend`; one per rank (the ranks of one
-    engine TP group share a replica)."""
+    """A colocated vLLM engine: generate, continue, and load new weights in place; one per
+    rank (the ranks of one engine TP group share a replica). It generates what its own rank
+    is given; :class:`~megatron_rl.rollout.replicas.Replicas` deals a batch over a world's
+    replicas and is the :class:`~megatron_rl.rollout.backend.RolloutBackend`."""
 
     config: EngineConfig
 
@@ -139,31 +137,6 @@ class RolloutEngine:
             ]
             for ids, budget, out in zip(prompt_ids, budgets, outputs)
         ]
-
-    def generate_groups(self, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:
-        """``sampling.n`` samples per prompt of the whole batch, the prompts dealt to the
-        replicas and the groups gathered back: the same list on every rank (collective)."""
-        from megatron_rl.rollout.replicas import generate_groups
-
-        return generate_groups(self, prompts, sampling)
-
-    def generate_eval(
-        self, prompt_ids: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int]
-    ) -> EvalSamples:
-        """Held-out evaluation's samples, apart from training: prompt i's seeded from
-        ``seeds[i]``, the prompts dealt to the replicas and the groups gathered back (the
-        same on every rank, collective); the process's random generators and the prefix
-        cache are left as the next rollout would have found them without it."""
-        from megatron_rl.rollout.replicas import generate_eval
-
-        return EvalSamples(generate_eval(self, prompt_ids, sampling, seeds))
-
-    def continue_samples(self, samples: list[Sample], sampling: Sampling) -> list[Sample]:
-        """Every sample of the whole list extended by one more window (:meth:`continue_`
-        on each replica's share), the same list on every rank (collective)."""
-        from megatron_rl.rollout.replicas import continue_samples
-
-        return continue_samples(self, samples, sampling)
 
     def close(self) -> None:
         """Nothing to release: the engine lives as long as the process, whose exit frees

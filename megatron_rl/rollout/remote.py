@@ -66,6 +66,7 @@ from megatron_rl.rollout.commands import (
     UnknownCommandError,
     check_command,
 )
+from megatron_rl.rollout.replicas import Replicas
 from megatron_rl.rollout.types import EngineConfig, EvalSamples, Sample, Sampling
 from megatron_rl.utils.alignment import DTYPE_VIEW_ALIGN, align_up
 
@@ -336,8 +337,9 @@ class RolloutServer:
 
         self.down, self.up = Channel(bridge[0]), Channel(bridge[1])
         self.leader = self.up.rank == ROLLOUT_LEADER
-        self.engine = None
-        self.driver = None
+        self.replicas: Optional[Replicas] = None
+        """This rank's engine among the rollout world's replicas, built by ``Start``."""
+        self.episodes = None
         """The episode driver on this rank's engine (a run of multi-turn episodes)."""
         self.rank = dist.get_rank()
         self.inbox = Inbox(self._receive, is_last=lambda m: isinstance(m[0], Stop), name="rollout-commands")
@@ -413,60 +415,63 @@ class RolloutServer:
     def _start(self, command: Start, bucket: None) -> None:
         from megatron_rl.rollout.engine import RolloutEngine
 
-        self.engine = RolloutEngine(command.model_dir, command.config)
+        self.replicas = Replicas(RolloutEngine(command.model_dir, command.config))
         if command.episodes is not None:
             from transformers import AutoTokenizer
 
+            from megatron_rl.environments.replicas import EpisodeReplicas
             from megatron_rl.environments.spec import build_driver
 
             tokenizer = AutoTokenizer.from_pretrained(command.model_dir)
-            self.driver = build_driver(command.episodes, self.engine, tokenizer, announce=self.leader)
+            driver = build_driver(command.episodes, self.replicas.engine, tokenizer, announce=self.leader)
+            self.episodes = EpisodeReplicas(self.replicas, driver)
 
     def _close_driver(self) -> None:
-        if self.driver is not None:
-            self.driver.close()
-            self.driver.environment.close()
+        if self.episodes is not None:
+            self.episodes.close()
 
     def _generate_episodes(self, command: GenerateEpisodes, bucket: None) -> EpisodeGeneration:
         """Every episode run to its end under the weights served now (no update runs inside)."""
-        from megatron_rl.rollout.replicas import run_episodes
-
-        if self.driver is None:
+        if self.episodes is None:
             raise RuntimeError("GenerateEpisodes: the engines were started without an episode spec")
         idle, self.idle_s = self.idle_s, 0.0
         started = time.perf_counter()
-        results, times = run_episodes(self.engine, self.driver, command.records, command.seeds, self.version)
+        results, times = self.episodes.run(command.records, command.seeds, self.version)
         return EpisodeGeneration(results, times, time.perf_counter() - started, idle)
 
     def _generate_eval(self, command: GenerateEval, bucket: None) -> EvalSamples:
-        groups = self.engine.generate_eval(command.prompt_ids, command.sampling, command.seeds).groups
+        groups = self.replicas.generate_eval(command.prompt_ids, command.sampling, command.seeds).groups
         return EvalSamples(groups, policy_version=self.version)
 
     def _continue(self, command: Continue, bucket: None) -> list[Sample]:
-        return self.engine.continue_samples(command.samples, command.sampling)
+        return self.replicas.continue_samples(command.samples, command.sampling)
 
     def _prompt_logprobs(self, command: PromptLogprobs, bucket: None) -> list[list[float]]:
-        return self.engine.prompt_logprobs(command.sequences)
+        return self.replicas.prompt_logprobs(command.sequences)
 
     def _load(self, command: LoadBucket, bucket: list) -> str:
-        return self.engine.load_weights(bucket)
+        return self.replicas.load_weights(bucket)
 
     def _finish(self, command: FinishUpdate, bucket: None) -> None:
-        self.engine.finish_weight_update()
+        self.replicas.finish_weight_update()
         self.version += 1
 
     def _generate(self, request: Generate, bucket: None) -> Generation:
         """The batch, whole or in chunks; its time excludes the commands run between chunks."""
         from megatron_rl.rollout.partial import generate_in_chunks
-        from megatron_rl.rollout.replicas import generate_groups
 
         idle, self.idle_s = self.idle_s, 0.0
         started, self.between_s = time.perf_counter(), 0.0
         if request.chunk_tokens is None:
-            groups = generate_groups(self.engine, request.prompts, request.sampling)
+            groups = self.replicas.generate_groups(request.prompts, request.sampling)
         else:
             groups = generate_in_chunks(
-                self.engine, request.prompts, request.sampling, request.chunk_tokens, self.version, self._between_chunks
+                self.replicas,
+                request.prompts,
+                request.sampling,
+                request.chunk_tokens,
+                self.version,
+                self._between_chunks,
             )
         return Generation(groups, time.perf_counter() - started - self.between_s, idle)
 
@@ -501,7 +506,7 @@ class RolloutServer:
         from megatron_rl.rollout.weight_check import WeightCheckResult
 
         everyone: list = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, self.engine.check_weights(bucket))
+        dist.all_gather_object(everyone, self.replicas.check_weights(bucket))
         return WeightCheckResult.merge_all(everyone)
 
 

@@ -182,6 +182,7 @@ class RLTrainer:
         from megatron_rl.rewards import build_verifier
         from megatron_rl.rollout import RolloutEngine, Sampling
         from megatron_rl.rollout.remote import RolloutClient
+        from megatron_rl.rollout.replicas import Replicas
         from megatron_rl.rollout.sync import WeightSync
 
         cfg, recipe = self.cfg, self.recipe
@@ -201,7 +202,7 @@ class RLTrainer:
         """The rollout ranks' handle (disaggregated rollouts), which also takes rollouts ahead."""
         self.engine: RolloutBackend
         if self.roles is None:
-            self.engine = RolloutEngine(self.base_dir, engine_config)
+            self.engine = Replicas(RolloutEngine(self.base_dir, engine_config))
         else:
             self.engine = self.client = RolloutClient(
                 self.roles.bridge,
@@ -245,7 +246,8 @@ class RLTrainer:
         if cfg.environment.episodes:
             from megatron_rl.trainer.episodes import episode_source
 
-            return episode_source(cfg, self.engine, self.client, tokenizer, loader, recipe, decode, row_multiple)
+            replicas = self.engine if self.client is None else None  # colocated: the backend is the replicas
+            return episode_source(cfg, replicas, self.client, tokenizer, loader, recipe, decode, row_multiple)
         if recipe.generation_window is None:
             ahead = None
             if self.client is not None:

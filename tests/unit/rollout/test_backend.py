@@ -1,4 +1,4 @@
-"""The colocated engine and the rollout ranks' client are one typed backend, and the
+"""The colocated engines' replicas and the rollout ranks' client are one typed backend, and the
 commands between the training and rollout ranks are typed messages.
 
 The engines themselves run in tests/distributed (colocated: test_weight_sync.py's engine tests; the
@@ -19,11 +19,11 @@ from megatron_rl.environments.interface import EpisodeRecord
 from megatron_rl.rollout import commands
 from megatron_rl.rollout.backend import RolloutBackend
 from megatron_rl.rollout.channel import _to_bytes
-from megatron_rl.rollout.engine import RolloutEngine
 from megatron_rl.rollout.remote import HANDLERS, RolloutClient, RolloutServer
+from megatron_rl.rollout.replicas import Replicas
 from megatron_rl.rollout.types import EngineConfig, Sample, Sampling
 
-IMPLEMENTATIONS = [RolloutEngine, RolloutClient]
+IMPLEMENTATIONS = [Replicas, RolloutClient]
 PROTOCOL_METHODS = [
     name for name, value in vars(RolloutBackend).items() if inspect.isfunction(value) and not name.startswith("_")
 ]
@@ -116,7 +116,7 @@ def test_a_bucket_goes_only_with_a_bucket_command():
         client.submit(commands.LoadBucket())
 
 
-class _EvalEngine:
+class _EvalReplicas:
     """Answers an eval generation with one empty group per prompt; counts weight updates."""
 
     def __init__(self):
@@ -146,7 +146,7 @@ def test_the_rollout_ranks_evaluate_after_the_updates_sent_before_and_stamp_thei
     import queue
 
     server = object.__new__(RolloutServer)  # no bridge: commands queued by hand, answers kept
-    server.engine, server.driver, server.version, server.rank, server.leader = _EvalEngine(), None, 0, 0, True
+    server.replicas, server.episodes, server.version, server.rank, server.leader = _EvalReplicas(), None, 0, 0, True
     server.pending, server.taken, server.idle_s, server.up = collections.deque(), 0, 0.0, _Answers()
     server.inbox = queue.Queue()
     evaluate = commands.GenerateEval([[1], [2]], Sampling(n=2, logprobs=False), [0, 4096])
@@ -155,4 +155,4 @@ def test_the_rollout_ranks_evaluate_after_the_updates_sent_before_and_stamp_thei
     assert server.serve() == 5
     evaluated = [(number, value) for number, status, value in server.up.sent if number in (0, 2, 4)]
     assert [(n, v.policy_version, len(v.groups)) for n, v in evaluated] == [(0, 0, 2), (2, 1, 2), (4, 2, 2)]
-    assert server.engine.updates == 2 and server.up.sent[-1] == (5, "stopped", None)
+    assert server.replicas.updates == 2 and server.up.sent[-1] == (5, "stopped", None)
