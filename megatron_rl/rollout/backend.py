@@ -2,7 +2,7 @@
 
 Two implementations: :class:`megatron_rl.rollout.replicas.Replicas`, the engines colocated
 with training (one per rank, a batch dealt over the replicas), and
-:class:`megatron_rl.rollout.remote.RolloutClient`, the training ranks' handle on engines of
+:class:`megatron_rl.rollout.client.RolloutClient`, the training ranks' handle on engines of
 rollout ranks of their own. Every method is collective over the training world, and
 returns the same value on every training rank (``load_weights`` excepted: it reports the
 path that rank took).

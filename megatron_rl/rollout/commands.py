@@ -1,9 +1,10 @@
-"""Commands from the training ranks to the rollout ranks: one small frozen dataclass each.
+"""Commands from the training ranks to the rollout ranks, one small frozen dataclass each,
+and the answers that are more than a plain value.
 
 Training rank 0 sends them pickled over the bridge (:class:`megatron_rl.rollout.channel.Channel`),
 so each must be a module-level class whose fields pickle (a weight bucket travels beside its
 command as one byte tensor, described by ``specs``). The rollout side dispatches on the
-type (:class:`megatron_rl.rollout.remote.RolloutServer`); anything else is refused on both
+type (:class:`megatron_rl.rollout.server.RolloutServer`); anything else is refused on both
 sides by :func:`check_command`.
 """
 
@@ -12,10 +13,12 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Optional, Union, get_args
 
-import torch
+from megatron_rl.rollout.buckets import TensorSpec
 
 if TYPE_CHECKING:
     from megatron_rl.data import PromptBatch
+    from megatron_rl.environments.driver import DriverTimes
+    from megatron_rl.environments.episode import EpisodeResult
     from megatron_rl.environments.interface import EpisodeRecord
     from megatron_rl.environments.spec import EpisodeSpec
     from megatron_rl.rollout.types import EngineConfig, Sample, Sampling
@@ -23,15 +26,6 @@ if TYPE_CHECKING:
 
 class UnknownCommandError(TypeError):
     """A message that is not one of :data:`COMMANDS`."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
-    """One tensor of a weight bucket's byte tensor."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +40,7 @@ class Start:
 
 @dataclasses.dataclass(frozen=True)
 class Generate:
-    """``sampling.n`` samples per prompt; answered with a :class:`~megatron_rl.rollout.remote.Generation`."""
+    """``sampling.n`` samples per prompt; answered with a :class:`Generation`."""
 
     prompts: PromptBatch
     sampling: Sampling
@@ -59,7 +53,7 @@ class Generate:
 class GenerateEpisodes:
     """One multi-turn episode per record, run to its end by the rollout ranks' drivers
     (their tools on their ranks); answered with an
-    :class:`~megatron_rl.rollout.remote.EpisodeGeneration`."""
+    :class:`EpisodeGeneration`."""
 
     records: list[EpisodeRecord]
     seeds: Optional[list[int]] = None
@@ -115,6 +109,31 @@ class FinishUpdate:
 @dataclasses.dataclass(frozen=True)
 class Stop:
     """Serve no more commands (answered with ``stopped``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """What a :class:`Generate` command answers."""
+
+    groups: list[list[Sample]]
+    seconds: float
+    """Time the rollout ranks spent generating them."""
+    idle_s: float
+    """Time the rollout ranks waited for commands since the previous generation (between
+    every two commands: before weight buckets too, not only before this one)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeGeneration:
+    """What a :class:`GenerateEpisodes` command answers."""
+
+    results: list[EpisodeResult]
+    """One per record, in record order."""
+    times: DriverTimes
+    """The rollout ranks' drivers' times, added up over the replicas."""
+    seconds: float
+    idle_s: float
+    """As :class:`Generation`'s."""
 
 
 Command = Union[

@@ -5,7 +5,7 @@ sample at a time: the first chunk as any generation (``generate_groups`` with th
 as its window), each further one as T-PPO continues a window (``continue_samples``: the
 prompt and the tokens so far prefilled again, at most one more chunk sampled). Between two
 chunks the server runs the weight update waiting for it, if any
-(:class:`megatron_rl.rollout.remote.RolloutServer`), so the rest of the batch samples the new
+(:class:`megatron_rl.rollout.server.RolloutServer`), so the rest of the batch samples the new
 policy. Loading new weights drops vLLM's prefix cache, so a continued sample's prefix is
 prefilled again under the new weights: its later tokens are exactly what the new policy
 samples after that prefix.

@@ -50,8 +50,8 @@ from megatron_rl.environments.interface import EpisodeRecord
 from megatron_rl.environments.replicas import EpisodeReplicas
 from megatron_rl.environments.spec import EpisodeSpec, build_driver
 from megatron_rl.rollout import Sample, Sampling
-from megatron_rl.rollout.commands import GenerateEpisodes
-from megatron_rl.rollout.remote import EpisodeGeneration, RolloutClient
+from megatron_rl.rollout.client import RolloutClient
+from megatron_rl.rollout.commands import EpisodeGeneration, GenerateEpisodes
 from megatron_rl.rollout.replicas import Replicas
 from megatron_rl.rollout.seeds import episode_seeds
 from megatron_rl.trainer.ahead import AheadGeneration

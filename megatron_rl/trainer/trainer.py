@@ -43,7 +43,7 @@ from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.models.route_replay import RouteReplay
 from megatron_rl.parallel import initialize, initialize_alongside
 from megatron_rl.rollout.backend import RolloutBackend
-from megatron_rl.rollout.remote import RolloutRankError
+from megatron_rl.rollout.client import RolloutRankError
 from megatron_rl.schedules import (
     ActorLoss,
     CriticLoss,
@@ -181,7 +181,7 @@ class RLTrainer:
         from megatron_rl.data import PromptLoader
         from megatron_rl.rewards import build_verifier
         from megatron_rl.rollout import RolloutEngine, Sampling
-        from megatron_rl.rollout.remote import RolloutClient
+        from megatron_rl.rollout.client import RolloutClient
         from megatron_rl.rollout.replicas import Replicas
         from megatron_rl.rollout.sync import WeightSync
 
@@ -756,7 +756,7 @@ def _exit_now(error: str, report: bool) -> None:
 def _serve_rollouts(roles: RoleWorld, cfg: Config) -> dict:
     """A rollout rank's whole run: serve the trainer's commands; its summary (rank 0 of the
     launch reports the run)."""
-    from megatron_rl.rollout.remote import serve
+    from megatron_rl.rollout.server import serve
 
     startup_gc.resume()  # the engine is built on the trainer's first command
     served = serve(roles.bridge)

@@ -19,8 +19,9 @@ from megatron_rl.environments.interface import EpisodeRecord
 from megatron_rl.rollout import commands
 from megatron_rl.rollout.backend import RolloutBackend
 from megatron_rl.rollout.channel import _to_bytes
-from megatron_rl.rollout.remote import HANDLERS, RolloutClient, RolloutServer
+from megatron_rl.rollout.client import RolloutClient
 from megatron_rl.rollout.replicas import Replicas
+from megatron_rl.rollout.server import HANDLERS, RolloutServer
 from megatron_rl.rollout.types import EngineConfig, Sample, Sampling
 
 IMPLEMENTATIONS = [Replicas, RolloutClient]
