@@ -17,8 +17,10 @@ weights, one submitted after it with the new ones: the client counts the updates
 (``version``), which is the policy version of everything generated for a command sent
 then. Held-out evaluation (:meth:`RolloutClient.generate_eval`) is such a command too, sent
 after a step's weight update: it samples the step's weights, and its answer carries the
-version the rollout ranks served. A run of multi-turn episodes sends its
-:class:`~megatron_rl.environments.spec.EpisodeSpec` with ``Start``. Weights travel as one
+version the rollout ranks served. A layer above rollout may send commands of its own,
+which the client is told of (``extra_commands``) and the rollout ranks serve through a
+:class:`~megatron_rl.rollout.server.ServerExtension` (multi-turn episodes:
+:mod:`megatron_rl.environments.served`). Weights travel as one
 byte tensor per bucket (:mod:`megatron_rl.rollout.buckets`). A command that fails on the
 rollout side is answered with its error, raised on every training rank as
 :class:`RolloutRankError` by the next :meth:`~RolloutClient.result`.
@@ -30,7 +32,7 @@ import dataclasses
 import queue
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
@@ -40,7 +42,6 @@ from megatron_rl.rollout.channel import ROLLOUT_LEADER, Channel, Inbox
 from megatron_rl.rollout.commands import (
     BUCKET_COMMANDS,
     CheckBucket,
-    Command,
     Continue,
     FinishUpdate,
     Generate,
@@ -53,9 +54,6 @@ from megatron_rl.rollout.commands import (
 )
 from megatron_rl.rollout.types import EngineConfig, EvalSamples, Sample, Sampling
 
-if TYPE_CHECKING:
-    from megatron_rl.environments.spec import EpisodeSpec
-
 
 class RolloutRankError(RuntimeError):
     """A command failed on a rollout rank; the message names the rank and the error."""
@@ -67,10 +65,12 @@ class RolloutClient:
 
     ``bridge``: the (down, up) groups on training rank 0, None on the other training ranks.
     ``answer_timeout_s``: the longest wait for one answer before the rollout ranks count as hung;
-    ``start_timeout_s``: the same for the first one, the engines' start. ``episodes``: a run
-    of multi-turn episodes, whose drivers the rollout ranks build beside their engines."""
+    ``start_timeout_s``: the same for the first one, the engines' start. ``extra_commands``:
+    the command types of a layer above rollout that this client may send besides rollout's
+    own (the rollout ranks' server extension serves them)."""
 
     config: EngineConfig
+    extra_commands: tuple[type, ...] = ()
 
     def __init__(
         self,
@@ -80,9 +80,9 @@ class RolloutClient:
         who: str = "the rollout ranks",
         answer_timeout_s: float = 3600.0,
         start_timeout_s: float = 3600.0,
-        episodes: Optional[EpisodeSpec] = None,
+        extra_commands: tuple[type, ...] = (),
     ):
-        self.config = config
+        self.config, self.extra_commands = config, tuple(extra_commands)
         self.who, self.answer_timeout_s = who, answer_timeout_s
         self.down = self.inbox = None
         self.broken: Optional[str] = None
@@ -103,7 +103,7 @@ class RolloutClient:
         """Answers read while waiting for a later one."""
         started = time.perf_counter()
         self.result(
-            self.submit(Start(str(model_dir), config, episodes)),
+            self.submit(Start(str(model_dir), config)),
             timeout_s=start_timeout_s,
             timeout_key="rollout.start_timeout_s",
         )
@@ -165,12 +165,14 @@ class RolloutClient:
 
     # -- commands ---------------------------------------------------------------------
 
-    def submit(self, command: Command, bucket: Optional[list] = None, keep: bool = True) -> int:
+    def submit(self, command: object, bucket: Optional[list] = None, keep: bool = True) -> int:
         """Send ``command`` (training rank 0; the others only count it), with ``bucket`` after
         it for a bucket command; its number, to ask :meth:`result` for (``keep=False``: nobody
-        will; its answer is only checked for errors). Raises :class:`UnknownCommandError` for
-        anything but a :mod:`~megatron_rl.rollout.commands` message, on every training rank."""
-        check_command(command)
+        will; its answer is only checked for errors). Raises
+        :class:`~megatron_rl.rollout.commands.UnknownCommandError` for anything but a
+        :mod:`~megatron_rl.rollout.commands` message or one of ``extra_commands``, on every
+        training rank."""
+        check_command(command, self.extra_commands)
         if isinstance(command, BUCKET_COMMANDS) != (bucket is not None):
             raise ValueError(f"{type(command).__name__}: a bucket goes with LoadBucket and CheckBucket only")
         number, self.sent = self.sent, self.sent + 1

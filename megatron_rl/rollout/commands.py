@@ -4,8 +4,10 @@ and the answers that are more than a plain value.
 Training rank 0 sends them pickled over the bridge (:class:`megatron_rl.rollout.channel.Channel`),
 so each must be a module-level class whose fields pickle (a weight bucket travels beside its
 command as one byte tensor, described by ``specs``). The rollout side dispatches on the
-type (:class:`megatron_rl.rollout.server.RolloutServer`); anything else is refused on both
-sides by :func:`check_command`.
+type (:class:`megatron_rl.rollout.server.RolloutServer`). A layer above rollout may add
+commands of its own, which both sides are told of (the client's ``extra_commands``, the
+server's :class:`~megatron_rl.rollout.server.ServerExtension`); anything else is refused on
+both sides by :func:`check_command`.
 """
 
 from __future__ import annotations
@@ -17,25 +19,19 @@ from megatron_rl.rollout.buckets import TensorSpec
 
 if TYPE_CHECKING:
     from megatron_rl.data import PromptBatch
-    from megatron_rl.environments.driver import DriverTimes
-    from megatron_rl.environments.episode import EpisodeResult
-    from megatron_rl.environments.interface import EpisodeRecord
-    from megatron_rl.environments.spec import EpisodeSpec
     from megatron_rl.rollout.types import EngineConfig, Sample, Sampling
 
 
 class UnknownCommandError(TypeError):
-    """A message that is not one of :data:`COMMANDS`."""
+    """A message that is neither one of :data:`COMMANDS` nor one the side was told of."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Start:
-    """Build each rollout rank's engine from the HF checkpoint in ``model_dir`` (and, for a
-    run of multi-turn episodes, its environment and episode driver beside it)."""
+    """Build each rollout rank's engine from the HF checkpoint in ``model_dir``."""
 
     model_dir: str
     config: EngineConfig
-    episodes: Optional[EpisodeSpec] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,17 +43,6 @@ class Generate:
     chunk_tokens: Optional[int] = None
     """Partial rollouts: generate this many tokens per sample at a time and run the weight
     updates that arrive meanwhile between chunks (None: the whole batch under one version)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerateEpisodes:
-    """One multi-turn episode per record, run to its end by the rollout ranks' drivers
-    (their tools on their ranks); answered with an
-    :class:`EpisodeGeneration`."""
-
-    records: list[EpisodeRecord]
-    seeds: Optional[list[int]] = None
-    """Episode i's turns seeded from ``seeds[i]`` (``rollout.seeds.episode_seeds``); None: unseeded."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,23 +108,9 @@ class Generation:
     every two commands: before weight buckets too, not only before this one)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class EpisodeGeneration:
-    """What a :class:`GenerateEpisodes` command answers."""
-
-    results: list[EpisodeResult]
-    """One per record, in record order."""
-    times: DriverTimes
-    """The rollout ranks' drivers' times, added up over the replicas."""
-    seconds: float
-    idle_s: float
-    """As :class:`Generation`'s."""
-
-
 Command = Union[
     Start,
     Generate,
-    GenerateEpisodes,
     GenerateEval,
     Continue,
     PromptLogprobs,
@@ -153,8 +124,10 @@ BUCKET_COMMANDS: tuple[type, ...] = (LoadBucket, CheckBucket)
 """Commands followed on the bridge by their bucket's byte tensor."""
 
 
-def check_command(command: object) -> None:
-    """Raise :class:`UnknownCommandError` unless ``command`` is one of :data:`COMMANDS`."""
-    if type(command) not in COMMANDS:
-        known = ", ".join(c.__name__ for c in COMMANDS)
-        raise UnknownCommandError(f"{type(command).__name__} is not a rollout command; the commands are {known}")
+def check_command(command: object, extra: tuple[type, ...] = ()) -> None:
+    """Raise :class:`UnknownCommandError` unless ``command`` is one of :data:`COMMANDS` or of
+    ``extra`` (the commands of a layer above rollout that this client or server is told of)."""
+    known = COMMANDS + extra
+    if type(command) not in known:
+        names = ", ".join(c.__name__ for c in known)
+        raise UnknownCommandError(f"{type(command).__name__} is not a rollout command; the commands are {names}")

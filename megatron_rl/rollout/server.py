@@ -4,10 +4,11 @@ The rollout ranks run :func:`serve`: build the engines when told (``Start``), ta
 command, run it on their engines exactly as a colocated launch of their size would (the
 prompts dealt to the replicas and gathered back, :class:`~megatron_rl.rollout.replicas.Replicas`),
 and rollout rank 0 answers with the command's number. Commands run one after another in
-the order sent (:mod:`megatron_rl.rollout.client` says what that gives the trainer). A run
-of multi-turn episodes builds the environment and its driver beside the engines from the
-``Start`` command's spec and runs each ``GenerateEpisodes`` batch to its end, tools on
-their ranks, between two weight updates. A partial generation (``rollout.partial``,
+the order sent (:mod:`megatron_rl.rollout.client` says what that gives the trainer).
+Whoever starts the server may give it a :class:`ServerExtension`: the commands of a layer
+above rollout and their handlers, served as rollout's own are (multi-turn episodes, their
+tools on the rollout ranks: :mod:`megatron_rl.environments.served`), so rollout knows
+nothing of them. A partial generation (``rollout.partial``,
 :mod:`megatron_rl.rollout.partial`) is the exception to the order: it runs the weight
 updates sent after it between its chunks, and its samples record the version of every
 token. Weights arrive as one byte tensor per bucket (:mod:`megatron_rl.rollout.buckets`),
@@ -22,7 +23,7 @@ import collections
 import os
 import queue
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional, Protocol
 
 import torch
 
@@ -30,13 +31,12 @@ from megatron_rl.rollout.buckets import bucket_bytes, unpack_bucket
 from megatron_rl.rollout.channel import ROLLOUT_LEADER, TRAINER, Channel, Inbox
 from megatron_rl.rollout.commands import (
     BUCKET_COMMANDS,
+    COMMANDS,
     CheckBucket,
     Command,
     Continue,
-    EpisodeGeneration,
     FinishUpdate,
     Generate,
-    GenerateEpisodes,
     GenerateEval,
     Generation,
     LoadBucket,
@@ -58,6 +58,27 @@ BETWEEN_CHUNKS = (LoadBucket, CheckBucket, FinishUpdate, PromptLogprobs)
 """Commands a partial generation runs between two of its chunks: they use the engine only
 between its calls (a weight update, its read-back, the parity guard's prompt logprobs)."""
 
+Handler = Callable[["RolloutServer", Any, Optional[list]], Any]
+"""Serves one command: called with the server, the command and its bucket (None but for
+bucket commands); what it returns is the answer."""
+
+
+class ServerExtension(Protocol):
+    """Commands of a layer above rollout, served on the rollout ranks beside rollout's own.
+
+    The layer's command types must pickle (module-level frozen dataclasses) and carry no
+    bucket; the client that sends them is told of them (``RolloutClient(extra_commands=...)``).
+    Handlers reach the engines through the server (:attr:`RolloutServer.replicas`, built by
+    ``Start``) and read what they need of it (``version``, ``leader``, :meth:`RolloutServer.take_idle_s`)."""
+
+    def handlers(self) -> Mapping[type, Handler]:
+        """The handler of each of the layer's command types."""
+        ...
+
+    def close(self) -> None:
+        """Release what the handlers built; called once, at ``Stop``, before it is answered."""
+        ...
+
 
 class RolloutServer:
     """The rollout side: one engine per rank (replicas and engine TP as in a colocated launch
@@ -69,15 +90,16 @@ class RolloutServer:
     to its ``finish``), so their answers can come before the generation's; the client reads
     answers by number."""
 
-    def __init__(self, bridge: tuple):
+    def __init__(self, bridge: tuple, extension: Optional[ServerExtension] = None):
         import torch.distributed as dist
 
         self.down, self.up = Channel(bridge[0]), Channel(bridge[1])
         self.leader = self.up.rank == ROLLOUT_LEADER
         self.replicas: Optional[Replicas] = None
         """This rank's engine among the rollout world's replicas, built by ``Start``."""
-        self.episodes = None
-        """The episode driver on this rank's engine (a run of multi-turn episodes)."""
+        self.extension = extension
+        self.handlers = command_handlers(extension)
+        """Every command's handler but :class:`Stop`'s: :data:`HANDLERS` and the extension's."""
         self.rank = dist.get_rank()
         self.inbox = Inbox(self._receive, is_last=lambda m: isinstance(m[0], Stop), name="rollout-commands")
         self.pending: collections.deque = collections.deque()
@@ -124,7 +146,8 @@ class RolloutServer:
         while True:
             number, command, bucket = self._take()
             if isinstance(command, Stop):
-                self._close_driver()
+                if self.extension is not None:
+                    self.extension.close()
                 self._answer(number, "stopped", None)
                 return number
             self._serve_one(number, command, bucket)
@@ -142,39 +165,23 @@ class RolloutServer:
             self.up.send_object((number, status, value), TRAINER)
 
     def _run(self, command: Command, bucket: Optional[list]) -> Any:
-        """Dispatch ``command`` to its handler by type (:data:`HANDLERS`)."""
-        check_command(command)
-        handler = HANDLERS.get(type(command))
+        """Dispatch ``command`` to its handler by type (:attr:`handlers`)."""
+        check_command(command, extra=tuple(c for c in self.handlers if c not in COMMANDS))
+        handler = self.handlers.get(type(command))
         if handler is None:
             raise UnknownCommandError(f"{type(command).__name__} has no handler on the rollout ranks")
         return handler(self, command, bucket)
+
+    def take_idle_s(self) -> float:
+        """The time spent waiting for commands since the previous generation, which starts
+        the count again (each generation reports the wait before it)."""
+        idle, self.idle_s = self.idle_s, 0.0
+        return idle
 
     def _start(self, command: Start, bucket: None) -> None:
         from megatron_rl.rollout.engine import RolloutEngine
 
         self.replicas = Replicas(RolloutEngine(command.model_dir, command.config))
-        if command.episodes is not None:
-            from transformers import AutoTokenizer
-
-            from megatron_rl.environments.replicas import EpisodeReplicas
-            from megatron_rl.environments.spec import build_driver
-
-            tokenizer = AutoTokenizer.from_pretrained(command.model_dir)
-            driver = build_driver(command.episodes, self.replicas.engine, tokenizer, announce=self.leader)
-            self.episodes = EpisodeReplicas(self.replicas, driver)
-
-    def _close_driver(self) -> None:
-        if self.episodes is not None:
-            self.episodes.close()
-
-    def _generate_episodes(self, command: GenerateEpisodes, bucket: None) -> EpisodeGeneration:
-        """Every episode run to its end under the weights served now (no update runs inside)."""
-        if self.episodes is None:
-            raise RuntimeError("GenerateEpisodes: the engines were started without an episode spec")
-        idle, self.idle_s = self.idle_s, 0.0
-        started = time.perf_counter()
-        results, times = self.episodes.run(command.records, command.seeds, self.version)
-        return EpisodeGeneration(results, times, time.perf_counter() - started, idle)
 
     def _generate_eval(self, command: GenerateEval, bucket: None) -> EvalSamples:
         groups = self.replicas.generate_eval(command.prompt_ids, command.sampling, command.seeds).groups
@@ -197,7 +204,7 @@ class RolloutServer:
         """The batch, whole or in chunks; its time excludes the commands run between chunks."""
         from megatron_rl.rollout.partial import generate_in_chunks
 
-        idle, self.idle_s = self.idle_s, 0.0
+        idle = self.take_idle_s()
         started, self.between_s = time.perf_counter(), 0.0
         if request.chunk_tokens is None:
             groups = self.replicas.generate_groups(request.prompts, request.sampling)
@@ -247,10 +254,9 @@ class RolloutServer:
         return WeightCheckResult.merge_all(everyone)
 
 
-HANDLERS: dict[type, Callable[[RolloutServer, Any, Optional[list]], Any]] = {
+HANDLERS: Mapping[type, Handler] = {
     Start: RolloutServer._start,
     Generate: RolloutServer._generate,
-    GenerateEpisodes: RolloutServer._generate_episodes,
     GenerateEval: RolloutServer._generate_eval,
     Continue: RolloutServer._continue,
     PromptLogprobs: RolloutServer._prompt_logprobs,
@@ -258,8 +264,21 @@ HANDLERS: dict[type, Callable[[RolloutServer, Any, Optional[list]], Any]] = {
     CheckBucket: RolloutServer._merged_check,
     FinishUpdate: RolloutServer._finish,
 }
-"""The rollout side's handler of each command but :class:`Stop` (which ends :meth:`RolloutServer.serve`);
-each takes the command and its bucket (None but for bucket commands)."""
+"""The rollout side's handler of each of rollout's commands but :class:`Stop` (which ends
+:meth:`RolloutServer.serve`)."""
+
+
+def command_handlers(extension: Optional[ServerExtension]) -> dict[type, Handler]:
+    """:data:`HANDLERS` and ``extension``'s; an extension may add commands, not take one of rollout's over."""
+    handlers = dict(HANDLERS)
+    if extension is None:
+        return handlers
+    added = dict(extension.handlers())
+    taken = [command.__name__ for command in added if command in COMMANDS]
+    if taken:
+        raise ValueError(f"a server extension cannot serve rollout's own commands: {', '.join(taken)}")
+    handlers.update(added)
+    return handlers
 
 
 def _fewest_over_ranks(count: int) -> int:
@@ -273,6 +292,7 @@ def _fewest_over_ranks(count: int) -> int:
     return int(value)
 
 
-def serve(bridge: tuple) -> int:
-    """The whole life of a rollout rank: build the engine when told, serve until told to stop."""
-    return RolloutServer(bridge).serve()
+def serve(bridge: tuple, extension: Optional[ServerExtension] = None) -> int:
+    """The whole life of a rollout rank: build the engine when told, serve until told to stop
+    (``extension``: the commands of a layer above rollout, served too)."""
+    return RolloutServer(bridge, extension).serve()

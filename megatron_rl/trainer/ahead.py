@@ -44,8 +44,9 @@ from megatron_rl.trainer.rollouts import Drawn
 class Requests(Protocol):
     """What one batch asks the rollout ranks for, and what their answer is as a draw."""
 
-    def command(self, prompts: PromptBatch, sampling: Sampling) -> Command:
-        """The command that generates ``prompts``' batch."""
+    def command(self, prompts: PromptBatch, sampling: Sampling) -> object:
+        """The command that generates ``prompts``' batch: one of rollout's, or one the client
+        was told of (``extra_commands``: the episode source's ``GenerateEpisodes``)."""
         ...
 
     def drawn(self, prompts: PromptBatch, answer: Any) -> Drawn:

@@ -26,7 +26,8 @@ batch on its own driver, its tools on its own rank, and the results are gathered
 (:class:`~megatron_rl.environments.replicas.EpisodeReplicas`); seeded episodes are the same
 whichever replica runs them. With disaggregated rollouts the rollout ranks build the
 drivers beside their engines (the :class:`~megatron_rl.environments.spec.EpisodeSpec`
-travels in their start command) and run whole batches of episodes as commands, ahead of
+travels in a command of its own after the engines start: :mod:`megatron_rl.environments.served`)
+and run whole batches of episodes as commands, ahead of
 training by ``rollout.max_staleness`` batches as single-turn batches are
 (:mod:`megatron_rl.trainer.ahead`): an episode batch runs between two weight updates, so
 every turn of it samples one policy version, and a checkpoint's data position comes
@@ -48,10 +49,10 @@ from megatron_rl.environments.driver import DriverConfig, DriverTimes
 from megatron_rl.environments.episode import EpisodeLimits, EpisodeResult
 from megatron_rl.environments.interface import EpisodeRecord
 from megatron_rl.environments.replicas import EpisodeReplicas
+from megatron_rl.environments.served import EpisodeGeneration, GenerateEpisodes
 from megatron_rl.environments.spec import EpisodeSpec, build_driver
 from megatron_rl.rollout import Sample, Sampling
 from megatron_rl.rollout.client import RolloutClient
-from megatron_rl.rollout.commands import EpisodeGeneration, GenerateEpisodes
 from megatron_rl.rollout.replicas import Replicas
 from megatron_rl.rollout.seeds import episode_seeds
 from megatron_rl.trainer.ahead import AheadGeneration
@@ -268,7 +269,7 @@ def episode_source(
     row_multiple: int,
 ) -> EpisodeSource:
     """The run's episodes: on the rollout ranks (``client``; they built their drivers from
-    :func:`episode_spec` at start), else on the colocated ``replicas``, each rank building a
+    :func:`episode_spec` after the engines' start), else on the colocated ``replicas``, each rank building a
     driver on its engine (rank 0 reports the sandbox)."""
     import torch.distributed as dist
 

@@ -43,7 +43,7 @@ from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.models.route_replay import RouteReplay
 from megatron_rl.parallel import initialize, initialize_alongside
 from megatron_rl.rollout.backend import RolloutBackend
-from megatron_rl.rollout.client import RolloutRankError
+from megatron_rl.rollout.client import RolloutClient, RolloutRankError
 from megatron_rl.schedules import (
     ActorLoss,
     CriticLoss,
@@ -181,7 +181,6 @@ class RLTrainer:
         from megatron_rl.data import PromptLoader
         from megatron_rl.rewards import build_verifier
         from megatron_rl.rollout import RolloutEngine, Sampling
-        from megatron_rl.rollout.client import RolloutClient
         from megatron_rl.rollout.replicas import Replicas
         from megatron_rl.rollout.sync import WeightSync
 
@@ -204,15 +203,7 @@ class RLTrainer:
         if self.roles is None:
             self.engine = Replicas(RolloutEngine(self.base_dir, engine_config))
         else:
-            self.engine = self.client = RolloutClient(
-                self.roles.bridge,
-                engine_config,
-                self.base_dir,
-                who=self.roles.describe_rollout_ranks(),
-                answer_timeout_s=cfg.rollout.timeout_s,
-                start_timeout_s=cfg.rollout.start_timeout_s,
-                episodes=self._episode_spec(),
-            )
+            self.engine = self.client = self._rollout_client(engine_config)
         self.generate, self.continue_ = self.engine.generate_groups, self.engine.continue_samples
         self.sampling = Sampling(
             n=cfg.rollout.n_samples,
@@ -230,13 +221,28 @@ class RLTrainer:
             self.actor.chunks, self.arch, self.engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20))
         )
 
-    def _episode_spec(self):
-        """What the rollout ranks build their episode drivers from (None: single-turn rollouts)."""
-        if not self.cfg.environment.episodes:
-            return None
+    def _rollout_client(self, engine_config) -> RolloutClient:
+        """The rollout ranks' engines, started; for a run of episodes, their episode drivers
+        too, built beside the engines from the run's spec (the episode commands are the
+        client's besides rollout's own)."""
+        cfg = self.cfg
+        start = functools.partial(
+            RolloutClient,
+            self.roles.bridge,
+            engine_config,
+            self.base_dir,
+            who=self.roles.describe_rollout_ranks(),
+            answer_timeout_s=cfg.rollout.timeout_s,
+            start_timeout_s=cfg.rollout.start_timeout_s,
+        )
+        if not cfg.environment.episodes:
+            return start()
+        from megatron_rl.environments.served import EPISODE_COMMANDS, start_episodes
         from megatron_rl.trainer.episodes import episode_spec
 
-        return episode_spec(self.cfg, verifier_name(self.cfg))
+        client = start(extra_commands=EPISODE_COMMANDS)
+        start_episodes(client, episode_spec(cfg, verifier_name(cfg)), self.base_dir, cfg.rollout.start_timeout_s)
+        return client
 
     def _source(self, loader, decode, tokenizer) -> RolloutSource:
         """Lockstep groups, or T-PPO's window pool, or multi-turn episodes (``environment``),
@@ -758,8 +764,13 @@ def _serve_rollouts(roles: RoleWorld, cfg: Config) -> dict:
     launch reports the run)."""
     from megatron_rl.rollout.server import serve
 
+    extension = None
+    if cfg.environment.episodes:  # the episodes' tools run here, beside the engines
+        from megatron_rl.environments.served import EpisodeService
+
+        extension = EpisodeService()
     startup_gc.resume()  # the engine is built on the trainer's first command
-    served = serve(roles.bridge)
+    served = serve(roles.bridge, extension)
     return {
         "run_dir": str(cfg.trainer.run_dir),
         "role": ROLLOUT,

@@ -15,10 +15,10 @@ from megatron_rl.environments.episode import EpisodeLimits, encode_prompt
 from megatron_rl.environments.interface import EnvironmentSetup
 from megatron_rl.environments.registry import get_environment
 from megatron_rl.environments.replicas import EpisodeReplicas
+from megatron_rl.environments.served import EpisodeGeneration, GenerateEpisodes
 from megatron_rl.environments.tool_calls import ToolResult
 from megatron_rl.environments.tools import PYTHON
 from megatron_rl.rollout import EngineConfig, Sample, Sampling
-from megatron_rl.rollout.commands import EpisodeGeneration, GenerateEpisodes
 from megatron_rl.rollout.replicas import Replicas
 from megatron_rl.rollout.seeds import prompt_seed
 from megatron_rl.trainer.assembly import assemble
