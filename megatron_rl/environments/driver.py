@@ -33,7 +33,7 @@ from typing import Optional, Protocol, Sequence
 
 from megatron_rl.environments.episode import Episode, EpisodeLimits, EpisodeResult, ObservationEncoder, encode_prompt
 from megatron_rl.environments.interface import Environment, EpisodeRecord, Step
-from megatron_rl.rollout.engine import Sample, Sampling
+from megatron_rl.rollout.types import Sample, Sampling
 
 
 class TurnGenerator(Protocol):

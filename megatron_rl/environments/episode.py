@@ -35,7 +35,7 @@ from megatron_rl.environments.interface import Message, Step
 from megatron_rl.environments.tool_calls import ToolSpec
 
 if TYPE_CHECKING:
-    from megatron_rl.rollout.engine import Sample
+    from megatron_rl.rollout.types import Sample
 
 NOT_SAMPLED = -1
 """``versions`` of a position whose next token was not sampled (prompt, observation)."""

@@ -2,8 +2,9 @@
 
 The training ranks build an :class:`EpisodeSpec` from the config. Where vLLM is colocated,
 each rank builds its driver from it; where the engines live on rollout ranks of their own,
-the spec travels in their ``Start`` command and they build it there, so the tools run
-beside the engine that generates the turns (and beside nothing that trains).
+the spec travels to them in a ``StartEpisodes`` command (:mod:`megatron_rl.environments.served`)
+and they build it there, so the tools run beside the engine that generates the turns (and
+beside nothing that trains).
 """
 
 from __future__ import annotations

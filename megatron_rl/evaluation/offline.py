@@ -46,6 +46,7 @@ def evaluate_target(cfg: Config, target: Target, records: Optional[Path]) -> Eva
 
     from megatron_rl.rewards import build_verifier
     from megatron_rl.rollout import RolloutEngine
+    from megatron_rl.rollout.replicas import Replicas
 
     platform.init_distributed(cfg.trainer.dist_timeout_s)
     torch.manual_seed(cfg.trainer.seed)
@@ -56,7 +57,7 @@ def evaluate_target(cfg: Config, target: Target, records: Optional[Path]) -> Eva
     training = setup.prompt_dataset(cfg, target.base_dir, tokenizer)  # the sets stay apart from it, as in the run
     sets = load_sets(cfg, target.base_dir, tokenizer, (r.prompt_ids for r in training.records))
     with tempfile.TemporaryDirectory(prefix="megatron-rl-eval-cache-") as cache:
-        engine = RolloutEngine(target.base_dir, setup.engine_config(cfg, arch, Path(cache)))
+        engine = Replicas(RolloutEngine(target.base_dir, setup.engine_config(cfg, arch, Path(cache))))
         if actor is not None:
             from megatron_rl.rollout.sync import WeightSync
 

@@ -14,7 +14,7 @@ It leaves training as it was (a run with eval on trains exactly as with it off):
   prompt with the training data is refused;
 - every sample has its own seed (from eval.seed, the set, the prompt and the sample), and
   the generation puts back every random generator of the process that runs vLLM and drops
-  the prefix cache it filled (:meth:`~megatron_rl.rollout.engine.RolloutEngine.generate_eval`);
+  the prefix cache it filled (:meth:`~megatron_rl.rollout.replicas.Replicas.generate_eval`);
 - nothing it samples enters a training batch.
 
 The backend deals each set's prompts to its replicas and returns every sample to every
@@ -37,9 +37,9 @@ from megatron_rl.config.schema import Config, EvalConfig
 from megatron_rl.evaluation.metrics import PromptResult, set_metrics
 from megatron_rl.evaluation.sets import EvalSet
 from megatron_rl.rollout.backend import RolloutBackend
-from megatron_rl.rollout.engine import Sampling
 from megatron_rl.rollout.replicas import contiguous_share
 from megatron_rl.rollout.seeds import MAX_SAMPLES
+from megatron_rl.rollout.types import Sampling
 
 Score = Callable[[list[str], list[str]], tuple[list[float], dict]]
 Decode = Callable[[list[int]], str]

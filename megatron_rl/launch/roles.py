@@ -79,7 +79,7 @@ class RoleWorld:
 BRIDGE_TIMEOUT_S = 7 * 24 * 3600.0
 """The bridge's own timeout. Its receiving threads wait through whole training steps (and
 a gloo timeout closes the group for good), so the bridge never times out by itself: the
-trainer bounds each wait for an answer (``rollout.timeout_s``, rollout/remote.py)."""
+trainer bounds each wait for an answer (``rollout.timeout_s``, rollout/client.py)."""
 
 
 def init_roles(rollout_ranks: int, timeout_s: float = 3600.0) -> RoleWorld:

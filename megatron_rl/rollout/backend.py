@@ -1,10 +1,11 @@
 """What the trainer uses of vLLM, whichever side of the launch runs it.
 
-Two implementations: :class:`megatron_rl.rollout.engine.RolloutEngine`, the engine
-colocated with training on every rank, and :class:`megatron_rl.rollout.remote.RolloutClient`,
-the training ranks' handle on engines of rollout ranks of their own. Every method is
-collective over the training world, and returns the same value on every training rank
-(``load_weights`` excepted: it reports the path that rank took).
+Two implementations: :class:`megatron_rl.rollout.replicas.Replicas`, the engines colocated
+with training (one per rank, a batch dealt over the replicas), and
+:class:`megatron_rl.rollout.client.RolloutClient`, the training ranks' handle on engines of
+rollout ranks of their own. Every method is collective over the training world, and
+returns the same value on every training rank (``load_weights`` excepted: it reports the
+path that rank took).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 if TYPE_CHECKING:
     from megatron_rl.data import PromptBatch
-    from megatron_rl.rollout.engine import EngineConfig, EvalSamples, Sample, Sampling
+    from megatron_rl.rollout.types import EngineConfig, EvalSamples, Sample, Sampling
     from megatron_rl.rollout.weight_check import WeightCheckResult
 
 

@@ -1,10 +1,13 @@
-"""Commands from the training ranks to the rollout ranks: one small frozen dataclass each.
+"""Commands from the training ranks to the rollout ranks, one small frozen dataclass each,
+and the answers that are more than a plain value.
 
 Training rank 0 sends them pickled over the bridge (:class:`megatron_rl.rollout.channel.Channel`),
 so each must be a module-level class whose fields pickle (a weight bucket travels beside its
 command as one byte tensor, described by ``specs``). The rollout side dispatches on the
-type (:class:`megatron_rl.rollout.remote.RolloutServer`); anything else is refused on both
-sides by :func:`check_command`.
+type (:class:`megatron_rl.rollout.server.RolloutServer`). A layer above rollout may add
+commands of its own, which both sides are told of (the client's ``extra_commands``, the
+server's :class:`~megatron_rl.rollout.server.ServerExtension`); anything else is refused on
+both sides by :func:`check_command`.
 """
 
 from __future__ import annotations
@@ -12,41 +15,28 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Optional, Union, get_args
 
-import torch
+from megatron_rl.rollout.buckets import TensorSpec
 
 if TYPE_CHECKING:
     from megatron_rl.data import PromptBatch
-    from megatron_rl.environments.interface import EpisodeRecord
-    from megatron_rl.environments.spec import EpisodeSpec
-    from megatron_rl.rollout.engine import EngineConfig, Sample, Sampling
+    from megatron_rl.rollout.types import EngineConfig, Sample, Sampling
 
 
 class UnknownCommandError(TypeError):
-    """A message that is not one of :data:`COMMANDS`."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
-    """One tensor of a weight bucket's byte tensor."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
+    """A message that is neither one of :data:`COMMANDS` nor one the side was told of."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Start:
-    """Build each rollout rank's engine from the HF checkpoint in ``model_dir`` (and, for a
-    run of multi-turn episodes, its environment and episode driver beside it)."""
+    """Build each rollout rank's engine from the HF checkpoint in ``model_dir``."""
 
     model_dir: str
     config: EngineConfig
-    episodes: Optional[EpisodeSpec] = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Generate:
-    """``sampling.n`` samples per prompt; answered with a :class:`~megatron_rl.rollout.remote.Generation`."""
+    """``sampling.n`` samples per prompt; answered with a :class:`Generation`."""
 
     prompts: PromptBatch
     sampling: Sampling
@@ -56,20 +46,9 @@ class Generate:
 
 
 @dataclasses.dataclass(frozen=True)
-class GenerateEpisodes:
-    """One multi-turn episode per record, run to its end by the rollout ranks' drivers
-    (their tools on their ranks); answered with an
-    :class:`~megatron_rl.rollout.remote.EpisodeGeneration`."""
-
-    records: list[EpisodeRecord]
-    seeds: Optional[list[int]] = None
-    """Episode i's turns seeded from ``seeds[i]`` (``rollout.seeds.episode_seeds``); None: unseeded."""
-
-
-@dataclasses.dataclass(frozen=True)
 class GenerateEval:
     """Held-out evaluation's samples, prompt i's seeded from ``seeds[i]``; answered with an
-    :class:`~megatron_rl.rollout.engine.EvalSamples` stamped with the policy version served."""
+    :class:`~megatron_rl.rollout.types.EvalSamples` stamped with the policy version served."""
 
     prompt_ids: list[list[int]]
     sampling: Sampling
@@ -117,10 +96,21 @@ class Stop:
     """Serve no more commands (answered with ``stopped``)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """What a :class:`Generate` command answers."""
+
+    groups: list[list[Sample]]
+    seconds: float
+    """Time the rollout ranks spent generating them."""
+    idle_s: float
+    """Time the rollout ranks waited for commands since the previous generation (between
+    every two commands: before weight buckets too, not only before this one)."""
+
+
 Command = Union[
     Start,
     Generate,
-    GenerateEpisodes,
     GenerateEval,
     Continue,
     PromptLogprobs,
@@ -134,8 +124,10 @@ BUCKET_COMMANDS: tuple[type, ...] = (LoadBucket, CheckBucket)
 """Commands followed on the bridge by their bucket's byte tensor."""
 
 
-def check_command(command: object) -> None:
-    """Raise :class:`UnknownCommandError` unless ``command`` is one of :data:`COMMANDS`."""
-    if type(command) not in COMMANDS:
-        known = ", ".join(c.__name__ for c in COMMANDS)
-        raise UnknownCommandError(f"{type(command).__name__} is not a rollout command; the commands are {known}")
+def check_command(command: object, extra: tuple[type, ...] = ()) -> None:
+    """Raise :class:`UnknownCommandError` unless ``command`` is one of :data:`COMMANDS` or of
+    ``extra`` (the commands of a layer above rollout that this client or server is told of)."""
+    known = COMMANDS + extra
+    if type(command) not in known:
+        names = ", ".join(c.__name__ for c in known)
+        raise UnknownCommandError(f"{type(command).__name__} is not a rollout command; the commands are {names}")

@@ -1,11 +1,11 @@
 """Partial rollouts: a generation in flight when new weights arrive is continued under them.
 
 With ``rollout.partial`` the rollout ranks generate a batch ``chunk_tokens`` new tokens per
-sample at a time: the first chunk as any generation (:func:`generate_groups` with the chunk
-as its window), each further one as T-PPO continues a window (:func:`continue_samples`: the
+sample at a time: the first chunk as any generation (``generate_groups`` with the chunk
+as its window), each further one as T-PPO continues a window (``continue_samples``: the
 prompt and the tokens so far prefilled again, at most one more chunk sampled). Between two
 chunks the server runs the weight update waiting for it, if any
-(:class:`megatron_rl.rollout.remote.RolloutServer`), so the rest of the batch samples the new
+(:class:`megatron_rl.rollout.server.RolloutServer`), so the rest of the batch samples the new
 policy. Loading new weights drops vLLM's prefix cache, so a continued sample's prefix is
 prefilled again under the new weights: its later tokens are exactly what the new policy
 samples after that prefix.
@@ -24,10 +24,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from megatron_rl.rollout.engine import RolloutEngine, Sample, Sampling
+from megatron_rl.rollout.types import Sample, Sampling
 
 if TYPE_CHECKING:
     from megatron_rl.data import PromptBatch
+    from megatron_rl.rollout.replicas import Replicas
 
 
 def with_versions(before: Optional[Sample], after: Sample, version: int) -> Sample:
@@ -58,25 +59,23 @@ def fresh_start(sample: Sample, version: int) -> int:
 
 
 def generate_in_chunks(
-    engine: RolloutEngine,
+    replicas: Replicas,
     prompts: PromptBatch,
     sampling: Sampling,
     chunk_tokens: int,
     version: int,
     between_chunks: Callable[[], int],
 ) -> list[list[Sample]]:
-    """``sampling.n`` samples per prompt (as :func:`generate_groups`), ``chunk_tokens`` at a
+    """``sampling.n`` samples per prompt (as ``generate_groups``), ``chunk_tokens`` at a
     time; ``between_chunks`` runs what must run before the next chunk (new weights) and
-    returns the policy version the next chunk samples. Collective over the engine's world."""
-    from megatron_rl.rollout.replicas import continue_samples, generate_groups
-
+    returns the policy version the next chunk samples. Collective over the replicas' world."""
     chunked = dataclasses.replace(sampling, window=chunk_tokens)
-    groups = generate_groups(engine, prompts, chunked)
+    groups = replicas.generate_groups(prompts, chunked)
     sizes = [len(g) for g in groups]
     flat = [with_versions(None, s, version) for g in groups for s in g]
     while not all(s.finished for s in flat):
         version = between_chunks()
-        continued = continue_samples(engine, flat, chunked)
+        continued = replicas.continue_samples(flat, chunked)
         flat = [s if s.finished else with_versions(s, c, version) for s, c in zip(flat, continued, strict=True)]
     out, start = [], 0
     for size in sizes:

@@ -1,6 +1,6 @@
 """Rollouts that run ahead of training (``rollout.max_staleness: k > 0``, disaggregated).
 
-The rollout ranks run their commands in the order sent (:mod:`megatron_rl.rollout.remote`).
+The rollout ranks run their commands in the order sent (:mod:`megatron_rl.rollout.server`).
 :class:`AheadGeneration` keeps ``k`` generation batches submitted and not yet trained on:
 when a step takes a batch, it submits the next one at once, before the step trains, so the
 rollout ranks generate it while the training ranks update. That batch samples with the
@@ -35,22 +35,23 @@ from typing import Any, Optional, Protocol
 
 from megatron_rl.data import PromptBatch, PromptLoader
 from megatron_rl.rollout import Sampling
+from megatron_rl.rollout.client import RolloutClient
 from megatron_rl.rollout.commands import Command, Generate
 from megatron_rl.rollout.partial import oldest_version
-from megatron_rl.rollout.remote import RolloutClient
 from megatron_rl.trainer.rollouts import Drawn
 
 
 class Requests(Protocol):
     """What one batch asks the rollout ranks for, and what their answer is as a draw."""
 
-    def command(self, prompts: PromptBatch, sampling: Sampling) -> Command:
-        """The command that generates ``prompts``' batch."""
+    def command(self, prompts: PromptBatch, sampling: Sampling) -> object:
+        """The command that generates ``prompts``' batch: one of rollout's, or one the client
+        was told of (``extra_commands``: the episode source's ``GenerateEpisodes``)."""
         ...
 
     def drawn(self, prompts: PromptBatch, answer: Any) -> Drawn:
         """The batch as a draw, from the command's answer (which carries ``seconds`` and
-        ``idle_s``: :class:`~megatron_rl.rollout.remote.Generation`)."""
+        ``idle_s``: :class:`~megatron_rl.rollout.commands.Generation`)."""
         ...
 
 

@@ -23,10 +23,11 @@ then depend on the weights and the prompts alone, not on what else drew from the
 
 Where: with colocated engines every replica (one rank each) runs a contiguous share of the
 batch on its own driver, its tools on its own rank, and the results are gathered in order
-(:func:`~megatron_rl.rollout.replicas.run_episodes`); seeded episodes are the same
+(:class:`~megatron_rl.environments.replicas.EpisodeReplicas`); seeded episodes are the same
 whichever replica runs them. With disaggregated rollouts the rollout ranks build the
 drivers beside their engines (the :class:`~megatron_rl.environments.spec.EpisodeSpec`
-travels in their start command) and run whole batches of episodes as commands, ahead of
+travels in a command of its own after the engines start: :mod:`megatron_rl.environments.served`)
+and run whole batches of episodes as commands, ahead of
 training by ``rollout.max_staleness`` batches as single-turn batches are
 (:mod:`megatron_rl.trainer.ahead`): an episode batch runs between two weight updates, so
 every turn of it samples one policy version, and a checkpoint's data position comes
@@ -44,16 +45,17 @@ from typing import Callable, Optional
 from megatron_rl.algorithms.recipes import AlgorithmRecipe
 from megatron_rl.config import Config
 from megatron_rl.data import PromptBatch, PromptLoader
-from megatron_rl.environments.driver import DriverConfig, DriverTimes, EpisodeDriver
+from megatron_rl.environments.driver import DriverConfig, DriverTimes
 from megatron_rl.environments.episode import EpisodeLimits, EpisodeResult
 from megatron_rl.environments.interface import EpisodeRecord
+from megatron_rl.environments.replicas import EpisodeReplicas
+from megatron_rl.environments.served import EpisodeGeneration, GenerateEpisodes
 from megatron_rl.environments.spec import EpisodeSpec, build_driver
 from megatron_rl.from_config import verifier_name
 from megatron_rl.from_config.rows import usable_groups
 from megatron_rl.rollout import Sample, Sampling
-from megatron_rl.rollout.commands import GenerateEpisodes
-from megatron_rl.rollout.remote import EpisodeGeneration, RolloutClient
-from megatron_rl.rollout.replicas import run_episodes
+from megatron_rl.rollout.client import RolloutClient
+from megatron_rl.rollout.replicas import Replicas
 from megatron_rl.rollout.seeds import episode_seeds
 from megatron_rl.trainer.ahead import AheadGeneration
 from megatron_rl.trainer.rollouts import Drawn, TrainRows, collect_rollouts
@@ -174,8 +176,8 @@ class EpisodeRequests:
 
 class EpisodeSource(RolloutSource):
     """Lockstep groups of G episodes per prompt: run by the colocated engines' drivers when
-    the step asks (``driver``), or by the rollout ranks' drivers (``client``, disaggregated),
-    ``depth`` batches ahead of training (0: when asked)."""
+    the step asks (``colocated``), or by the rollout ranks' drivers (``client``,
+    disaggregated), ``depth`` batches ahead of training (0: when asked)."""
 
     def __init__(
         self,
@@ -187,13 +189,13 @@ class EpisodeSource(RolloutSource):
         row_multiple: int,
         *,
         max_turns: int,
-        driver: Optional[EpisodeDriver] = None,
+        colocated: Optional[EpisodeReplicas] = None,
         client: Optional[RolloutClient] = None,
         depth: int = 0,
     ):
-        if (driver is None) == (client is None):
-            raise ValueError("episodes run either on a colocated driver or on the rollout ranks")
-        self.recipe, self.decode, self.driver = recipe, decode, driver
+        if (colocated is None) == (client is None):
+            raise ValueError("episodes run either on colocated drivers or on the rollout ranks")
+        self.recipe, self.decode, self.colocated = recipe, decode, colocated
         self.num_groups, self.group_size, self.row_multiple = num_groups, group_size, row_multiple
         self.prompts = EpisodePrompts(loader, group_size, max_turns)
         self.tally = EpisodeTally()
@@ -219,7 +221,7 @@ class EpisodeSource(RolloutSource):
         """The next prompts, G episodes each, run to their ends by the colocated replicas."""
         prompts = self.prompts.loader.next_batch()
         records, seeds = self.prompts.records(prompts), self.prompts.seeds(prompts, sampling)
-        results, times = run_episodes(self.driver.engine, self.driver, records, seeds, version=0)
+        results, times = self.colocated.run(records, seeds, version=0)
         self.tally.add(results, times)
         return self.prompts.drawn(prompts, results)
 
@@ -231,9 +233,8 @@ class EpisodeSource(RolloutSource):
         return ""
 
     def close(self) -> None:
-        if self.driver is not None:
-            self.driver.close()
-            self.driver.environment.close()
+        if self.colocated is not None:
+            self.colocated.close()
 
 
 def _unscored(texts: list[str], answers: list[str]) -> tuple[list[float], dict]:
@@ -260,7 +261,7 @@ def episode_spec(cfg: Config, reward: str) -> EpisodeSpec:
 
 def episode_source(
     cfg: Config,
-    engine,
+    replicas: Optional[Replicas],
     client: Optional[RolloutClient],
     tokenizer,
     loader: PromptLoader,
@@ -269,8 +270,8 @@ def episode_source(
     row_multiple: int,
 ) -> EpisodeSource:
     """The run's episodes: on the rollout ranks (``client``; they built their drivers from
-    :func:`episode_spec` at start), else on a driver of the colocated ``engine`` that every
-    rank builds (rank 0 reports the sandbox)."""
+    :func:`episode_spec` after the engines' start), else on the colocated ``replicas``, each rank building a
+    driver on its engine (rank 0 reports the sandbox)."""
     import torch.distributed as dist
 
     rollout = cfg.rollout
@@ -280,5 +281,6 @@ def episode_source(
         depth = rollout.max_staleness
         return EpisodeSource(loader, recipe, decode, *counts, max_turns=turns, client=client, depth=depth)
     announce = not dist.is_initialized() or dist.get_rank() == 0
-    driver = build_driver(episode_spec(cfg, verifier_name(cfg)), engine, tokenizer, announce=announce)
-    return EpisodeSource(loader, recipe, decode, *counts, max_turns=turns, driver=driver)
+    driver = build_driver(episode_spec(cfg, verifier_name(cfg)), replicas.engine, tokenizer, announce=announce)
+    colocated = EpisodeReplicas(replicas, driver)
+    return EpisodeSource(loader, recipe, decode, *counts, max_turns=turns, colocated=colocated)

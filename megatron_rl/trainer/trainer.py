@@ -45,7 +45,7 @@ from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.models.route_replay import RouteReplay
 from megatron_rl.parallel import initialize, initialize_alongside
 from megatron_rl.rollout.backend import RolloutBackend
-from megatron_rl.rollout.remote import RolloutRankError
+from megatron_rl.rollout.client import RolloutClient, RolloutRankError
 from megatron_rl.schedules import (
     ActorLoss,
     CriticLoss,
@@ -181,7 +181,7 @@ class RLTrainer:
         from megatron_rl.data import PromptLoader
         from megatron_rl.rewards import build_verifier
         from megatron_rl.rollout import RolloutEngine, Sampling
-        from megatron_rl.rollout.remote import RolloutClient
+        from megatron_rl.rollout.replicas import Replicas
         from megatron_rl.rollout.sync import WeightSync
 
         cfg, recipe = self.cfg, self.recipe
@@ -201,17 +201,9 @@ class RLTrainer:
         """The rollout ranks' handle (disaggregated rollouts), which also takes rollouts ahead."""
         self.engine: RolloutBackend
         if self.roles is None:
-            self.engine = RolloutEngine(self.base_dir, engine_config)
+            self.engine = Replicas(RolloutEngine(self.base_dir, engine_config))
         else:
-            self.engine = self.client = RolloutClient(
-                self.roles.bridge,
-                engine_config,
-                self.base_dir,
-                who=self.roles.describe_rollout_ranks(),
-                answer_timeout_s=cfg.rollout.timeout_s,
-                start_timeout_s=cfg.rollout.start_timeout_s,
-                episodes=self._episode_spec(),
-            )
+            self.engine = self.client = self._rollout_client(engine_config)
         self.generate, self.continue_ = self.engine.generate_groups, self.engine.continue_samples
         self.sampling = Sampling(
             n=cfg.rollout.n_samples,
@@ -229,13 +221,28 @@ class RLTrainer:
             self.actor.chunks, self.arch, self.engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20))
         )
 
-    def _episode_spec(self):
-        """What the rollout ranks build their episode drivers from (None: single-turn rollouts)."""
-        if not self.cfg.environment.episodes:
-            return None
+    def _rollout_client(self, engine_config) -> RolloutClient:
+        """The rollout ranks' engines, started; for a run of episodes, their episode drivers
+        too, built beside the engines from the run's spec (the episode commands are the
+        client's besides rollout's own)."""
+        cfg = self.cfg
+        start = functools.partial(
+            RolloutClient,
+            self.roles.bridge,
+            engine_config,
+            self.base_dir,
+            who=self.roles.describe_rollout_ranks(),
+            answer_timeout_s=cfg.rollout.timeout_s,
+            start_timeout_s=cfg.rollout.start_timeout_s,
+        )
+        if not cfg.environment.episodes:
+            return start()
+        from megatron_rl.environments.served import EPISODE_COMMANDS, start_episodes
         from megatron_rl.trainer.episodes import episode_spec
 
-        return episode_spec(self.cfg, verifier_name(self.cfg))
+        client = start(extra_commands=EPISODE_COMMANDS)
+        start_episodes(client, episode_spec(cfg, verifier_name(cfg)), self.base_dir, cfg.rollout.start_timeout_s)
+        return client
 
     def _source(self, loader, decode, tokenizer) -> RolloutSource:
         """Lockstep groups, or T-PPO's window pool, or multi-turn episodes (``environment``),
@@ -245,7 +252,8 @@ class RLTrainer:
         if cfg.environment.episodes:
             from megatron_rl.trainer.episodes import episode_source
 
-            return episode_source(cfg, self.engine, self.client, tokenizer, loader, recipe, decode, row_multiple)
+            replicas = self.engine if self.client is None else None  # colocated: the backend is the replicas
+            return episode_source(cfg, replicas, self.client, tokenizer, loader, recipe, decode, row_multiple)
         if recipe.generation_window is None:
             ahead = None
             if self.client is not None:
@@ -754,10 +762,15 @@ def _exit_now(error: str, report: bool) -> None:
 def _serve_rollouts(roles: RoleWorld, cfg: Config) -> dict:
     """A rollout rank's whole run: serve the trainer's commands; its summary (rank 0 of the
     launch reports the run)."""
-    from megatron_rl.rollout.remote import serve
+    from megatron_rl.rollout.server import serve
 
+    extension = None
+    if cfg.environment.episodes:  # the episodes' tools run here, beside the engines
+        from megatron_rl.environments.served import EpisodeService
+
+        extension = EpisodeService()
     startup_gc.resume()  # the engine is built on the trainer's first command
-    served = serve(roles.bridge)
+    served = serve(roles.bridge, extension)
     return {
         "run_dir": str(cfg.trainer.run_dir),
         "role": ROLLOUT,

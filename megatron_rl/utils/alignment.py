@@ -8,7 +8,7 @@ padding that is correct), :data:`CACHE_LINE_ALIGN` for the weight sync's bucket 
 DTYPE_VIEW_ALIGN = 8
 """The least alignment at which a byte buffer can be viewed as any torch dtype (none has
 elements wider than 8 bytes): the bucket a training rank sends to the rollout ranks
-(:mod:`megatron_rl.rollout.remote`) pads no more than that, so it sends few extra bytes."""
+(:mod:`megatron_rl.rollout.buckets`) pads no more than that, so it sends few extra bytes."""
 
 CACHE_LINE_ALIGN = 64
 """A CPU cache line (and an AVX-512 vector): every HF tensor in the weight sync's bucket

@@ -396,10 +396,11 @@ def bench_bucket(chunks, arch: ModelArch, engine, plan: Plan, bucket_bytes: int)
     """Time sync / gather alone / load alone / plain copy for one bucket size (collective)."""
 
     from megatron_rl.bridge import PER_EXPERT, iter_hf_buckets
+    from megatron_rl.rollout.replicas import Replicas
     from megatron_rl.rollout.sync import WeightSync
 
     dtype = dtypes.to_torch(plan.dtype)
-    weight_sync = WeightSync(chunks, arch, engine, bucket_bytes)
+    weight_sync = WeightSync(chunks, arch, Replicas(engine), bucket_bytes)
     stats = []
     for _ in range(plan.warmup):
         weight_sync.sync()

@@ -34,6 +34,7 @@ from megatron_rl.parallel import ParallelConfig, destroy, initialize
 from megatron_rl.parallel.shards import local_shards
 from megatron_rl.rollout import EngineConfig, RolloutEngine
 from megatron_rl.rollout.parity import ParityError
+from megatron_rl.rollout.replicas import Replicas
 from megatron_rl.rollout.sync import WeightSync, check_parity
 from megatron_rl.utils import dtypes
 from megatron_rl_lab.testing.hf_models import load_reference, save_tiny_model
@@ -96,7 +97,7 @@ def perturbed_actor(layout, salt):
 
 def report_of(chunks, engine, arch):
     """The logprob comparison's statistics, not judged (the test judges them)."""
-    report = check_parity(chunks, engine, sequences(), arch.vocab_size, SEQ, judge=False)
+    report = check_parity(chunks, Replicas(engine), sequences(), arch.vocab_size, SEQ, judge=False)
     return {
         "mean_abs_diff": report.mean_abs_diff,
         "max_abs_diff": report.max_abs_diff,
@@ -108,7 +109,7 @@ def sync_case(layout):
     _, arch, engine = setup()
     try:
         chunks = perturbed_actor(layout, "a")
-        weight_sync = WeightSync(chunks, arch, engine, bucket_bytes=BUCKET)
+        weight_sync = WeightSync(chunks, arch, Replicas(engine), bucket_bytes=BUCKET)
         stats = weight_sync.sync(check_weights=True)
         out = {
             **report_of(chunks, engine, arch),
@@ -133,7 +134,7 @@ def skipped_tensor_case(layout):
     _, arch, engine = setup()
     try:
         chunks = perturbed_actor(layout, "a")
-        weight_sync = WeightSync(chunks, arch, engine, bucket_bytes=BUCKET)
+        weight_sync = WeightSync(chunks, arch, Replicas(engine), bucket_bytes=BUCKET)
         weight_sync.sync()
         perturb(chunks, "b")
         skipped = (
@@ -165,7 +166,7 @@ def scrambled_export_case(layout):
             checked += result.compared_elements
         engine.finish_weight_update()
         try:
-            check_parity(chunks, engine, sequences(), arch.vocab_size, SEQ)
+            check_parity(chunks, Replicas(engine), sequences(), arch.vocab_size, SEQ)
         except ParityError as err:
             return {"guard": str(err), "checked_elements": checked, **report_of(chunks, engine, arch)}
         raise AssertionError(f"the logprob limits missed the scrambled {scrambled}")

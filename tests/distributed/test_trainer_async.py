@@ -6,7 +6,7 @@ with a batch in flight."""
 
 import pytest
 
-from megatron_rl.rollout.remote import CHUNK_PAUSE_ENV
+from megatron_rl.rollout.server import CHUNK_PAUSE_ENV
 from megatron_rl.tasks.base_model import BaseModelSettings
 from tests.distributed.trainer_runs import FP32_PARITY_MAX, NOT_COMPARED, SMALL, cached_base, check_steps, train
 

@@ -14,7 +14,7 @@ from megatron_rl.environments.episode import NOT_SAMPLED, EpisodeLimits, Observa
 from megatron_rl.environments.interface import EnvironmentSetup, EpisodeRecord, Step
 from megatron_rl.environments.registry import get_environment
 from megatron_rl.environments.tool_calls import ToolResult, ToolSpec
-from megatron_rl.rollout.engine import Sample
+from megatron_rl.rollout.types import Sample
 from megatron_rl.schedules.batch import pack_sequences
 
 PYTHON = ToolSpec(

@@ -3,6 +3,7 @@ prompt; the random generators put back; the prefix cache dropped; records writte
 the policy version stamped where rollout ranks of their own sampled; held-out sets loaded
 and refused when they share a prompt with the training data."""
 
+import dataclasses
 import json
 import random
 
@@ -14,9 +15,9 @@ from megatron_rl.config import ConfigError, load_config
 from megatron_rl.evaluation import PromptResult, pass_at_k
 from megatron_rl.evaluation.phase import Evaluator, sample_seed
 from megatron_rl.evaluation.sets import EvalSet, load_sets
-from megatron_rl.rollout import replicas
-from megatron_rl.rollout.engine import EvalSamples, Sample, Sampling
+from megatron_rl.rollout.replicas import Replicas
 from megatron_rl.rollout.seeds import MAX_SAMPLES, prompt_seed
+from megatron_rl.rollout.types import EngineConfig, Sample, Sampling
 
 
 class ScriptedEngine:
@@ -24,6 +25,7 @@ class ScriptedEngine:
     torch's and python's global generators as vLLM's CPU sampler does."""
 
     replica, num_replicas, tp = 0, 1, 1
+    config = EngineConfig()
 
     def __init__(self):
         self.calls, self.cache_drops = [], 0
@@ -49,7 +51,7 @@ class ScriptedEngine:
 
 
 class ScriptedBackend:
-    """The eval generation of one scripted engine (replicas.generate_eval, as the colocated
+    """The eval generation of one scripted engine (Replicas.generate_eval, as the colocated
     engines and the rollout ranks run it); ``version``: the stamp of rollout ranks of their
     own (None: colocated)."""
 
@@ -57,7 +59,8 @@ class ScriptedBackend:
         self.engine, self.version = ScriptedEngine(), version
 
     def generate_eval(self, prompt_ids, sampling, seeds):
-        return EvalSamples(replicas.generate_eval(self.engine, prompt_ids, sampling, seeds), self.version)
+        samples = Replicas(self.engine).generate_eval(prompt_ids, sampling, seeds)
+        return dataclasses.replace(samples, policy_version=self.version)
 
 
 @pytest.fixture
@@ -151,7 +154,7 @@ def test_rollout_ranks_of_their_own_stamp_each_set_with_the_version_they_served(
 
 def test_eval_generation_refuses_a_seed_count_other_than_the_prompts(one_rank_group):
     with pytest.raises(ValueError, match="1 seeds for 2 prompts"):
-        replicas.generate_eval(ScriptedEngine(), [[1], [2]], Sampling(n=1), [0])
+        Replicas(ScriptedEngine()).generate_eval([[1], [2]], Sampling(n=1), [0])
 
 
 def _jsonl(path, prompts):

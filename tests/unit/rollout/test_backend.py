@@ -1,4 +1,4 @@
-"""The colocated engine and the rollout ranks' client are one typed backend, and the
+"""The colocated engines' replicas and the rollout ranks' client are one typed backend, and the
 commands between the training and rollout ranks are typed messages.
 
 The engines themselves run in tests/distributed (colocated: test_weight_sync.py's engine tests; the
@@ -7,22 +7,25 @@ an engine or a bridge: the methods the protocol names, the messages' trip throug
 (what the bridge carries), and the refusal of anything else.
 """
 
+import collections
 import dataclasses
 import inspect
 import pickle
+import queue
 
 import pytest
 import torch
 
 from megatron_rl.data import PromptBatch
-from megatron_rl.environments.interface import EpisodeRecord
 from megatron_rl.rollout import commands
 from megatron_rl.rollout.backend import RolloutBackend
 from megatron_rl.rollout.channel import _to_bytes
-from megatron_rl.rollout.engine import EngineConfig, RolloutEngine, Sample, Sampling
-from megatron_rl.rollout.remote import HANDLERS, RolloutClient, RolloutServer
+from megatron_rl.rollout.client import RolloutClient
+from megatron_rl.rollout.replicas import Replicas
+from megatron_rl.rollout.server import HANDLERS, RolloutServer, command_handlers
+from megatron_rl.rollout.types import EngineConfig, Sample, Sampling
 
-IMPLEMENTATIONS = [RolloutEngine, RolloutClient]
+IMPLEMENTATIONS = [Replicas, RolloutClient]
 PROTOCOL_METHODS = [
     name for name, value in vars(RolloutBackend).items() if inspect.isfunction(value) and not name.startswith("_")
 ]
@@ -67,7 +70,6 @@ def _sample() -> Sample:
 MESSAGES = [
     commands.Start("/models/tiny", EngineConfig(tensor_parallel_size=2)),
     commands.Generate(PromptBatch([[1, 2]], ["4"], [0], [0], [0]), Sampling(n=2), chunk_tokens=3),
-    commands.GenerateEpisodes([EpisodeRecord.from_messages([{"role": "user", "content": "2+2?"}], "4")], [12]),
     commands.GenerateEval([[1, 2], [3]], Sampling(n=2, logprobs=False), [4096, 8192]),
     commands.Continue([_sample()], Sampling(window=4)),
     commands.PromptLogprobs([[1, 2, 3]]),
@@ -91,6 +93,13 @@ def test_messages_travel_through_the_bridges_pickle(message):
     assert type(travelled) is type(message) and travelled == message
 
 
+def bare_server(extension=None) -> RolloutServer:
+    """A server with no bridge and no engine: what its dispatch needs, and nothing else."""
+    server = object.__new__(RolloutServer)
+    server.extension, server.handlers, server.leader = extension, command_handlers(extension), True
+    return server
+
+
 @dataclasses.dataclass(frozen=True)
 class Reboot:
     """Not a rollout command."""
@@ -102,9 +111,8 @@ def test_an_unknown_message_is_refused_by_name_on_both_sides():
     client = object.__new__(RolloutClient)  # refused before anything is counted or sent
     with pytest.raises(commands.UnknownCommandError, match="Reboot"):
         client.submit(Reboot())
-    server = object.__new__(RolloutServer)
     with pytest.raises(commands.UnknownCommandError, match="Reboot"):
-        server._run(Reboot(), None)
+        bare_server()._run(Reboot(), None)
 
 
 def test_a_bucket_goes_only_with_a_bucket_command():
@@ -115,7 +123,7 @@ def test_a_bucket_goes_only_with_a_bucket_command():
         client.submit(commands.LoadBucket())
 
 
-class _EvalEngine:
+class _EvalReplicas:
     """Answers an eval generation with one empty group per prompt; counts weight updates."""
 
     def __init__(self):
@@ -125,7 +133,7 @@ class _EvalEngine:
         self.updates += 1
 
     def generate_eval(self, prompt_ids, sampling, seeds):
-        from megatron_rl.rollout.engine import EvalSamples
+        from megatron_rl.rollout.types import EvalSamples
 
         return EvalSamples([[] for _ in prompt_ids])
 
@@ -138,20 +146,75 @@ class _Answers:
         self.sent.append(obj)
 
 
+def queued_server(messages, extension=None) -> RolloutServer:
+    """A bare server whose inbox holds ``messages`` (no bridge), keeping its answers in ``up.sent``."""
+    server = bare_server(extension)
+    server.replicas, server.version, server.rank = _EvalReplicas(), 0, 0
+    server.pending, server.taken, server.idle_s, server.up = collections.deque(), 0, 0.0, _Answers()
+    server.inbox = queue.Queue()
+    for message in messages:
+        server.inbox.put((message, None))
+    return server
+
+
 def test_the_rollout_ranks_evaluate_after_the_updates_sent_before_and_stamp_their_version():
     """An eval command sent after a weight update samples the updated weights: the server runs
     commands in order and answers it with the version it serves then."""
-    import collections
-    import queue
-
-    server = object.__new__(RolloutServer)  # no bridge: commands queued by hand, answers kept
-    server.engine, server.driver, server.version, server.rank, server.leader = _EvalEngine(), None, 0, 0, True
-    server.pending, server.taken, server.idle_s, server.up = collections.deque(), 0, 0.0, _Answers()
-    server.inbox = queue.Queue()
     evaluate = commands.GenerateEval([[1], [2]], Sampling(n=2, logprobs=False), [0, 4096])
-    for command in (evaluate, commands.FinishUpdate(), evaluate, commands.FinishUpdate(), evaluate, commands.Stop()):
-        server.inbox.put((command, None))
+    server = queued_server([evaluate, commands.FinishUpdate(), evaluate, commands.FinishUpdate(), evaluate])
+    server.inbox.put((commands.Stop(), None))
     assert server.serve() == 5
     evaluated = [(number, value) for number, status, value in server.up.sent if number in (0, 2, 4)]
     assert [(n, v.policy_version, len(v.groups)) for n, v in evaluated] == [(0, 0, 2), (2, 1, 2), (4, 2, 2)]
-    assert server.engine.updates == 2 and server.up.sent[-1] == (5, "stopped", None)
+    assert server.replicas.updates == 2 and server.up.sent[-1] == (5, "stopped", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ping:
+    """A command of a layer above rollout (as the episodes' are)."""
+
+    value: int
+
+
+class PingService:
+    """A server extension: answers Ping with its value and the policy version served."""
+
+    def __init__(self):
+        self.closed = 0
+
+    def handlers(self):
+        return {Ping: lambda server, command, bucket: (command.value, server.version)}
+
+    def close(self):
+        self.closed += 1
+
+
+def test_a_layer_above_adds_commands_that_only_the_sides_told_of_them_accept():
+    told = object.__new__(RolloutClient)
+    told.extra_commands = (Ping,)
+    with pytest.raises(commands.UnknownCommandError, match="Reboot is not a rollout command; .*, Stop, Ping$"):
+        told.submit(Reboot())  # still refused, by name, with the commands this side knows
+    with pytest.raises(commands.UnknownCommandError, match="Ping is not a rollout command"):
+        object.__new__(RolloutClient).submit(Ping(1))
+    with pytest.raises(commands.UnknownCommandError, match="Ping is not a rollout command"):
+        bare_server()._run(Ping(1), None)
+    with pytest.raises(commands.UnknownCommandError, match="Reboot"):
+        bare_server(PingService())._run(Reboot(), None)
+    assert queued_server([], PingService())._run(Ping(3), None) == (3, 0)
+
+
+def test_an_extension_is_served_in_order_and_closed_at_stop_before_the_answer():
+    service = PingService()
+    server = queued_server([Ping(1), commands.FinishUpdate(), Ping(2)], service)
+    server.inbox.put((commands.Stop(), None))
+    assert server.serve() == 3 and service.closed == 1
+    assert server.up.sent == [(0, "ok", (1, 0)), (1, "ok", None), (2, "ok", (2, 1)), (3, "stopped", None)]
+
+
+def test_an_extension_cannot_take_over_a_rollout_command():
+    class Hijack(PingService):
+        def handlers(self):
+            return {Ping: None, commands.Generate: None}
+
+    with pytest.raises(ValueError, match="cannot serve rollout's own commands: Generate"):
+        command_handlers(Hijack())

@@ -1,9 +1,9 @@
-"""A weight bucket travels to the rollout ranks as one byte tensor (rollout/remote.py):
+"""A weight bucket travels to the rollout ranks as one byte tensor (rollout/buckets.py):
 cut back into the same names, shapes, dtypes and bits."""
 
 import torch
 
-from megatron_rl.rollout.remote import bucket_bytes, pack_bucket, unpack_bucket
+from megatron_rl.rollout.buckets import bucket_bytes, pack_bucket, unpack_bucket
 
 
 def test_a_bucket_of_mixed_dtypes_comes_back_bit_for_bit():

@@ -9,7 +9,7 @@ import pytest
 
 from megatron_rl.data import PromptDataset, PromptFields, PromptLoader
 from megatron_rl.rollout import Sample, Sampling
-from megatron_rl.rollout.remote import Generation
+from megatron_rl.rollout.commands import Generation
 from megatron_rl.trainer.ahead import AheadGeneration, GroupRequests, StepTimes
 
 

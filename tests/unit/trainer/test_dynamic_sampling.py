@@ -7,15 +7,13 @@ tests/distributed/test_weight_sync.py (the engine tests) and the whole loop in t
 all-gather of groups runs on a real one-rank gloo group.
 """
 
-import functools
-
 import pytest
 import torch.distributed as dist
 
 from megatron_rl.algorithms.recipes import get_recipe
 from megatron_rl.data import PromptBatch
-from megatron_rl.rollout import Sample, Sampling
-from megatron_rl.rollout.replicas import generate_groups
+from megatron_rl.rollout import EngineConfig, Sample, Sampling
+from megatron_rl.rollout.replicas import Replicas
 from megatron_rl.trainer.rollouts import collect_rollouts, lockstep_draw
 
 # Each prompt is one token; each response's single token says whether it is correct.
@@ -31,6 +29,7 @@ SCRIPT = {  # prompt token -> the 4 responses generated for it
 
 class ScriptedGeneration:
     num_replicas, replica, tp = 1, 0, 1
+    config = EngineConfig()
 
     def __init__(self):
         self.calls = []
@@ -65,7 +64,7 @@ def _batches(*tokens_per_batch):
 
 
 def _generate(engine):
-    return functools.partial(generate_groups, engine)
+    return Replicas(engine).generate_groups
 
 
 def _score(texts, answers):

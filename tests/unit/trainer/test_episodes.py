@@ -14,12 +14,12 @@ from megatron_rl.environments.driver import DriverConfig, EpisodeDriver
 from megatron_rl.environments.episode import EpisodeLimits, encode_prompt
 from megatron_rl.environments.interface import EnvironmentSetup
 from megatron_rl.environments.registry import get_environment
+from megatron_rl.environments.replicas import EpisodeReplicas
+from megatron_rl.environments.served import EpisodeGeneration, GenerateEpisodes
 from megatron_rl.environments.tool_calls import ToolResult
 from megatron_rl.environments.tools import PYTHON
-from megatron_rl.rollout import Sample, Sampling
-from megatron_rl.rollout.commands import GenerateEpisodes
-from megatron_rl.rollout.remote import EpisodeGeneration
-from megatron_rl.rollout.replicas import run_episodes
+from megatron_rl.rollout import EngineConfig, Sample, Sampling
+from megatron_rl.rollout.replicas import Replicas
 from megatron_rl.rollout.seeds import prompt_seed
 from megatron_rl.trainer.assembly import assemble
 from megatron_rl.trainer.episodes import EpisodeSource
@@ -38,6 +38,7 @@ class PolicyEngine:
     of one rank, as a colocated world of one has."""
 
     tp, num_replicas, replica = 1, 1, 0
+    config = EngineConfig()
 
     def __init__(self, tokenizer, behaviour):
         self.tokenizer, self.behaviour = tokenizer, behaviour
@@ -79,15 +80,17 @@ class Dataset:
         return self.records[i]
 
 
-def _driver(tokenizer, behaviour):
+def _episodes(tokenizer, behaviour):
+    """A driver on a world of one replica, as a colocated world of one has."""
     env = get_environment("tools", EnvironmentSetup(reward="digits", tools=(PYTHON,), tool_runner=EvalRunner()))
     limits = EpisodeLimits(max_turns=3, max_tokens=1000, max_turn_tokens=40)
-    return EpisodeDriver(PolicyEngine(tokenizer, behaviour), tokenizer, env, DriverConfig(limits=limits))
+    engine = PolicyEngine(tokenizer, behaviour)
+    return EpisodeReplicas(Replicas(engine), EpisodeDriver(engine, tokenizer, env, DriverConfig(limits=limits)))
 
 
 def _source(tokenizer, behaviour, recipe, prompts_per_step=2, group_size=2, client=None, depth=0):
     loader = PromptLoader(Dataset(tokenizer, list(behaviour)), batch_size=prompts_per_step, seed=0, shuffle=False)
-    where = {"client": client, "depth": depth} if client is not None else {"driver": _driver(tokenizer, behaviour)}
+    where = {"client": client, "depth": depth} if client is not None else {"colocated": _episodes(tokenizer, behaviour)}
     counts = (prompts_per_step, group_size, 1)
     return EpisodeSource(loader, recipe, tokenizer.decode, *counts, max_turns=3, **where)
 
@@ -96,8 +99,8 @@ class ScriptedRolloutRanks:
     """The rollout ranks' side of GenerateEpisodes without a bridge: each command run on a
     driver of its own when answered, stamped with the weight updates sent before it."""
 
-    def __init__(self, driver):
-        self.driver, self.version, self.sent, self.commands = driver, 0, 0, []
+    def __init__(self, episodes):
+        self.episodes, self.version, self.sent, self.commands = episodes, 0, 0, []
 
     def submit(self, command, bucket=None, keep=True):
         self.commands.append((command, self.version))
@@ -106,7 +109,7 @@ class ScriptedRolloutRanks:
 
     def result(self, number):
         command, version = self.commands[number]
-        results, times = run_episodes(self.driver.engine, self.driver, command.records, command.seeds, version)
+        results, times = self.episodes.run(command.records, command.seeds, version)
         return EpisodeGeneration(results, times, seconds=0.5, idle_s=0.1)
 
 
@@ -156,13 +159,13 @@ def test_seeded_episodes_take_their_seeds_from_the_prompt_and_the_turn(tokenizer
     run's engine gets the seeds the uninterrupted run's did)."""
     source = _source(tokenizer, {"12 * 34": "call", "56 * 78": "right"}, get_recipe("grpo"))
     asked = []
-    generate = source.driver.engine.generate
+    generate = source.colocated.driver.engine.generate
 
     def recording(prompts, sampling, seeds=None, max_tokens=None):
         asked.append((tokenizer.decode(prompts[0]).count("<tool_response>"), list(seeds)))
         return generate(prompts, sampling, seeds, max_tokens)
 
-    source.driver.engine.generate = recording
+    source.colocated.driver.engine.generate = recording
     source.collect(Sampling(n=2, prompt_seed=7))
     first, second = prompt_seed(7, 0, 0), prompt_seed(7, 0, 1)  # max_turns=3 in _source
     assert asked[0] == (0, [first, first + 3, second, second + 3])  # every episode's first turn
@@ -177,7 +180,7 @@ def test_episodes_run_ahead_on_the_rollout_ranks_become_the_rows_colocated_ones_
     behaviour = {"12 * 34": "call", "56 * 78": "runaway", "11 * 11": "right", "13 * 13": "call"}
     sampling = Sampling(n=2, prompt_seed=7)
     here = _source(tokenizer, behaviour, get_recipe("grpo"))
-    ranks = ScriptedRolloutRanks(_driver(tokenizer, behaviour))
+    ranks = ScriptedRolloutRanks(_episodes(tokenizer, behaviour))
     ahead = _source(tokenizer, behaviour, get_recipe("grpo"), client=ranks, depth=1)
 
     local, remote = here.collect(sampling), ahead.collect(sampling)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from megatron_rl.from_config.rows import check_window_pool
-from megatron_rl.rollout.engine import Sample
+from megatron_rl.rollout.types import Sample
 from megatron_rl.trainer.rollouts import TrainRows
 from megatron_rl.trainer.windows import WindowPool
 
