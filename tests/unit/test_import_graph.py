@@ -1,9 +1,12 @@
-"""The runtime's import graph: no cycles, and nothing of the lab or the test helpers in it.
+"""The runtime's import graph: packages in layers with one direction, no cycles, and nothing
+of the lab or the test helpers in it.
 
 `megatron_rl` is what a training job imports; `megatron_rl_lab` (benchmarks, trace
-simulators, test helpers) studies it and may import it, never the reverse. Both rules are
-read from the sources with `ast`, every import counted (also those inside functions), so a
-lazy import cannot hide an edge.
+simulators, test helpers) studies it and may import it, never the reverse. The runtime's
+packages form the layers of :data:`LAYERS` (docs/design.md, "Layers"): a package imports
+only packages of strictly lower layers. Every rule is read from the sources with `ast`,
+every import counted (those inside functions and under TYPE_CHECKING too), so a lazy
+import cannot hide an edge: a typing-only need is met by moving the type down.
 """
 
 import ast
@@ -12,6 +15,28 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME = "megatron_rl"
 LAB = "megatron_rl_lab"  # megatron_rl_lab.testing, the test helpers, included
+
+LAYERS = (
+    ("platform", "utils", "commands"),
+    ("launch",),
+    ("algorithms", "data", "monitor", "parallel"),
+    ("checkpoint",),
+    ("models",),
+    ("config",),
+    ("bridge", "schedules"),
+    ("rollout",),
+    ("rewards",),
+    ("environments",),
+    ("tasks",),
+    ("from_config",),
+    ("evaluation",),
+    ("trainer",),
+    ("cli",),
+    ("__main__",),
+)
+"""The runtime's packages (and top-level modules) from the bottom up; the same list as
+docs/design.md's. ``commands`` names the subcommands' modules as strings, as entry points
+do: the CLI imports them."""
 
 
 def _modules(package: str) -> dict[str, tuple[Path, bool]]:
@@ -99,6 +124,52 @@ def test_the_runtime_imports_neither_the_lab_nor_the_test_helpers():
             if imported == LAB or imported.startswith(LAB + "."):
                 offenders.append(f"{name} imports {imported}")
     assert not offenders, offenders
+
+
+def _unit(module: str) -> str:
+    """The package (or top-level module) of the runtime that ``module`` belongs to."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _layer_of() -> dict[str, int]:
+    return {unit: layer for layer, units in enumerate(LAYERS) for unit in units}
+
+
+def test_every_runtime_package_has_a_layer():
+    units = {_unit(name) for name in _modules(RUNTIME)} - {""}  # "": megatron_rl/__init__.py, imports nothing
+    layer_of = _layer_of()
+    assert sum(len(units) for units in LAYERS) == len(layer_of), "a package is named in two layers"
+    assert units == set(layer_of), f"unplaced: {sorted(units - set(layer_of))}, gone: {sorted(set(layer_of) - units)}"
+
+
+def test_every_import_points_down_the_layers():
+    """Counting every import, lazy or not: an arrow within a package or to a lower layer only."""
+    modules = _modules(RUNTIME)
+    layer_of = _layer_of()
+    against = []
+    for name, (path, is_package) in modules.items():
+        for imported in sorted(_imported(name, path, is_package, top_level_only=False, modules=modules)):
+            if imported not in modules and imported != RUNTIME:
+                continue
+            source, target = _unit(name), _unit(imported)
+            if source == target:
+                continue
+            if target == "" or layer_of[target] >= layer_of[source]:
+                against.append(f"{name} imports {imported} ({source} is not above {target or RUNTIME})")
+    assert not against, "\n".join(against)
+
+
+def test_the_layer_check_sees_lazy_and_typing_only_imports(tmp_path):
+    """The checker itself: an import inside a function and one under TYPE_CHECKING both count."""
+    module = tmp_path / "probe.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from megatron_rl.trainer import state\n"
+        "def f():\n    from megatron_rl.cli import main\n"
+    )
+    found = _imported("megatron_rl.platform.probe", module, False, top_level_only=False)
+    assert {"megatron_rl.trainer", "megatron_rl.cli"} <= found
 
 
 def test_no_import_cycles_at_module_level():
