@@ -4,7 +4,7 @@ parts (docs/design.md, "The trainer")."""
 
 
 def train(cfg):
-    from megatron_rl.trainer.trainer import train as _train
+    from megatron_rl.trainer.entry import train as _train
 
     return _train(cfg)
 

@@ -13,13 +13,15 @@ fields, T-PPO windows, VAPO's value warm-up); one code path serves every recipe.
 rows come from is a :class:`~megatron_rl.trainer.sources.RolloutSource`. The critic trains
 in its own layout (``critic_parallel``; the actor's by default): everything done with it
 runs inside ``critic.active()``, which switches Megatron's process groups to the critic's.
+
+The trainer builds nothing itself: its parts come from :mod:`megatron_rl.trainer.compose`,
+its exit code and summary from :mod:`megatron_rl.trainer.ending`, and the launch that runs
+it is :mod:`megatron_rl.trainer.entry`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 import sys
 import time
 from pathlib import Path
@@ -33,22 +35,15 @@ from megatron_rl.algorithms import explained_variance, kl_penalty
 from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.algorithms.rollout_correction import CorrectionInputs, correct_rollout
 from megatron_rl.config import Config, ConfigError, dump_yaml, to_dict
-from megatron_rl.from_config import setup, validate, verifier_name
-from megatron_rl.from_config.rows import train_row_multiple
-from megatron_rl.launch import exit_codes, startup_gc
-from megatron_rl.launch.exclude import ExcludeWatch
-from megatron_rl.launch.roles import ROLLOUT, RoleWorld, init_roles
+from megatron_rl.from_config import setup, validate
+from megatron_rl.launch import startup_gc
+from megatron_rl.launch.roles import RoleWorld
 from megatron_rl.launch.signals import StopSignals, stop_line
 from megatron_rl.launch.slurm_env import SlurmEnv
 from megatron_rl.launch.status import write_status
 from megatron_rl.models.hf_config import arch_from_hf
-from megatron_rl.models.route_replay import RouteReplay
-from megatron_rl.parallel import initialize, initialize_alongside
-from megatron_rl.rollout.backend import RolloutBackend
-from megatron_rl.rollout.client import RolloutClient, RolloutRankError
+from megatron_rl.rollout.client import RolloutRankError
 from megatron_rl.schedules import (
-    ActorLoss,
-    CriticLoss,
     Microbatching,
     TrainBatch,
     gathered_logprobs,
@@ -57,17 +52,15 @@ from megatron_rl.schedules import (
     train_step,
 )
 from megatron_rl.trainer.advantages import estimate_advantages
-from megatron_rl.trainer.ahead import AheadGeneration, GroupRequests
 from megatron_rl.trainer.assembly import StepBatch, assemble, routes_missing
+from megatron_rl.trainer.compose import RunPlace, build_models, build_rollouts, start_monitor
 from megatron_rl.trainer.empty_steps import EmptyStepGuard
+from megatron_rl.trainer.ending import exit_code, summary
 from megatron_rl.trainer.hapo import hapo_token_fields
 from megatron_rl.trainer.loggers import open_loggers
 from megatron_rl.trainer.metrics import MetricsLog
-from megatron_rl.trainer.reference import ReferencePolicy
 from megatron_rl.trainer.rollouts import TrainRows
-from megatron_rl.trainer.sources import GroupSource, RolloutSource, WindowSource
 from megatron_rl.trainer.state import RunCheckpoint, choose_resume_step
-from megatron_rl.trainer.windows import WindowPool
 
 ACTOR_METRICS = ("actor/pg_loss", "actor/clipfrac", "actor/entropy", "actor/grad_norm", "actor/kl_loss")
 
@@ -97,8 +90,15 @@ class RLTrainer:
         # The actor's weights come from an HF directory (for task data: the task's tiny base).
         self.base_dir = setup.base_model_dir(cfg, self.rank)
         self.arch = arch_from_hf(self.base_dir)
-        self._build_models()
-        self._build_rollout()
+        models = build_models(self.cfg, self.recipe, self.arch, self.base_dir, self.rank)
+        self.actor, self.critic, self.reference = models.actor, models.critic, models.reference
+        self.route_replay = models.route_replay
+        self.actor_loss, self.critic_loss = models.actor_loss, models.critic_loss
+        place = RunPlace(self.base_dir, self.run_dir, self.world, self.rank, roles)
+        parts = build_rollouts(self.cfg, self.recipe, self.arch, place, self.actor.chunks)
+        self.engine, self.client, self.source, self.sampling = parts.engine, parts.client, parts.source, parts.sampling
+        self.verifier, self.eval_verifiers, self.evaluator = parts.verifier, parts.eval_verifiers, parts.evaluator
+        self.weight_sync, self.pad_token_id = parts.weight_sync, parts.pad_token_id
         self.checkpointer = checkpoint.Checkpointer()
         self.run_checkpoint = RunCheckpoint(
             self.checkpointer, self.run_dir / "checkpoints", cfg.checkpoint, self.base_dir
@@ -115,7 +115,7 @@ class RLTrainer:
             if self.rank == 0
             else (),
         )
-        self.monitor = _start_monitor(cfg, self.run_dir)
+        self.monitor = start_monitor(cfg, self.run_dir)
         self.slurm = SlurmEnv.from_environ()
         self.history: list[dict] = []
         self.eval_history: list[dict] = []
@@ -130,170 +130,7 @@ class RLTrainer:
         self.error: Optional[str] = None
         """Why the run stopped without finishing, when the trainer itself stopped it (exit code 2)."""
 
-    # ---- build ------------------------------------------------------------------------
-
-    def _build_models(self) -> None:
-        """Actor, critic (recipes with one) and the frozen KL reference, in their layouts."""
-        cfg, arch, recipe = self.cfg, self.arch, self.recipe
-        actor_layout = initialize(
-            cfg.parallel, seed=cfg.trainer.seed, model=arch.shape(), timeout_s=cfg.trainer.dist_timeout_s
-        )
-        critic_layout = self._critic_layout(actor_layout) if recipe.use_critic else None
-        if cfg.critic_parallel is not None and critic_layout is None and self.rank == 0:
-            print(f"critic_parallel is ignored: algorithm.recipe={cfg.algorithm.recipe} trains no critic", flush=True)
-        options = setup.build_options(cfg)
-        self.actor = setup.build_trainable("actor", arch, actor_layout, options, cfg.trainer.lr, self.base_dir)
-        self.critic = (
-            setup.build_trainable(
-                "critic", arch, critic_layout, options, cfg.trainer.lr * recipe.critic_lr_multiplier, self.base_dir
-            )
-            if critic_layout is not None
-            else None
-        )
-        self.reference = ReferencePolicy(arch, cfg.parallel, options, self.base_dir) if recipe.kl is not None else None
-        # MoE: every actor router measures agreement with vLLM's routes, and replays them
-        # when rollout.router_replay is on (models/route_replay.py).
-        self.route_replay = RouteReplay(self.actor.chunks) if arch.is_moe else None
-        self.actor_loss = ActorLoss(recipe, arch.vocab_size)
-        self.critic_loss = CriticLoss.from_recipe(recipe) if self.critic is not None else None
-
-    def _critic_layout(self, actor_layout):
-        """The critic's process groups: the actor's, or its own when critic_parallel is set."""
-        cfg = self.cfg
-        if cfg.critic_layout == cfg.parallel:
-            return actor_layout
-        layout = initialize_alongside(
-            cfg.critic_parallel, seed=cfg.trainer.seed, model=self.arch.shape(), timeout_s=cfg.trainer.dist_timeout_s
-        )
-        if self.rank == 0:
-            print(
-                f"actor layout: {cfg.parallel.describe(self.world)}\n"
-                f"critic layout: {cfg.critic_parallel.describe(self.world)}",
-                flush=True,
-            )
-        return layout
-
-    def _build_rollout(self) -> None:
-        """Prompts, the verifier, vLLM (from the actor's HF weights: colocated engines, or a
-        client of the rollout ranks' engines), the source."""
-        from transformers import AutoTokenizer
-
-        from megatron_rl.data import PromptLoader
-        from megatron_rl.rewards import build_verifier
-        from megatron_rl.rollout import RolloutEngine, Sampling
-        from megatron_rl.rollout.replicas import Replicas
-        from megatron_rl.rollout.sync import WeightSync
-
-        cfg, recipe = self.cfg, self.recipe
-        tokenizer = AutoTokenizer.from_pretrained(self.base_dir)
-        self.pad_token_id = tokenizer.pad_token_id or 0
-        dataset = setup.prompt_dataset(cfg, self.base_dir, tokenizer)
-        windowed = recipe.generation_window is not None
-        # T-PPO refills single rows of the pool: its loader hands out one prompt at a time.
-        loader = PromptLoader(
-            dataset, batch_size=1 if windowed else cfg.rollout.prompts_per_step, seed=cfg.trainer.seed
-        )
-        self.verifier = build_verifier(verifier_name(cfg))
-        self.eval_verifiers: dict = {}
-        """Verifiers of eval sets scored with another reward than training's (by name)."""
-        engine_config = setup.engine_config(cfg, self.arch, self.run_dir / "cache")
-        self.client: Optional[RolloutClient] = None
-        """The rollout ranks' handle (disaggregated rollouts), which also takes rollouts ahead."""
-        self.engine: RolloutBackend
-        if self.roles is None:
-            self.engine = Replicas(RolloutEngine(self.base_dir, engine_config))
-        else:
-            self.engine = self.client = self._rollout_client(engine_config)
-        self.generate, self.continue_ = self.engine.generate_groups, self.engine.continue_samples
-        self.sampling = Sampling(
-            n=cfg.rollout.n_samples,
-            max_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            stop_token_ids=(tokenizer.eos_token_id,),
-            window=recipe.generation_window,
-            prompt_seed=cfg.trainer.seed if cfg.rollout.seed_per_prompt else None,
-        )
-        decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
-        self.source = self._source(loader, decode, tokenizer)
-        self.evaluator = self._evaluator(tokenizer, dataset, decode) if cfg.eval.enabled else None
-        self.weight_sync = WeightSync(
-            self.actor.chunks, self.arch, self.engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20))
-        )
-
-    def _rollout_client(self, engine_config) -> RolloutClient:
-        """The rollout ranks' engines, started; for a run of episodes, their episode drivers
-        too, built beside the engines from the run's spec (the episode commands are the
-        client's besides rollout's own)."""
-        cfg = self.cfg
-        start = functools.partial(
-            RolloutClient,
-            self.roles.bridge,
-            engine_config,
-            self.base_dir,
-            who=self.roles.describe_rollout_ranks(),
-            answer_timeout_s=cfg.rollout.timeout_s,
-            start_timeout_s=cfg.rollout.start_timeout_s,
-        )
-        if not cfg.environment.episodes:
-            return start()
-        from megatron_rl.environments.served import EPISODE_COMMANDS, start_episodes
-        from megatron_rl.trainer.episodes import episode_spec
-
-        client = start(extra_commands=EPISODE_COMMANDS)
-        start_episodes(client, episode_spec(cfg, verifier_name(cfg)), self.base_dir, cfg.rollout.start_timeout_s)
-        return client
-
-    def _source(self, loader, decode, tokenizer) -> RolloutSource:
-        """Lockstep groups, or T-PPO's window pool, or multi-turn episodes (``environment``),
-        on the colocated engines or the rollout ranks."""
-        cfg, recipe = self.cfg, self.recipe
-        row_multiple = train_row_multiple(cfg, self.world, recipe.use_critic)
-        if cfg.environment.episodes:
-            from megatron_rl.trainer.episodes import episode_source
-
-            replicas = self.engine if self.client is None else None  # colocated: the backend is the replicas
-            return episode_source(cfg, replicas, self.client, tokenizer, loader, recipe, decode, row_multiple)
-        if recipe.generation_window is None:
-            ahead = None
-            if self.client is not None:
-                chunk = cfg.rollout.partial_chunk_tokens if cfg.rollout.partial else None
-                ahead = AheadGeneration(self.client, loader, cfg.rollout.max_staleness, GroupRequests(chunk))
-            return GroupSource(
-                self.generate,
-                loader,
-                recipe,
-                self.verifier.score_batch,
-                decode,
-                cfg.rollout.prompts_per_step,
-                cfg.rollout.n_samples,
-                row_multiple,
-                ahead,
-            )
-        pool = WindowPool(cfg.rollout.prompts_per_step * cfg.rollout.n_samples, cfg.rollout.n_samples, row_multiple)
-        return WindowSource(self.generate, self.continue_, loader, pool, recipe, self.verifier.score_batch, decode)
-
-    def _evaluator(self, tokenizer, dataset, decode):
-        """The eval phase on the run's engines: colocated, or the rollout ranks' (a stamped version)."""
-        from megatron_rl.evaluation.phase import Evaluator, eval_sampling
-        from megatron_rl.evaluation.sets import eval_rewards, load_sets
-        from megatron_rl.rewards import build_verifier
-
-        sets = load_sets(self.cfg, self.base_dir, tokenizer, (r.prompt_ids for r in dataset.records))
-        run_reward = verifier_name(self.cfg)
-        # A set scored otherwise than training (a reasoning-gym set of a math run) gets its own pool.
-        self.eval_verifiers = {name: build_verifier(name) for name in eval_rewards(self.cfg) - {run_reward}}
-        scores = {name: v.score_batch for name, v in [(run_reward, self.verifier), *self.eval_verifiers.items()]}
-        return Evaluator(
-            self.cfg.eval,
-            sets,
-            self.engine,
-            scores,
-            decode,
-            eval_sampling(self.cfg, tokenizer.eos_token_id),
-            self.run_dir / "eval",
-            self.rank == 0,
-        )
+    # ---- resume -----------------------------------------------------------------------
 
     def _resume(self) -> int:
         """Load the step chosen at start (the newest intact one, any saved layout) and push its
@@ -660,11 +497,7 @@ class RLTrainer:
         self.run_checkpoint.close()  # an async save still writing must commit before we exit
         if self.monitor is not None:
             self.monitor.stop()
-        code = exit_codes.DONE if step >= self.cfg.trainer.max_steps else exit_codes.STOPPED
-        if self.error is not None:
-            code = exit_codes.CONFIG_ERROR  # a requeue would only repeat it
-        if self.rollout_error is not None:
-            code = exit_codes.FAILED
+        code = exit_code(step, self.cfg.trainer.max_steps, self.error, self.rollout_error)
         if self.rank == 0:
             write_status(
                 self.run_dir, code, step, None if self.stop_signal is None else self.stop_signal.name, self.slurm
@@ -676,43 +509,7 @@ class RLTrainer:
         self.source.close()
         if self.roles is not None and self.rollout_error is None:
             self.engine.close()  # releases the rollout ranks
-        summary = {
-            "run_dir": str(self.run_dir),
-            "steps": len(self.history),
-            "last_step": step,
-            "exit_code": code,
-            "error": self.rollout_error or self.error,
-        }
-        # T-PPO steps in which no response finished have no reward (nan).
-        rewards = [r["reward/mean"] for r in self.history if math.isfinite(r["reward/mean"])]
-        if rewards:
-            first, last = rewards[:5], rewards[-5:]
-            summary.update(first_reward=sum(first) / len(first), last_reward=sum(last) / len(last))
-        if self.eval_history:
-            first, last = self.eval_history[0], self.eval_history[-1]
-            summary["val_accuracy"] = {  # set -> (step, accuracy) of the run's first and last evaluation
-                key.split("/")[1]: ((first["step"], first[key]), (last["step"], last[key]))
-                for key in first
-                if key.startswith("val/") and key.endswith("/accuracy")
-            }
-        return summary
-
-
-def _start_monitor(cfg: Config, run_dir: Path):
-    """Minder beside training: every machine samples, rank 0 detects (monitor.enabled)."""
-    if not cfg.monitor.enabled:
-        return None
-    import os
-
-    from megatron_rl.monitor.online import OnlineMonitor, torch_gather
-
-    return OnlineMonitor(
-        cfg.monitor,
-        run_dir,
-        is_detector=dist.get_rank() == 0,
-        sample_here=int(os.environ.get("LOCAL_RANK", "0")) == 0,
-        gather=torch_gather(),
-    ).start()
+        return summary(self.run_dir, self.history, self.eval_history, step, code, self.rollout_error or self.error)
 
 
 def _agree(flag: bool) -> bool:
@@ -720,61 +517,3 @@ def _agree(flag: bool) -> bool:
     value = torch.tensor([1 if flag else 0], device=platform.current().device)
     dist.broadcast(value, src=0)
     return bool(value.item())
-
-
-def train(cfg: Config) -> dict:
-    """Run ``trainer.max_steps`` RL steps; returns a summary (rank 0 writes the run dir).
-
-    SIGUSR1 / SIGTERM / SIGINT (Slurm preemption, scancel, Ctrl-C) stop the run after the current step with
-    a committed checkpoint; the summary's ``exit_code`` then says "requeue me" (launch.exit_codes).
-    The handlers go in first, so that a signal during start-up is not fatal either.
-    With disaggregated rollouts the launch is split first; its rollout ranks serve the
-    training ranks' commands until the run ends (the training ranks decide when to stop)."""
-    with StopSignals(exclude=ExcludeWatch.in_job(cfg.trainer.run_dir)) as stop:
-        if cfg.rollout.placement != "disaggregated":
-            return RLTrainer(cfg, stop).run()
-        # Training ranks other than 0 wait in a broadcast of the training world for each answer.
-        longest_answer_s = max(cfg.rollout.timeout_s, cfg.rollout.start_timeout_s)
-        roles = init_roles(cfg.rollout.num_ranks, timeout_s=max(600.0, longest_answer_s + 60.0))
-        if roles.role == ROLLOUT:
-            return _serve_rollouts(roles, cfg)
-        try:
-            trainer = RLTrainer(cfg, stop, roles)
-        except RolloutRankError as err:  # the engines did not start: nothing trained, nothing saved
-            _exit_now(f"{err}; nothing was trained", roles.rank == 0)
-        summary = trainer.run()
-        if summary["exit_code"] == exit_codes.FAILED:
-            _exit_now(summary["error"], roles.rank == 0)
-        return summary
-
-
-def _exit_now(error: str, report: bool) -> None:
-    """End a training rank whose rollout ranks failed: the bridge's receiving thread still
-    waits on them, and gloo joins such a wait before a process may exit normally."""
-    import os
-
-    if report:
-        print(f"megatron-rl: error: {error}", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(exit_codes.FAILED)
-
-
-def _serve_rollouts(roles: RoleWorld, cfg: Config) -> dict:
-    """A rollout rank's whole run: serve the trainer's commands; its summary (rank 0 of the
-    launch reports the run)."""
-    from megatron_rl.rollout.server import serve
-
-    extension = None
-    if cfg.environment.episodes:  # the episodes' tools run here, beside the engines
-        from megatron_rl.environments.served import EpisodeService
-
-        extension = EpisodeService()
-    startup_gc.resume()  # the engine is built on the trainer's first command
-    served = serve(roles.bridge, extension)
-    return {
-        "run_dir": str(cfg.trainer.run_dir),
-        "role": ROLLOUT,
-        "commands": served,
-        "exit_code": exit_codes.DONE,
-        "error": None,
-    }

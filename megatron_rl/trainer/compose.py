@@ -1,0 +1,264 @@
+"""What an RL run is made of, built once from its checked config: the composition root.
+
+:class:`~megatron_rl.trainer.trainer.RLTrainer` runs the loop over these parts and builds
+none of them itself. Two groups, in the order they are built:
+
+- :class:`Models`: the actor, the critic (recipes with one; in its own layout when
+  ``critic_parallel`` is set) and the frozen KL reference, with their losses and the MoE
+  routers' replay;
+- :class:`Rollouts`: the prompts' source, the verifier, vLLM (colocated engines dealt over
+  replicas, or a client of the rollout ranks' engines), the eval phase and the weight sync,
+  which needs the actor's chunks, hence built second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+from typing import Any, Optional
+
+from megatron_rl.algorithms.recipes import AlgorithmRecipe
+from megatron_rl.config import Config
+from megatron_rl.from_config import setup, verifier_name
+from megatron_rl.from_config.rows import train_row_multiple
+from megatron_rl.launch.roles import RoleWorld
+from megatron_rl.models.hf_config import ModelArch
+from megatron_rl.models.route_replay import RouteReplay
+from megatron_rl.parallel import initialize, initialize_alongside
+from megatron_rl.parallel.state import ParallelContext
+from megatron_rl.rollout.backend import RolloutBackend
+from megatron_rl.rollout.client import RolloutClient
+from megatron_rl.rollout.types import Sampling
+from megatron_rl.schedules import ActorLoss, CriticLoss
+from megatron_rl.trainer.ahead import AheadGeneration, GroupRequests
+from megatron_rl.trainer.reference import ReferencePolicy
+from megatron_rl.trainer.sources import GroupSource, RolloutSource, WindowSource
+from megatron_rl.trainer.windows import WindowPool
+
+
+@dataclasses.dataclass
+class Models:
+    """The models a step trains and reads, each in its layout."""
+
+    actor: setup.Trainable
+    critic: Optional[setup.Trainable]
+    reference: Optional[ReferencePolicy]
+    """The frozen KL reference (recipes with a KL penalty)."""
+    route_replay: Optional[RouteReplay]
+    """MoE: every actor router measures agreement with vLLM's routes, and replays them when
+    rollout.router_replay is on (models/route_replay.py)."""
+    actor_loss: ActorLoss
+    critic_loss: Optional[CriticLoss]
+
+
+def build_models(cfg: Config, recipe: AlgorithmRecipe, arch: ModelArch, base_dir: Path, rank: int) -> Models:
+    """Actor, critic (recipes with one) and the frozen KL reference, in their layouts."""
+    actor_layout = initialize(
+        cfg.parallel, seed=cfg.trainer.seed, model=arch.shape(), timeout_s=cfg.trainer.dist_timeout_s
+    )
+    critic_layout = _critic_layout(cfg, arch, actor_layout, rank) if recipe.use_critic else None
+    if cfg.critic_parallel is not None and critic_layout is None and rank == 0:
+        print(f"critic_parallel is ignored: algorithm.recipe={cfg.algorithm.recipe} trains no critic", flush=True)
+    options = setup.build_options(cfg)
+    actor = setup.build_trainable("actor", arch, actor_layout, options, cfg.trainer.lr, base_dir)
+    critic = None
+    if critic_layout is not None:
+        critic_lr = cfg.trainer.lr * recipe.critic_lr_multiplier
+        critic = setup.build_trainable("critic", arch, critic_layout, options, critic_lr, base_dir)
+    return Models(
+        actor=actor,
+        critic=critic,
+        reference=ReferencePolicy(arch, cfg.parallel, options, base_dir) if recipe.kl is not None else None,
+        route_replay=RouteReplay(actor.chunks) if arch.is_moe else None,
+        actor_loss=ActorLoss(recipe, arch.vocab_size),
+        critic_loss=CriticLoss.from_recipe(recipe) if critic is not None else None,
+    )
+
+
+def _critic_layout(cfg: Config, arch: ModelArch, actor_layout: ParallelContext, rank: int) -> ParallelContext:
+    """The critic's process groups: the actor's, or its own when critic_parallel is set."""
+    if cfg.critic_layout == cfg.parallel:
+        return actor_layout
+    layout = initialize_alongside(
+        cfg.critic_parallel, seed=cfg.trainer.seed, model=arch.shape(), timeout_s=cfg.trainer.dist_timeout_s
+    )
+    if rank == 0:
+        world = actor_layout.world_size
+        print(
+            f"actor layout: {cfg.parallel.describe(world)}\ncritic layout: {cfg.critic_parallel.describe(world)}",
+            flush=True,
+        )
+    return layout
+
+
+@dataclasses.dataclass
+class Rollouts:
+    """Where a step's rows come from and how the weights get back to vLLM."""
+
+    engine: RolloutBackend
+    client: Optional[RolloutClient]
+    """The rollout ranks' handle (disaggregated rollouts), which also takes rollouts ahead."""
+    verifier: Any
+    eval_verifiers: dict
+    """Verifiers of eval sets scored with another reward than training's (by name)."""
+    sampling: Sampling
+    source: RolloutSource
+    evaluator: Optional[Any]
+    weight_sync: Any
+    pad_token_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlace:
+    """Where the run stands: its directories, this rank and, when disaggregated, the launch's split."""
+
+    base_dir: Path
+    run_dir: Path
+    world: int
+    rank: int
+    roles: Optional[RoleWorld]
+
+
+def build_rollouts(
+    cfg: Config, recipe: AlgorithmRecipe, arch: ModelArch, place: RunPlace, actor_chunks: list
+) -> Rollouts:
+    """Prompts, the verifier, vLLM (from the actor's HF weights: colocated engines, or a
+    client of the rollout ranks' engines), the source, the eval phase, the weight sync."""
+    from transformers import AutoTokenizer
+
+    from megatron_rl.data import PromptLoader
+    from megatron_rl.rewards import build_verifier
+    from megatron_rl.rollout import RolloutEngine
+    from megatron_rl.rollout.replicas import Replicas
+    from megatron_rl.rollout.sync import WeightSync
+
+    tokenizer = AutoTokenizer.from_pretrained(place.base_dir)
+    dataset = setup.prompt_dataset(cfg, place.base_dir, tokenizer)
+    # T-PPO refills single rows of the pool: its loader hands out one prompt at a time.
+    batch_size = 1 if recipe.generation_window is not None else cfg.rollout.prompts_per_step
+    loader = PromptLoader(dataset, batch_size=batch_size, seed=cfg.trainer.seed)
+    verifier = build_verifier(verifier_name(cfg))
+    engine_config = setup.engine_config(cfg, arch, place.run_dir / "cache")
+    client = _rollout_client(cfg, place, engine_config) if place.roles is not None else None
+    engine: RolloutBackend = client if client is not None else Replicas(RolloutEngine(place.base_dir, engine_config))
+    decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
+    source = _source(cfg, recipe, place, engine, client, verifier, loader, decode, tokenizer)
+    evaluator, eval_verifiers = None, {}
+    if cfg.eval.enabled:
+        evaluator, eval_verifiers = _evaluator(cfg, place, engine, verifier, tokenizer, dataset, decode)
+    return Rollouts(
+        engine=engine,
+        client=client,
+        verifier=verifier,
+        eval_verifiers=eval_verifiers,
+        sampling=_sampling(cfg, recipe, tokenizer.eos_token_id),
+        source=source,
+        evaluator=evaluator,
+        weight_sync=WeightSync(actor_chunks, arch, engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20))),
+        pad_token_id=tokenizer.pad_token_id or 0,
+    )
+
+
+def _sampling(cfg: Config, recipe: AlgorithmRecipe, eos_token_id: int) -> Sampling:
+    rollout = cfg.rollout
+    return Sampling(
+        n=rollout.n_samples,
+        max_tokens=rollout.max_new_tokens,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        stop_token_ids=(eos_token_id,),
+        window=recipe.generation_window,
+        prompt_seed=cfg.trainer.seed if rollout.seed_per_prompt else None,
+    )
+
+
+def _rollout_client(cfg: Config, place: RunPlace, engine_config) -> RolloutClient:
+    """The rollout ranks' engines, started; for a run of episodes, their episode drivers
+    too, built beside the engines from the run's spec (the episode commands are the
+    client's besides rollout's own)."""
+    start = functools.partial(
+        RolloutClient,
+        place.roles.bridge,
+        engine_config,
+        place.base_dir,
+        who=place.roles.describe_rollout_ranks(),
+        answer_timeout_s=cfg.rollout.timeout_s,
+        start_timeout_s=cfg.rollout.start_timeout_s,
+    )
+    if not cfg.environment.episodes:
+        return start()
+    from megatron_rl.environments.served import EPISODE_COMMANDS, start_episodes
+    from megatron_rl.trainer.episodes import episode_spec
+
+    client = start(extra_commands=EPISODE_COMMANDS)
+    start_episodes(client, episode_spec(cfg, verifier_name(cfg)), place.base_dir, cfg.rollout.start_timeout_s)
+    return client
+
+
+def _source(cfg, recipe, place: RunPlace, engine, client, verifier, loader, decode, tokenizer) -> RolloutSource:
+    """Lockstep groups, or T-PPO's window pool, or multi-turn episodes (``environment``),
+    on the colocated engines or the rollout ranks."""
+    row_multiple = train_row_multiple(cfg, place.world, recipe.use_critic)
+    if cfg.environment.episodes:
+        from megatron_rl.trainer.episodes import episode_source
+
+        replicas = engine if client is None else None  # colocated: the backend is the replicas
+        return episode_source(cfg, replicas, client, tokenizer, loader, recipe, decode, row_multiple)
+    rollout = cfg.rollout
+    if recipe.generation_window is None:
+        ahead = None
+        if client is not None:
+            chunk = rollout.partial_chunk_tokens if rollout.partial else None
+            ahead = AheadGeneration(client, loader, rollout.max_staleness, GroupRequests(chunk))
+        return GroupSource(
+            engine.generate_groups,
+            loader,
+            recipe,
+            verifier.score_batch,
+            decode,
+            rollout.prompts_per_step,
+            rollout.n_samples,
+            row_multiple,
+            ahead,
+        )
+    pool = WindowPool(rollout.prompts_per_step * rollout.n_samples, rollout.n_samples, row_multiple)
+    return WindowSource(
+        engine.generate_groups, engine.continue_samples, loader, pool, recipe, verifier.score_batch, decode
+    )
+
+
+def _evaluator(cfg: Config, place: RunPlace, engine, verifier, tokenizer, dataset, decode):
+    """The eval phase on the run's engines (colocated, or the rollout ranks': a stamped
+    version), and the verifiers of its sets scored otherwise than training."""
+    from megatron_rl.evaluation.phase import Evaluator, eval_sampling
+    from megatron_rl.evaluation.sets import eval_rewards, load_sets
+    from megatron_rl.rewards import build_verifier
+
+    sets = load_sets(cfg, place.base_dir, tokenizer, (r.prompt_ids for r in dataset.records))
+    run_reward = verifier_name(cfg)
+    # A set scored otherwise than training (a reasoning-gym set of a math run) gets its own pool.
+    others = {name: build_verifier(name) for name in eval_rewards(cfg) - {run_reward}}
+    scores = {name: v.score_batch for name, v in [(run_reward, verifier), *others.items()]}
+    sampling = eval_sampling(cfg, tokenizer.eos_token_id)
+    evaluator = Evaluator(cfg.eval, sets, engine, scores, decode, sampling, place.run_dir / "eval", place.rank == 0)
+    return evaluator, others
+
+
+def start_monitor(cfg: Config, run_dir: Path):
+    """Minder beside training: every machine samples, rank 0 detects (monitor.enabled)."""
+    if not cfg.monitor.enabled:
+        return None
+    import os
+
+    import torch.distributed as dist
+
+    from megatron_rl.monitor.online import OnlineMonitor, torch_gather
+
+    return OnlineMonitor(
+        cfg.monitor,
+        run_dir,
+        is_detector=dist.get_rank() == 0,
+        sample_here=int(os.environ.get("LOCAL_RANK", "0")) == 0,
+        gather=torch_gather(),
+    ).start()
