@@ -20,10 +20,10 @@ after a step's weight update: it samples the step's weights, and its answer carr
 version the rollout ranks served. A layer above rollout may send commands of its own,
 which the client is told of (``extra_commands``) and the rollout ranks serve through a
 :class:`~megatron_rl.rollout.server.ServerExtension` (multi-turn episodes:
-:mod:`megatron_rl.environments.served`). Weights travel as one
-byte tensor per bucket (:mod:`megatron_rl.rollout.buckets`). A command that fails on the
-rollout side is answered with its error, raised on every training rank as
-:class:`RolloutRankError` by the next :meth:`~RolloutClient.result`.
+:mod:`megatron_rl.environments.served`). Weights travel as one byte tensor per bucket
+(:mod:`megatron_rl.rollout.buckets`). A command that fails on the rollout side is answered
+with its error, raised on every training rank as :class:`RolloutRankError` by the next
+:meth:`~RolloutClient.result`.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ class RolloutClient:
 
     config: EngineConfig
     extra_commands: tuple[type, ...] = ()
+    """None unless told (also for a client made without ``__init__``, as the unit tests make)."""
 
     def __init__(
         self,

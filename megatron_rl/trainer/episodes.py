@@ -26,9 +26,9 @@ batch on its own driver, its tools on its own rank, and the results are gathered
 (:class:`~megatron_rl.environments.replicas.EpisodeReplicas`); seeded episodes are the same
 whichever replica runs them. With disaggregated rollouts the rollout ranks build the
 drivers beside their engines (the :class:`~megatron_rl.environments.spec.EpisodeSpec`
-travels in a command of its own after the engines start: :mod:`megatron_rl.environments.served`)
-and run whole batches of episodes as commands, ahead of
-training by ``rollout.max_staleness`` batches as single-turn batches are
+travels in a command of its own once the engines are up,
+:mod:`megatron_rl.environments.served`) and run whole batches of episodes as commands,
+ahead of training by ``rollout.max_staleness`` batches as single-turn batches are
 (:mod:`megatron_rl.trainer.ahead`): an episode batch runs between two weight updates, so
 every turn of it samples one policy version, and a checkpoint's data position comes
 before the batches in flight, which a resumed run draws again.
@@ -270,8 +270,8 @@ def episode_source(
     row_multiple: int,
 ) -> EpisodeSource:
     """The run's episodes: on the rollout ranks (``client``; they built their drivers from
-    :func:`episode_spec` after the engines' start), else on the colocated ``replicas``, each rank building a
-    driver on its engine (rank 0 reports the sandbox)."""
+    :func:`episode_spec` once their engines were up), else on the colocated ``replicas``,
+    each rank building a driver on its engine (rank 0 reports the sandbox)."""
     import torch.distributed as dist
 
     rollout = cfg.rollout
