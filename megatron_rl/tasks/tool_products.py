@@ -42,7 +42,7 @@ from megatron_rl.tasks.base_model import HELD_OUT_FILE, BaseModelSettings, setti
 from megatron_rl.tasks.chat_format import END, render_chat
 from megatron_rl.tasks.verifier import final_answer
 
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 """Bump when the generated artefacts change for the same settings (invalidates caches)."""
 TOOL_TASKS = ("tool_products",)
 """task:<name> data of this module (the digit tasks are tasks.digits.TASKS)."""
