@@ -5,6 +5,8 @@ correctly, so RL would get no signal. Like real pipelines, RL starts from a supe
 base: this one knows the answer format but is at chance on the task (see ``warmup``).
 Everything is derived from :class:`BaseModelSettings` (seeded), and the result is cached
 under the settings' content hash: a second call with the same settings returns at once.
+The build runs on :data:`BUILD_THREADS` torch threads whatever the caller's thread count, so
+every run that asks for the same settings gets the same weights, bit for bit.
 
 Layout of the output directory: HF model (config.json, model.safetensors,
 generation_config.json), tokenizer files with the chat template, ``train.jsonl`` /
@@ -34,7 +36,15 @@ from megatron_rl.tasks.chat_format import training_text
 from megatron_rl.tasks.digits import get_task
 
 # Bump when the generated artefacts change for the same settings (invalidates caches).
-BUILD_VERSION = 1
+BUILD_VERSION = 2
+BUILD_THREADS = 1
+"""torch's intra-op threads while a base is built, whatever the caller runs with. CPU kernels
+split their work by the thread count and so round differently (the MoE experts' grouped GEMM
+on an expert with few tokens, long reductions), and the warm-up's weights drifted with it: a
+world-1 run builds on one thread per core, a rank of a torchrun launch of two or more on one
+(torchrun sets OMP_NUM_THREADS=1). One, not two: on two idle cores the default base's
+warm-up takes 2.9 s against 2.4 s, but with the cores shared (two test workers, two runs)
+two threads wait on each other at every op, 56-82 s against 5-7 s."""
 FAMILIES = ("qwen3_moe", "qwen2_moe", "qwen3")
 REPORT_FILE = "tiny_base.json"
 HELD_OUT_FILE = "eval.jsonl"
@@ -292,7 +302,8 @@ def make_tiny_base(
     """Build (or reuse) the base model in ``directory``; returns the report dict.
 
     The report has ``chance_accuracy``, ``accuracy_after_warmup`` (greedy, held-out),
-    ``seconds`` (of the build that made it) and ``cached`` (True when reused).
+    ``seconds`` (of the build that made it) and ``cached`` (True when reused). The build runs
+    under :func:`build_threads`: its artefacts do not depend on the caller's thread count.
     """
     directory = Path(directory)
     digest = settings.content_hash()
@@ -322,11 +333,25 @@ def _build_lock(directory: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def build_threads(threads: int) -> Iterator[None]:
+    """torch on ``threads`` intra-op threads inside, the caller's count restored after."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def _build_into(directory: Path, settings: BaseBuild, digest: str) -> dict[str, Any]:
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the run directory is not
     try:
-        report = settings.build(staging)
+        with build_threads(BUILD_THREADS):
+            report = settings.build(staging)
         (staging / REPORT_FILE).write_text(
             json.dumps({"settings_hash": digest, "settings": dataclasses.asdict(settings), "report": report}, indent=2)
         )

@@ -28,7 +28,7 @@ from megatron_rl.parallel.config import ModelShape
 from megatron_rl.tasks.base_model import BaseModelSettings, settings_hash
 from megatron_rl.tasks.chat_format import END, render_chat
 
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 """Bump when the generated artefacts change for the same settings (invalidates caches)."""
 WARMUP_CORRECT_FRACTION = 0.25
 """Share of warm-up examples with the true answer. On count_bits (1..31) the base stays at

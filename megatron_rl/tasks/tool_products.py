@@ -42,7 +42,7 @@ from megatron_rl.rewards.digit_answer import final_answer
 from megatron_rl.tasks.base_model import HELD_OUT_FILE, BaseModelSettings, settings_hash
 from megatron_rl.tasks.chat_format import END, render_chat
 
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 """Bump when the generated artefacts change for the same settings (invalidates caches)."""
 TOOL_TASKS = ("tool_products",)
 """task:<name> data of this module (the digit tasks are tasks.digits.TASKS)."""
