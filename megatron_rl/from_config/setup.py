@@ -24,13 +24,15 @@ from megatron_rl.utils import dtypes
 
 BASE_CACHE_ENV = "MEGATRON_RL_BASE_CACHE"
 """A directory for task bases shared by runs: each base is built once, under its settings'
-content hash, and reused by every run that asks for the same settings (the build is
-deterministic, so a cached base is the base the run would have built)."""
+content hash, and reused by every run that asks for the same settings. The build is
+deterministic and runs on a fixed torch thread count whatever the rank's own
+(tasks.base_model.BUILD_THREADS), so a cached base is the base the run would have built,
+at any world size."""
 
 
 def base_model_dir(cfg: Config, rank: int) -> Path:
     """The HF directory the actor starts from: model.hf_path, or the task base built from
-    config.sources.base_settings (the settings validation checked the layouts against): in
+    from_config.sources.base_settings (the settings validation checked the layouts against): in
     the run dir, or in the base cache named by ``MEGATRON_RL_BASE_CACHE`` under the settings'
     hash, where runs with the same settings share one build."""
     settings = base_settings(cfg)
