@@ -14,8 +14,9 @@ from megatron_rl.tasks.base_model import BaseModelSettings
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 # The settings hash of `make train`'s base (examples/dapo.yaml): the cache name of a model
-# whose reward curve examples/reference records. A new hash means a different base model.
-EMBEDDED_DEFAULT_BASE_HASH = "6cefcb92650e13be"
+# whose reward curve examples/reference records. A new hash means a different base model
+# (build version 2: built on one thread, the same at every world size).
+EMBEDDED_DEFAULT_BASE_HASH = "94df719a1520d478"
 
 
 def test_every_name_denotes_one_architecture():
