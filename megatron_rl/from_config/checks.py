@@ -13,10 +13,19 @@ import itertools
 from pathlib import Path
 
 from megatron_rl.config.schema import HELD_OUT, Config, ConfigError, EvalSetConfig
+from megatron_rl.data import DatasetFormatError, PromptFields, parse_row, read_rows
+from megatron_rl.data.reasoning_gym import SOURCE_PREFIX, GymSpec, check_spec
+from megatron_rl.environments import isolation
+from megatron_rl.environments.registry import ENVIRONMENTS
+from megatron_rl.environments.tool_calls import TOOL_PARSERS
+from megatron_rl.environments.tools import check_tool_names
 from megatron_rl.from_config import sources
 from megatron_rl.from_config.loggers import check_loggers
 from megatron_rl.from_config.rows import check_window_pool, train_row_multiple, usable_groups
 from megatron_rl.parallel.config import LayoutError, ModelShape, sequence_multiple
+from megatron_rl.rewards.registry import REWARDS
+from megatron_rl.rollout.seeds import MAX_SAMPLES
+from megatron_rl.tasks import get_task
 
 FIRST_ROWS = 8
 """Rows of a prompt file read by the check (the trainer reads and reports all of them)."""
@@ -145,8 +154,6 @@ def _check_prompts(config: Config) -> None:
     data names a dataset whose config takes data.options."""
     spec = sources.gym_spec(config)
     if spec is not None:
-        from megatron_rl.data.reasoning_gym import check_spec
-
         try:
             check_spec(spec)
         except ValueError as err:
@@ -154,8 +161,6 @@ def _check_prompts(config: Config) -> None:
         return
     name = sources.task_name(config)
     if name is not None and name not in sources.TOOL_TASKS:
-        from megatron_rl.tasks import get_task
-
         try:
             get_task(name)
         except ValueError as err:  # lists the valid ones
@@ -171,8 +176,6 @@ def _check_prompts(config: Config) -> None:
 def _check_prompt_rows(config: Config, path: Path, where: str) -> None:
     """The file exists and its first rows hold a prompt and an answer (the data module's own
     reader and row parser, with the data section's field names)."""
-    from megatron_rl.data import DatasetFormatError, PromptFields, parse_row, read_rows
-
     try:
         rows = list(itertools.islice(read_rows(path), FIRST_ROWS))
     except DatasetFormatError as err:  # no such file, unknown suffix
@@ -201,8 +204,6 @@ def _check_eval(config: Config) -> None:
         return
     if config.trainer.job != "rl":
         raise ConfigError(f"eval needs trainer.job=rl (trainer.job={config.trainer.job} generates nothing)")
-    from megatron_rl.rollout.seeds import MAX_SAMPLES
-
     if ev.n_samples > MAX_SAMPLES:
         raise ConfigError(f"eval.n_samples={ev.n_samples} exceeds the {MAX_SAMPLES} that per-sample seeds allow")
     training_file = sources.prompt_file(config)
@@ -235,8 +236,6 @@ def _check_eval(config: Config) -> None:
 
 def _check_gym_set(where: str, spec: EvalSetConfig) -> None:
     """The dataset exists and its config takes the set's options (reasoning-gym's own checks)."""
-    from megatron_rl.data.reasoning_gym import SOURCE_PREFIX, GymSpec, check_spec
-
     try:
         check_spec(GymSpec(spec.source[len(SOURCE_PREFIX) :], dict(spec.options), spec.seed, spec.size))
     except ValueError as err:
@@ -258,7 +257,6 @@ def _check_reward(config: Config) -> None:
         )
     if config.data.reward == "auto":
         return
-    from megatron_rl.rewards.registry import REWARDS
 
     if config.data.reward not in REWARDS:
         raise ConfigError(
@@ -312,11 +310,6 @@ def _check_environment(config: Config, world_size: int, recipe) -> None:
     episode source does not cover yet; the tool sandbox's isolation (probed here, so a
     missing one stops the run before any model is built)."""
     env = config.environment
-    from megatron_rl.environments.registry import ENVIRONMENTS
-    from megatron_rl.environments.tool_calls import TOOL_PARSERS
-    from megatron_rl.environments.tools import check_tool_names
-    from megatron_rl.rollout.seeds import MAX_SAMPLES
-
     if env.name not in ENVIRONMENTS:
         raise ConfigError(f"environment.name={env.name!r} is not allowed; choose one of {sorted(ENVIRONMENTS)}")
     if env.parser not in TOOL_PARSERS:
@@ -345,11 +338,10 @@ def _check_environment(config: Config, world_size: int, recipe) -> None:
             f"rollout.n_samples={config.rollout.n_samples} x environment.max_turns={env.max_turns} is more"
         )
     if "python" in env.tools:
-        from megatron_rl.environments.isolation import IsolationError, probe_isolation, require_isolation
-
         try:
-            require_isolation(env.sandbox, probe_isolation())
-        except IsolationError as err:
+            # Through the module, where a test stands in a probe of another machine.
+            isolation.require_isolation(env.sandbox, isolation.probe_isolation())
+        except isolation.IsolationError as err:
             raise ConfigError(f"environment.sandbox: {err}") from None
 
 

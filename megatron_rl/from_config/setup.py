@@ -14,12 +14,17 @@ from typing import Optional
 
 import torch
 
+from megatron_rl.bridge import load_hf
 from megatron_rl.config import Config
+from megatron_rl.data import PromptDataset, PromptFields
+from megatron_rl.data.reasoning_gym import GymPrompts
 from megatron_rl.from_config.sources import base_settings, gym_spec, prompt_file
 from megatron_rl.models.builder import BuildOptions, build_model, wrap_for_training
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import ParallelConfig
 from megatron_rl.parallel.state import ParallelContext
+from megatron_rl.rollout.types import EngineConfig
+from megatron_rl.tasks import base_model
 from megatron_rl.utils import dtypes
 
 BASE_CACHE_ENV = "MEGATRON_RL_BASE_CACHE"
@@ -38,12 +43,10 @@ def base_model_dir(cfg: Config, rank: int) -> Path:
     settings = base_settings(cfg)
     if settings is None:
         return Path(cfg.model.hf_path)
-    from megatron_rl.tasks.base_model import make_tiny_base
-
     cache = os.environ.get(BASE_CACHE_ENV)
     directory = Path(cache) / settings.content_hash() if cache else Path(cfg.trainer.run_dir) / "base_model"
     if rank == 0:
-        make_tiny_base(directory, settings)
+        base_model.make_tiny_base(directory, settings)
     torch.distributed.barrier()
     return directory
 
@@ -61,8 +64,6 @@ def build_options(cfg: Config) -> BuildOptions:
 def engine_config(cfg: Config, arch: ModelArch, cache_dir: Optional[Path]):
     """The colocated vLLM engines' settings (the trainer's, and `megatron-rl eval`'s, which
     must sample as the run's eval phase did)."""
-    from megatron_rl.rollout import EngineConfig
-
     return EngineConfig(
         tensor_parallel_size=cfg.rollout.tensor_parallel_size,
         dtype=dtypes.long_name(cfg.model.dtype),
@@ -86,11 +87,7 @@ def prompt_dataset(cfg: Config, base_dir: Path, tokenizer):
     else read from the prompt files."""
     spec = gym_spec(cfg)
     if spec is not None:
-        from megatron_rl.data.reasoning_gym import GymPrompts
-
         return GymPrompts(spec, tokenizer)
-    from megatron_rl.data import PromptDataset, PromptFields
-
     fields = PromptFields(prompt=cfg.data.prompt_key, answer=cfg.data.answer_key)
     return PromptDataset(prompt_files(cfg, base_dir), tokenizer, fields=fields)
 
@@ -138,8 +135,6 @@ def _build_wrapped(
     hf_dir: Optional[Path],
     clip_grad: float,
 ):
-    from megatron_rl.bridge import load_hf
-
     chunks = build_model(role, arch, parallel, options)
     if hf_dir is not None:  # the critic starts from the actor's backbone and a fresh value head
         load_hf(chunks, hf_dir, arch, backbone_only=role == "critic")

@@ -29,6 +29,7 @@ from megatron_rl.models.presets import PRESETS
 from megatron_rl.parallel.config import ModelShape
 from megatron_rl.tasks.base_model import HELD_OUT_FILE, BaseBuild, BaseModelSettings
 from megatron_rl.tasks.digits import get_task
+from megatron_rl.tasks.gym_base import WARMUP_CORRECT_FRACTION, GymBaseSettings
 from megatron_rl.tasks.tool_products import TOOL_TASKS, ToolBaseSettings
 
 TASK_PREFIX = "task:"
@@ -70,8 +71,6 @@ def base_settings(config: Config) -> Optional[BaseBuild]:
         return None
     spec = gym_spec(config)
     if spec is not None:
-        from megatron_rl.tasks.gym_base import WARMUP_CORRECT_FRACTION, GymBaseSettings
-
         try:
             model = BaseModelSettings.from_arch(
                 PRESETS[config.model.preset], seed=config.trainer.seed, warmup_correct_fraction=WARMUP_CORRECT_FRACTION

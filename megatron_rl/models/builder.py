@@ -17,6 +17,7 @@ from megatron_rl import platform
 from megatron_rl.models.hf_config import MOE_FIELDS, ModelArch
 from megatron_rl.models.layer_spec import block_spec
 from megatron_rl.parallel.config import ParallelConfig
+from megatron_rl.parallel.state import require_current
 from megatron_rl.utils import dtypes
 
 Role = Literal["actor", "critic"]
@@ -119,8 +120,6 @@ def build_model(
     when a process holds several): Megatron builds from its current groups whatever layout
     the config names, so a mismatch is refused here rather than trained wrongly."""
     from megatron.core import parallel_state as ps
-
-    from megatron_rl.parallel.state import require_current
 
     require_current(parallel, f"build_model({role!r})")
     options = options or BuildOptions()

@@ -71,7 +71,7 @@ class RolloutClient:
 
     config: EngineConfig
     extra_commands: tuple[type, ...] = ()
-    """None unless told (also for a client made without ``__init__``, as the unit tests make)."""
+    """Empty unless told (also for a client made without ``__init__``, as the unit tests make)."""
 
     def __init__(
         self,

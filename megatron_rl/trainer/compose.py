@@ -15,23 +15,36 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from pathlib import Path
 from typing import Any, Optional
 
+import torch.distributed as dist
+
 from megatron_rl.algorithms.recipes import AlgorithmRecipe
 from megatron_rl.config import Config
+from megatron_rl.data import PromptLoader
+from megatron_rl.environments.served import EPISODE_COMMANDS, start_episodes
+from megatron_rl.evaluation.phase import Evaluator, eval_sampling
+from megatron_rl.evaluation.sets import eval_rewards, load_sets
 from megatron_rl.from_config import setup, verifier_name
 from megatron_rl.from_config.rows import train_row_multiple
 from megatron_rl.launch.roles import RoleWorld
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.models.route_replay import RouteReplay
+from megatron_rl.monitor.online import OnlineMonitor, torch_gather
 from megatron_rl.parallel import initialize, initialize_alongside
 from megatron_rl.parallel.state import ParallelContext
+from megatron_rl.rewards import build_verifier
 from megatron_rl.rollout.backend import RolloutBackend
 from megatron_rl.rollout.client import RolloutClient
+from megatron_rl.rollout.engine import RolloutEngine
+from megatron_rl.rollout.replicas import Replicas
+from megatron_rl.rollout.sync import WeightSync
 from megatron_rl.rollout.types import Sampling
 from megatron_rl.schedules import ActorLoss, CriticLoss
 from megatron_rl.trainer.ahead import AheadGeneration, GroupRequests
+from megatron_rl.trainer.episodes import episode_source, episode_spec
 from megatron_rl.trainer.reference import ReferencePolicy
 from megatron_rl.trainer.sources import GroupSource, RolloutSource, WindowSource
 from megatron_rl.trainer.windows import WindowPool
@@ -127,12 +140,6 @@ def build_rollouts(
     client of the rollout ranks' engines), the source, the eval phase, the weight sync."""
     from transformers import AutoTokenizer
 
-    from megatron_rl.data import PromptLoader
-    from megatron_rl.rewards import build_verifier
-    from megatron_rl.rollout import RolloutEngine
-    from megatron_rl.rollout.replicas import Replicas
-    from megatron_rl.rollout.sync import WeightSync
-
     tokenizer = AutoTokenizer.from_pretrained(place.base_dir)
     dataset = setup.prompt_dataset(cfg, place.base_dir, tokenizer)
     # T-PPO refills single rows of the pool: its loader hands out one prompt at a time.
@@ -188,9 +195,6 @@ def _rollout_client(cfg: Config, place: RunPlace, engine_config) -> RolloutClien
     )
     if not cfg.environment.episodes:
         return start()
-    from megatron_rl.environments.served import EPISODE_COMMANDS, start_episodes
-    from megatron_rl.trainer.episodes import episode_spec
-
     client = start(extra_commands=EPISODE_COMMANDS)
     start_episodes(client, episode_spec(cfg, verifier_name(cfg)), place.base_dir, cfg.rollout.start_timeout_s)
     return client
@@ -201,8 +205,6 @@ def _source(cfg, recipe, place: RunPlace, engine, client, verifier, loader, deco
     on the colocated engines or the rollout ranks."""
     row_multiple = train_row_multiple(cfg, place.world, recipe.use_critic)
     if cfg.environment.episodes:
-        from megatron_rl.trainer.episodes import episode_source
-
         replicas = engine if client is None else None  # colocated: the backend is the replicas
         return episode_source(cfg, replicas, client, tokenizer, loader, recipe, decode, row_multiple)
     rollout = cfg.rollout
@@ -231,10 +233,6 @@ def _source(cfg, recipe, place: RunPlace, engine, client, verifier, loader, deco
 def _evaluator(cfg: Config, place: RunPlace, engine, verifier, tokenizer, dataset, decode):
     """The eval phase on the run's engines (colocated, or the rollout ranks': a stamped
     version), and the verifiers of its sets scored otherwise than training."""
-    from megatron_rl.evaluation.phase import Evaluator, eval_sampling
-    from megatron_rl.evaluation.sets import eval_rewards, load_sets
-    from megatron_rl.rewards import build_verifier
-
     sets = load_sets(cfg, place.base_dir, tokenizer, (r.prompt_ids for r in dataset.records))
     run_reward = verifier_name(cfg)
     # A set scored otherwise than training (a reasoning-gym set of a math run) gets its own pool.
@@ -249,12 +247,6 @@ def start_monitor(cfg: Config, run_dir: Path):
     """Minder beside training: every machine samples, rank 0 detects (monitor.enabled)."""
     if not cfg.monitor.enabled:
         return None
-    import os
-
-    import torch.distributed as dist
-
-    from megatron_rl.monitor.online import OnlineMonitor, torch_gather
-
     return OnlineMonitor(
         cfg.monitor,
         run_dir,

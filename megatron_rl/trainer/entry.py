@@ -14,11 +14,13 @@ import sys
 from typing import NoReturn
 
 from megatron_rl.config import Config
+from megatron_rl.environments.served import EpisodeService
 from megatron_rl.launch import exit_codes, startup_gc
 from megatron_rl.launch.exclude import ExcludeWatch
 from megatron_rl.launch.roles import ROLLOUT, RoleWorld, init_roles
 from megatron_rl.launch.signals import StopSignals
 from megatron_rl.rollout.client import RolloutRankError
+from megatron_rl.rollout.server import serve
 from megatron_rl.trainer.trainer import RLTrainer
 
 
@@ -59,12 +61,8 @@ def _exit_now(error: str, report: bool) -> NoReturn:
 def _serve_rollouts(roles: RoleWorld, cfg: Config) -> dict:
     """A rollout rank's whole run: serve the trainer's commands; its summary (rank 0 of the
     launch reports the run)."""
-    from megatron_rl.rollout.server import serve
-
     extension = None
     if cfg.environment.episodes:  # the episodes' tools run here, beside the engines
-        from megatron_rl.environments.served import EpisodeService
-
         extension = EpisodeService()
     startup_gc.resume()  # the engine is built on the trainer's first command
     served = serve(roles.bridge, extension)
