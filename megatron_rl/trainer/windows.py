@@ -18,12 +18,10 @@ decisions without communicating; the state is JSON-like for the checkpoint.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 from megatron_rl.from_config.rows import check_window_pool
-
-if TYPE_CHECKING:  # the engine module loads torch; config validation imports this file without it
-    from megatron_rl.rollout import Sample
+from megatron_rl.rollout.types import Sample
 
 
 @dataclasses.dataclass
@@ -72,8 +70,6 @@ class WindowSample:
 
     @classmethod
     def from_state(cls, state: dict) -> "WindowSample":
-        from megatron_rl.rollout import Sample
-
         sample = Sample(
             prompt_ids=list(state["prompt_ids"]),
             token_ids=list(state["token_ids"]),
