@@ -16,6 +16,16 @@ SHM_DIR = Path("/dev/shm")
 SHM_MARKER = "cpushm"
 
 
+def _names_in_maps(maps: str, unlinked_too: bool) -> set[str]:
+    """The /dev/shm names a /proc/<pid>/maps text maps; a mapping shown "(deleted)" is one
+    whose name is already unlinked (and may now be another file's), kept when ``unlinked_too``."""
+    names = set()
+    for line in maps.splitlines():
+        if "/dev/shm/" in line and (unlinked_too or not line.endswith("(deleted)")):
+            names.add(line.rsplit("/dev/shm/", 1)[1].replace(" (deleted)", "").strip())
+    return names
+
+
 def mapped_shm_names() -> set[str]:
     """Names of /dev/shm files that some live process has mapped."""
     names = set()
@@ -24,9 +34,7 @@ def mapped_shm_names() -> set[str]:
             text = maps.read_text()
         except OSError:  # process gone or not ours
             continue
-        for line in text.splitlines():
-            if "/dev/shm/" in line:
-                names.add(line.rsplit("/dev/shm/", 1)[1].replace(" (deleted)", "").strip())
+        names |= _names_in_maps(text, unlinked_too=True)
     return names
 
 
@@ -53,13 +61,8 @@ def unlink_own_shm(shm_dir: Path = SHM_DIR) -> list[str]:
     engine starts, so a rank of the same engine that is still running loses nothing. Two
     ranks of one engine map the same segments: the second finds them gone. A mapping shown
     "(deleted)" is already unlinked: its name may now be another file's."""
-    names = {
-        line.rsplit("/dev/shm/", 1)[1].strip()
-        for line in Path("/proc/self/maps").read_text().splitlines()
-        if "/dev/shm/" in line and not line.endswith("(deleted)")
-    }
     removed = []
-    for name in sorted(names):
+    for name in sorted(_names_in_maps(Path("/proc/self/maps").read_text(), unlinked_too=False)):
         if SHM_MARKER in name:
             try:
                 (shm_dir / name).unlink()
