@@ -19,6 +19,9 @@ from megatron_rl.monitor.config import OnlineConfig
 from megatron_rl.parallel.config import ParallelConfig
 from megatron_rl.utils import dtypes
 
+TASK_PREFIX = "task:"
+"""``data.source`` of a built-in synthetic task (megatron_rl.tasks)."""
+
 
 class ConfigError(ValueError):
     """A bad config key or value; the message names the key and what is allowed."""
@@ -296,8 +299,11 @@ class DataConfig:
     """reasoning_gym:<dataset> only: keyword arguments of the dataset's config, e.g.
     {min_terms: 2, max_terms: 2} for chain_sum (data.options.max_n=15 on the command line)."""
     seed: Optional[int] = None
-    """reasoning_gym:<dataset> only: the seed the training set is generated from (null:
-    trainer.seed)."""
+    """The seed of the data and the base built for it (null: trainer.seed): for task:<name>
+    the prompts, tokenizer and warm-up of the task's base, for reasoning_gym:<dataset> the
+    training set and the base's warm-up. Fixed, with trainer.seed varied, it gives runs
+    that start from one base and differ only in sampling and updates. A prompt file (with
+    model.hf_path) has no such seed."""
     size: int = 1000
     """reasoning_gym:<dataset> only: entries in the training set."""
 
@@ -308,9 +314,11 @@ class DataConfig:
             raise ConfigError(f"data.options must be a mapping of the dataset's options, got {self.options!r}")
         if self.size < 1:
             raise ConfigError(f"data.size={self.size} must be >= 1")
-        if not self.source.startswith(GYM_PREFIX) and (self.options or self.seed is not None):
+        if not self.source.startswith(GYM_PREFIX) and self.options:
+            raise ConfigError(f"data.options apply to reasoning_gym:<dataset> sources only, not {self.source!r}")
+        if self.seed is not None and not self.source.startswith((GYM_PREFIX, TASK_PREFIX)):
             raise ConfigError(
-                f"data.options and data.seed apply to reasoning_gym:<dataset> sources only, not {self.source!r}"
+                f"data.seed applies to task:<name> and reasoning_gym:<dataset> sources only, not {self.source!r}"
             )
 
 

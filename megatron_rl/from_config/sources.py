@@ -21,18 +21,17 @@ import types
 from pathlib import Path
 from typing import Optional
 
-from megatron_rl.config.schema import Config, ConfigError
+from megatron_rl.config.schema import TASK_PREFIX, Config, ConfigError
 from megatron_rl.data.reasoning_gym import SOURCE_PREFIX as GYM_PREFIX
 from megatron_rl.data.reasoning_gym import GymSpec
 from megatron_rl.models.hf_config import ModelArch, arch_from_hf
 from megatron_rl.models.presets import PRESETS
 from megatron_rl.parallel.config import ModelShape
-from megatron_rl.tasks.base_model import HELD_OUT_FILE, BaseBuild, BaseModelSettings
+from megatron_rl.tasks.base_model import HELD_OUT_FILE, TASK_BASE_SETTINGS, BaseBuild, BaseModelSettings
 from megatron_rl.tasks.digits import get_task
 from megatron_rl.tasks.gym_base import WARMUP_CORRECT_FRACTION, GymBaseSettings
 from megatron_rl.tasks.tool_products import TOOL_TASKS, ToolBaseSettings
 
-TASK_PREFIX = "task:"
 GYM_REWARD = "reasoning_gym"
 """The reward of reasoning-gym prompts (data and eval sets): the dataset's own score_answer."""
 
@@ -49,7 +48,7 @@ def gym_spec(config: Config) -> Optional[GymSpec]:
     data = config.data
     if not data.source.startswith(GYM_PREFIX):
         return None
-    seed = config.trainer.seed if data.seed is None else data.seed
+    seed = base_seed(config)
     return GymSpec(data.source[len(GYM_PREFIX) :], dict(data.options), seed, data.size)
 
 
@@ -59,7 +58,10 @@ def verifier_name(config: Config) -> str:
         return config.data.reward
     if gym_spec(config) is not None:
         return GYM_REWARD
-    return "digits" if task_name(config) is not None else "math"
+    name = task_name(config)
+    if name is None:
+        return "math"
+    return "digits" if name in TOOL_TASKS else get_task(name).verifier
 
 
 def base_settings(config: Config) -> Optional[BaseBuild]:
@@ -73,7 +75,7 @@ def base_settings(config: Config) -> Optional[BaseBuild]:
     if spec is not None:
         try:
             model = BaseModelSettings.from_arch(
-                PRESETS[config.model.preset], seed=config.trainer.seed, warmup_correct_fraction=WARMUP_CORRECT_FRACTION
+                PRESETS[config.model.preset], seed=base_seed(config), warmup_correct_fraction=WARMUP_CORRECT_FRACTION
             )
         except ValueError as err:
             raise ConfigError(f"model.preset={config.model.preset!r}: {err}") from None
@@ -90,7 +92,7 @@ def base_settings(config: Config) -> Optional[BaseBuild]:
         get_task(name)
     except ValueError as err:  # an unknown task lists the valid ones
         raise ConfigError(f"data.source={config.data.source!r}: {err}") from None
-    return _from_preset(config, task=name)
+    return _from_preset(config, task=name, **TASK_BASE_SETTINGS.get(name, {}))
 
 
 TOOL_WARMUP_STEPS = 800
@@ -98,9 +100,17 @@ TOOL_WARMUP_STEPS = 800
 2-layer base more steps than the digit tasks' answer format."""
 
 
+def base_seed(config: Config) -> int:
+    """The seed a built base (its prompts, tokenizer, initial weights and warm-up) comes from:
+    ``data.seed``, else ``trainer.seed``. Runs that differ only in ``trainer.seed`` and share
+    ``data.seed`` start from one base and sample, shuffle and update differently: the seeds of
+    a multi-seed comparison (``megatron-rl bench compare``)."""
+    return config.trainer.seed if config.data.seed is None else config.data.seed
+
+
 def _from_preset(config: Config, **settings) -> BaseModelSettings:
     try:
-        return BaseModelSettings.from_arch(PRESETS[config.model.preset], seed=config.trainer.seed, **settings)
+        return BaseModelSettings.from_arch(PRESETS[config.model.preset], seed=base_seed(config), **settings)
     except ValueError as err:
         raise ConfigError(f"model.preset={config.model.preset!r}: {err}") from None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol, Sequence
 
 from megatron_rl.rewards.digit_answer import DigitAnswerVerifier
+from megatron_rl.rewards.digit_chain import DigitChainVerifier
 from megatron_rl.rewards.math_verifier import MathVerifier
 from megatron_rl.rewards.reasoning_gym import ReasoningGymVerifier
 
@@ -21,6 +22,7 @@ class Verifier(Protocol):
 REWARDS: dict[str, Callable[..., Verifier]] = {
     "math": MathVerifier,
     "digits": DigitAnswerVerifier,
+    "digit_chain": DigitChainVerifier,
     "reasoning_gym": ReasoningGymVerifier,
 }
 

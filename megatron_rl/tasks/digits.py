@@ -32,6 +32,8 @@ _OPS: dict[str, tuple[str, Callable[[int, int], int]]] = {
 _WORK = {"max": "max({a},{d})={v}", "min": "min({a},{d})={v}", "sum_mod10": "{a}+{d}={v}"}
 """How ``reasoning="work"`` writes one step: running value ``a``, next digit ``d``, result ``v``."""
 REASONING = (False, True, "work")
+VERIFIERS = ("digits", "digit_chain")
+_FIRST_FIELDS = ("op", "min_digits", "max_digits", "reasoning")
 ANSWER_SPACE = tuple(str(d) for d in range(10))
 
 
@@ -58,12 +60,30 @@ class DigitTask:
     reasoning: bool | str = False
     """Write the running values before the answer (response length grows with the prompt);
     ``"work"``: write each step as ``max(a,d)=v``."""
+    chained_answer: bool = False
+    """The warm-up's random chains are consistent in form: each step starts from the value
+    the step before wrote, and the answer is the chain's last value. The warm-up then
+    teaches how the scratchpad is used, still none of its arithmetic."""
+    uniform_answer: bool = False
+    """Draw the answer first, uniformly, then digits that give it: for ``max`` the digits are
+    at most the answer and one of them is it. The max of many uniform digits is 9 more often
+    than not, so a policy that always answers 9 would score well without reading the prompt;
+    with uniform answers every answer is right 1 time in 10."""
+    verifier: str = "digits"
+    """The reward (megatron_rl.rewards.REWARDS) that scores the task: ``digits`` grades the
+    final answer, ``digit_chain`` also the chain (one step per prompt digit)."""
 
     def __post_init__(self) -> None:
         if self.op not in _OPS:
             raise ValueError(f"DigitTask.op={self.op!r} is not known; allowed: {sorted(_OPS)}")
         if self.reasoning not in REASONING:
             raise ValueError(f"DigitTask.reasoning={self.reasoning!r} is not known; allowed: {REASONING}")
+        if (self.chained_answer or self.verifier == "digit_chain") and self.reasoning != "work":
+            raise ValueError("DigitTask.chained_answer and the digit_chain verifier need reasoning='work'")
+        if self.verifier not in VERIFIERS:
+            raise ValueError(f"DigitTask.verifier={self.verifier!r} is not known; allowed: {list(VERIFIERS)}")
+        if self.uniform_answer and self.op != "max":
+            raise ValueError(f"DigitTask.uniform_answer is defined for op='max' only, not {self.op!r}")
         if not 1 <= self.min_digits <= self.max_digits <= 32:
             raise ValueError(
                 f"DigitTask needs 1 <= min_digits <= max_digits <= 32, got "
@@ -74,6 +94,22 @@ class DigitTask:
     def chance_accuracy(self) -> float:
         """Accuracy of a well-formed answer drawn uniformly from the answer space."""
         return 1.0 / len(ANSWER_SPACE)
+
+    def seed_key(self) -> str:
+        """The task's part of its generator's seed: the dataclass repr, leaving out the fields
+        added after the first tasks (chained_answer onwards) while they hold their defaults,
+        so those tasks' prompts (and the bases built from them) stay what they were."""
+        shown = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+            if f.name in _FIRST_FIELDS or getattr(self, f.name) != f.default
+        ]
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+    def reference(self, example: TaskExample) -> str:
+        """What the prompt files' ``answer`` field holds: the answer, or for the chain
+        verifier the reference solution (its digits and final answer)."""
+        return example.solution if self.verifier == "digit_chain" else example.answer
 
     def running_values(self, digits: Sequence[int]) -> list[int]:
         step = _OPS[self.op][1]
@@ -89,7 +125,10 @@ class DigitTask:
         return str(self.running_values(digits)[-1])
 
     def solution(
-        self, digits: Sequence[int], answer: Optional[str] = None, steps: Optional[Sequence[int]] = None
+        self,
+        digits: Sequence[int],
+        answer: Optional[str] = None,
+        steps: Optional[Sequence[int]] = None,
     ) -> str:
         """The response text; ``answer``/``steps`` override the true ones (warm-up labels)."""
         answer = self.answer(digits) if answer is None else answer
@@ -106,11 +145,16 @@ class DigitTask:
 
     def sample_digits(self, rng: random.Random) -> tuple[int, ...]:
         n = rng.randint(self.min_digits, self.max_digits)
-        return tuple(rng.randrange(10) for _ in range(n))
+        if not self.uniform_answer:
+            return tuple(rng.randrange(10) for _ in range(n))
+        answer = rng.randrange(10)
+        digits = [rng.randrange(answer + 1) for _ in range(n)]
+        digits[rng.randrange(n)] = answer
+        return tuple(digits)
 
     def generate(self, n: int, seed: int) -> list[TaskExample]:
         """``n`` examples, the same for the same ``(task, n, seed)`` on every machine."""
-        rng = random.Random(f"{self}-{seed}")  # string seeds hash deterministically
+        rng = random.Random(f"{self.seed_key()}-{seed}")  # string seeds hash deterministically
         return [self.example(self.sample_digits(rng)) for _ in range(n)]
 
 
@@ -122,6 +166,18 @@ TASKS: dict[str, DigitTask] = {
     # Every step written out: answers several times as long as the prompt (the async bench's
     # generation-heavy workload).
     "digits_max_work": DigitTask(op="max", min_digits=8, max_digits=16, reasoning="work"),
+    # The reasoning task of the learning benchmarks (docs/claims.md): a running max written
+    # step by step over 3-20 digits (responses of about 20-150 tokens), answers uniform over
+    # the ten digits, and the chain graded with the answer (rewards/digit_chain.py).
+    "digits_max_chain": DigitTask(
+        op="max",
+        min_digits=3,
+        max_digits=20,
+        reasoning="work",
+        chained_answer=True,
+        uniform_answer=True,
+        verifier="digit_chain",
+    ),
 }
 
 

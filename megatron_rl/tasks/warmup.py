@@ -13,16 +13,23 @@ from typing import Sequence
 
 import torch
 
-from megatron_rl.rewards.digit_answer import DigitAnswerVerifier
+from megatron_rl.rewards import build_verifier
 from megatron_rl.tasks.chat_format import prompt_messages, training_text
 from megatron_rl.tasks.digits import ANSWER_SPACE, DigitTask, TaskExample
 
 
 def warmup_solution(task: DigitTask, example: TaskExample, rng: random.Random, correct: bool) -> str:
-    """The completion the warm-up trains on: the true one, or the same shape with random digits."""
+    """The completion the warm-up trains on: the true one, or the same shape with random digits.
+
+    A task with ``chained_answer`` starts its random chain from the prompt's first digit and
+    answers the chain's last value: the form of a true chain, none of its arithmetic.
+    """
     if correct:
         return example.solution
     steps = [rng.randrange(10) for _ in example.digits]
+    if task.chained_answer:
+        steps[0] = example.digits[0]
+        return task.solution(example.digits, answer=str(steps[-1]), steps=steps)
     return task.solution(example.digits, answer=rng.choice(ANSWER_SPACE), steps=steps)
 
 
@@ -112,7 +119,14 @@ def generate_responses(
 
 
 def accuracy(
-    model, tokenizer, examples: Sequence[TaskExample], max_new_tokens: int, *, sample: bool = False, seed: int = 0
+    model,
+    tokenizer,
+    task: DigitTask,
+    examples: Sequence[TaskExample],
+    max_new_tokens: int,
+    *,
+    sample: bool = False,
+    seed: int = 0,
 ) -> dict:
     """Accuracy and well-formed rate of greedy (or sampled) answers, by the task's verifier.
 
@@ -120,7 +134,8 @@ def accuracy(
     every prompt under greedy decoding; the sampled accuracy is what RL starts from.
     """
     responses = generate_responses(model, tokenizer, examples, max_new_tokens, sample=sample, seed=seed)
-    scores, stats = DigitAnswerVerifier().score_batch(responses, [e.answer for e in examples])
+    with build_verifier(task.verifier) as verifier:
+        scores, stats = verifier.score_batch(responses, [task.reference(e) for e in examples])
     return {
         "accuracy": sum(scores) / len(scores),
         "format_rate": 1.0 - stats["format_failures"] / stats["total"],

@@ -82,6 +82,8 @@ class RolloutResult:
     mean_correct_all: float
     """Accuracy over every generated sample of the step (kept or not)."""
     mean_length_all: float
+    truncated_all: float
+    """Share of every generated sample of the step that used up the response budget."""
     seconds: float
     verifier_stats: dict
 
@@ -162,6 +164,9 @@ class WindowedRollout:
     mean_correct_finished: float
     """Accuracy over the responses that finished this step (nan when none did)."""
     mean_length_finished: float
+    truncated_finished: float
+    """Share of the responses that finished this step by using up the response budget (nan
+    when none finished); a window's end is not a truncation."""
     new_tokens: int
     """Tokens sampled this step (every window generated, new prompts and continuations)."""
     seconds: float
@@ -205,6 +210,7 @@ def windowed_rollouts(
         generation_batches=batches,
         mean_correct_finished=sum(correct) / len(correct) if correct else nan,
         mean_length_finished=sum(e.length for e in entries) / len(entries) if entries else nan,
+        truncated_finished=_truncated_share([e.sample for e in entries]) if entries else nan,
         new_tokens=sum(s.length - before.get(id(s), 0) for s in pool.samples),
         seconds=time.perf_counter() - start,
         verifier_stats=stats,
@@ -225,6 +231,7 @@ def collect_rollouts(
     generated = batches = 0
     all_correct: list[float] = []
     all_lengths: list[int] = []
+    all_samples: list[Sample] = []
     stats_total: dict = {}
     while len(kept) < num_groups and batches < (recipe.max_gen_batches if recipe.dynamic_sampling else 1):
         drawn = draw(sampling)
@@ -242,6 +249,7 @@ def collect_rollouts(
         rewards = shaped_rewards(recipe, scores, lengths)
         all_correct += scores
         all_lengths += lengths.tolist()
+        all_samples += [s for group in samples for s in group]
         group_index = torch.tensor([g for g, group in enumerate(samples) for _ in group])
         keep = (
             dynamic_sampling_keep(torch.tensor(scores), group_index)
@@ -270,6 +278,12 @@ def collect_rollouts(
         generation_batches=batches,
         mean_correct_all=sum(all_correct) / max(len(all_correct), 1),
         mean_length_all=sum(all_lengths) / max(len(all_lengths), 1),
+        truncated_all=_truncated_share(all_samples) if all_samples else 0.0,
         seconds=time.perf_counter() - start,
         verifier_stats=stats_total,
     )
+
+
+def _truncated_share(samples: list[Sample]) -> float:
+    """Share of ``samples`` that ended by using up the response budget (``rollout/truncated``)."""
+    return sum(s.finish_reason == "length" for s in samples) / len(samples)

@@ -115,6 +115,7 @@ def collection_metrics(result, groups: list[Group], prompts_drawn: int) -> dict:
     return {
         "reward/mean": result.mean_correct_all,
         "response_length/mean": result.mean_length_all,
+        "rollout/truncated": result.truncated_all,
         "rollout/kept_groups": len(groups),
         "rollout/generated_groups": result.generated_groups,
         "rollout/generation_batches": result.generation_batches,
@@ -175,6 +176,7 @@ class WindowSource(RolloutSource):
         metrics = {
             "reward/mean": result.mean_correct_finished,  # responses that finished this step
             "response_length/mean": result.mean_length_finished,
+            "rollout/truncated": result.truncated_finished,
             "rollout/kept_groups": len({r.prompt_key for r in rows}),
             "rollout/generated_groups": result.counts.new_prompts,
             "rollout/generation_batches": result.generation_batches,

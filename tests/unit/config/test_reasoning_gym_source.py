@@ -60,8 +60,22 @@ def test_bad_gym_settings_are_refused_by_the_validation_pass(overrides, message)
         validate(load_config(RECIPE, overrides), 1)
 
 
-def test_options_and_seed_belong_to_gym_sources_only():
+def test_options_belong_to_gym_sources_and_the_seed_to_built_data():
     with pytest.raises(ConfigError, match="apply to reasoning_gym:<dataset> sources only"):
         load_config(None, ["data.options.max_n=3"])
+    with pytest.raises(
+        ConfigError, match="data.seed applies to task:<name> and reasoning_gym:<dataset> sources only, not 'p.jsonl'"
+    ):
+        load_config(None, ["data.source=p.jsonl", "model.hf_path=m", "data.seed=3"])
+
+
+def test_data_seed_fixes_the_base_while_the_trainer_seed_varies():
+    """The runs of a multi-seed comparison: one base (same settings hash) for every trainer.seed."""
+    for recipe in (None, RECIPE):
+        one, other = (base_settings(load_config(recipe, ["data.seed=5", f"trainer.seed={s}"])) for s in (1, 2))
+        assert one.content_hash() == other.content_hash()
+        default = base_settings(load_config(recipe, ["trainer.seed=5"]))
+        assert default.content_hash() == one.content_hash()  # data.seed=5 is what trainer.seed=5 built
+        assert base_settings(load_config(recipe, ["trainer.seed=1"])).content_hash() != one.content_hash()
     with pytest.raises(ConfigError, match="data.size=0 must be >= 1"):
         load_config(RECIPE, ["data.size=0"])

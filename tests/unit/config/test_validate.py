@@ -122,7 +122,7 @@ def test_unknown_reward_lists_the_valid_ones():
     with pytest.raises(ConfigError) as err:
         validate(load_config(None, ["data.reward=exact"]), 1)
     assert str(err.value) == (
-        "data.reward='exact' is not allowed; choose one of ['auto', 'digits', 'math', 'reasoning_gym']"
+        "data.reward='exact' is not allowed; choose one of ['auto', 'digit_chain', 'digits', 'math', 'reasoning_gym']"
     )
     validate(load_config(None, ["data.reward=math"]), 1)
 

@@ -4,7 +4,7 @@ from megatron_rl.rewards import REWARDS, build_verifier
 
 
 def test_names_and_one_signature():
-    assert set(REWARDS) == {"math", "digits", "reasoning_gym"}
+    assert set(REWARDS) == {"math", "digits", "digit_chain", "reasoning_gym"}
     with build_verifier("digits") as v:
         assert v.score_batch(["Answer: 3", "Answer: 4"], ["3", "3"]) == (
             [1.0, 0.0],
@@ -13,7 +13,9 @@ def test_names_and_one_signature():
 
 
 def test_unknown_name_lists_the_valid_ones():
-    with pytest.raises(ValueError, match=r"'nope' is not known; allowed: \['digits', 'math', 'reasoning_gym'\]"):
+    with pytest.raises(
+        ValueError, match=r"'nope' is not known; allowed: \['digit_chain', 'digits', 'math', 'reasoning_gym'\]"
+    ):
         build_verifier("nope")
 
 

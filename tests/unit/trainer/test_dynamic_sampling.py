@@ -37,9 +37,17 @@ class ScriptedGeneration:
     def generate(self, prompts, sampling, seeds=None):
         self.calls.append([p[0] for p in prompts])
         return [
-            [Sample(prompt_ids=list(p), token_ids=[t], logprobs=[-0.5], finish_reason="stop") for t in SCRIPT[p[0]]]
+            [
+                Sample(prompt_ids=list(p), token_ids=[t], logprobs=[-0.5], finish_reason=_reason(p[0]))
+                for t in SCRIPT[p[0]]
+            ]
             for p in prompts
         ]
+
+
+def _reason(prompt_token: int) -> str:
+    """Prompt 12's responses use up the response budget; the others stop."""
+    return "length" if prompt_token == 12 else "stop"
 
 
 @pytest.fixture
@@ -81,6 +89,7 @@ def test_groups_without_reward_spread_are_dropped_and_refilled(one_rank_group):
     assert result.groups[0].correct == [1.0, 0.0, 0.0, 1.0]
     # The reward metric counts every generated sample, kept or dropped: (4 + 2 + 0 + 1) / 16.
     assert result.mean_correct_all == pytest.approx(7 / 16)
+    assert result.truncated_all == pytest.approx(4 / 16)  # prompt 12's four, though dropped
 
 
 def test_refill_stops_at_max_gen_batches(one_rank_group):
