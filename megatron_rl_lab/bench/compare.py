@@ -227,7 +227,7 @@ def run(plan: Plan, run_one: RunOne = subprocess_runner, draw: Draw = compare_pl
         if not plan.report_only:
             execute(plan.selected, run_one, run_env(plan.out), plan.retry_failed, say)
     except (Interrupted, KeyboardInterrupt) as err:
-        say(f"megatron-rl bench compare: stopped: {err or 'Ctrl-C'}; run the same command again to go on")
+        say(f"megatron-rl bench compare: stopped: {str(err) or 'Ctrl-C'}; run the same command again to go on")
         code = STOPPED
     report = write_report(plan, draw)
     for line in summary_lines(report):

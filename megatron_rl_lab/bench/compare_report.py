@@ -7,8 +7,10 @@ intervals are over seeds (:mod:`.seed_stats`):
 - ``curves``: per metric and variant, at every step some seed logged it, the mean over
   seeds and its 95 % interval.
 - ``wall_clock``: the same on a common time grid from 0 to the shortest finished run's
-  total step time. A run's time at step s is the sum of ``timing/step_s`` over steps 1..s
-  (start-up and the step-0 eval excluded), and its curve is interpolated linearly between
+  total step time. A run's time at step s is the sum of ``timing/step_s`` over steps 2..s
+  (start-up and the step-0 eval excluded, and step 1, which pays one-time costs: the
+  engine's first batch, and in the first run of a machine the compile caches; the async
+  bench leaves it out for the same reason), and its curve is interpolated linearly between
   the steps it logged.
 - ``at_equal_steps``: per seed, the mean of a metric over the last ``last`` steps (steps
   > N - last); a metric logged more sparsely, like a held-out eval, gives its last value.
@@ -33,6 +35,8 @@ from megatron_rl_lab.bench import seed_stats as st
 from megatron_rl_lab.bench.compare_spec import Spec
 
 STEP_TIME = "timing/step_s"
+FIRST_TIMED_STEP = 2
+"""Steps before this one take no time on the wall-clock axis (one-time costs)."""
 STABILITY_DEFAULT = "reward/mean"
 """The metric of ``stability`` when the spec has no target."""
 
@@ -71,11 +75,12 @@ def expand_metrics(patterns: Sequence[str], rows: Sequence[dict]) -> list[str]:
 
 
 def cumulative_times(rows: Sequence[dict]) -> dict[int, Optional[float]]:
-    """step -> seconds of steps 1..step (0 for step 0); None from the first step without a time."""
+    """step -> seconds of steps FIRST_TIMED_STEP..step (0 before it); None from the first timed
+    step without a time."""
     out: dict[int, Optional[float]] = {}
     total: Optional[float] = 0.0
     for row in sorted(rows, key=lambda r: r["step"]):
-        if row["step"] > 0:
+        if row["step"] >= FIRST_TIMED_STEP:
             step_s = row.get(STEP_TIME)
             total = None if total is None or not _number(step_s) else total + float(step_s)
         out[row["step"]] = total

@@ -3,7 +3,7 @@
 Every (variant, seed) is one ``megatron-rl train`` in a process of its own, in
 ``OUT/runs/<variant>/seed<S>``, with its output appended to ``train.log`` there. When a
 run ends, the harness writes ``done.json`` beside it (atomically: tmp + rename) with its
-exit code, wall seconds, command and whether it finished (exit 0 and one metrics row per
+exit code, wall seconds (of this last attempt), command and whether it finished (exit 0 and one metrics row per
 step 1..trainer.max_steps). That marker is the whole resume state:
 
 - a marker that says ``done``: skipped;
@@ -44,8 +44,11 @@ STOP_CODES = frozenset({STOPPED, 128 + signal.SIGINT, 128 + signal.SIGTERM, -sig
 """Exit codes of a run stopped from outside (a checkpoint was or may have been committed):
 the run is resumed next time, not counted as a crash. Negative: subprocess's signal deaths."""
 STOP_GRACE_S = 120.0
-"""How long the harness waits, after Ctrl-C, for the run (which got the SIGINT too) to
-commit its checkpoint and exit before killing it."""
+"""How long the harness waits, after Ctrl-C, for the run to commit its checkpoint and exit
+before killing it."""
+
+SHARED_CACHES = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
+"""Compile caches the runs share (variable -> directory under OUT/cache)."""
 
 RunOne = Callable[[Sequence[str], Path, Mapping[str, str]], tuple[int, float]]
 """``run_one(command, run_dir, env) -> (exit code, wall seconds)``: executes one run."""
@@ -118,11 +121,14 @@ def plan_runs(spec: Spec, out: Path, max_steps: Mapping[str, int]) -> list[Run]:
 
 def run_env(out: Path, base: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     """The runs' environment: the caller's, a base cache under ``out`` (a task base is built
-    by the first run that needs it and read by the rest), no model hub."""
+    by the first run that needs it and read by the rest), vLLM's and inductor's caches shared
+    too unless the caller set them (both content-keyed and written atomically, as the test
+    session shares them: each run would otherwise compile from cold), no model hub."""
     env = dict(os.environ if base is None else base)
-    env.update(
-        {BASE_CACHE_ENV: str(Path(out).resolve() / "base_cache"), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    )
+    root = Path(out).resolve()
+    env.update({BASE_CACHE_ENV: str(root / "base_cache"), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+    for name, directory in SHARED_CACHES.items():
+        env.setdefault(name, str(root / "cache" / directory))
     return env
 
 
@@ -220,8 +226,8 @@ def execute(
 
 def subprocess_runner(command: Sequence[str], run_dir: Path, env: Mapping[str, str]) -> tuple[int, float]:
     """The real :data:`RunOne`: the command as a child process, its output appended to the run's
-    log. On Ctrl-C the child (in the same terminal, so it got the SIGINT too) is given
-    :data:`STOP_GRACE_S` to save and exit, then killed."""
+    log. On Ctrl-C the child is asked to stop after a checkpoint and given :data:`STOP_GRACE_S`
+    to do so, then killed."""
     log = Path(run_dir) / LOG
     started = time.perf_counter()
     with log.open("a") as out:
@@ -231,6 +237,9 @@ def subprocess_runner(command: Sequence[str], run_dir: Path, env: Mapping[str, s
         try:
             code = proc.wait()
         except KeyboardInterrupt:
+            # SIGTERM, not a second SIGINT: the trainer reads a second Ctrl-C as "stop without
+            # saving"; SIGTERM asks for the same save-and-stop whether or not the SIGINT reached it.
+            proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=STOP_GRACE_S)
             except subprocess.TimeoutExpired:

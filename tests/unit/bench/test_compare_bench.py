@@ -5,14 +5,16 @@ finished, and a crashed run is counted and not rerun unless asked."""
 
 import argparse
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
 
 from megatron_rl_lab.bench import compare, compare_plot
 from megatron_rl_lab.bench.cli import main
 from megatron_rl_lab.bench.compare_runs import BASE_CACHE_ENV, MARKER
-from megatron_rl_lab.bench.compare_spec import REQUIRED, SpecError, parse_spec
+from megatron_rl_lab.bench.compare_spec import REQUIRED, SpecError, load_spec, parse_spec
 
 STEPS = 3
 SPEC = """\
@@ -94,7 +96,7 @@ def test_an_interrupted_comparison_reruns_only_the_unfinished_run(tmp_path):
     assert [r["status"] for r in report["runs"]] == ["done"] * 4
     # seed 1 rewards .25, .5, .75; seed 2 .5, 1, 1.5: last 2 steps .625 and 1.25
     assert report["at_equal_steps"]["reward/mean"]["a"]["per_seed"] == {"1": 0.625, "2": 1.25}
-    assert report["to_target"]["variants"]["a"]["per_seed"]["1"] == {"step": 2, "time_s": 2.0}
+    assert report["to_target"]["variants"]["a"]["per_seed"]["1"] == {"step": 2, "time_s": 1.0}
     assert (tmp_path / "out/compare.png").stat().st_size > 0
 
 
@@ -130,6 +132,7 @@ def test_the_runs_commands_and_environment(tmp_path):
         f"trainer.run_dir={tmp_path / 'out/runs/b/seed2'}",
     ]
     assert env[BASE_CACHE_ENV] == str(tmp_path / "out/base_cache")
+    assert env["VLLM_CACHE_ROOT"] in (str(tmp_path / "out/cache/vllm"), os.environ.get("VLLM_CACHE_ROOT"))
     report = json.loads((tmp_path / "out/compare.json").read_text())
     assert [r["status"] for r in report["runs"]] == ["pending", "pending", "pending", "done"]
 
@@ -185,3 +188,9 @@ def test_a_bad_spec_exits_2_with_one_line_before_anything_runs(tmp_path, capsys)
     assert main(["compare", str(_spec_file(tmp_path)), "--seeds", "7", "--dry-run"]) == 2
     assert capsys.readouterr().err == "megatron-rl bench compare: error: --seeds 7: choose from the spec's 1, 2\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_the_example_spec_parses():
+    repo = Path(__file__).resolve().parents[3]
+    spec = load_spec(repo / "examples/compare/tppo_vs_ppo.yaml")
+    assert spec.baseline == "ppo" and list(spec.variants) == ["ppo", "tppo"] and (repo / spec.config).is_file()

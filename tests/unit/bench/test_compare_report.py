@@ -66,15 +66,15 @@ def test_curves_and_the_comparison_at_equal_steps():
 
 def test_equal_wall_clock_cuts_every_run_at_the_shortest_total():
     results = [
-        rep.RunResult("a", 1, "done", _rows([0.0, 0.25, 0.5, 0.75], step_s=1.0)),  # 4 s in all
-        rep.RunResult("b", 1, "done", _rows([0.0, 0.5, 1.0, 1.0], step_s=2.0)),  # 8 s: steps 1-2 by 4 s
+        rep.RunResult("a", 1, "done", _rows([0.0, 0.25, 0.5, 0.75], step_s=1.0)),  # steps 2-4: 3 s
+        rep.RunResult("b", 1, "done", _rows([0.0, 0.5, 1.0, 1.0], step_s=2.0)),  # 6 s: steps 1-2 by 3 s
     ]
     report = rep.build_report(_spec(seeds=[1]), results)
-    assert report["wall_clock"]["grid_s"] == [0.0, 1.0, 2.0, 3.0, 4.0]
-    # b's rewards at 2 s and 4 s are 0 and 0.5; at 3 s halfway; before its first step no value
-    assert report["wall_clock"]["curves"]["reward/mean"]["b"]["mean"] == [None, None, 0.0, 0.25, 0.5]
+    assert report["wall_clock"]["grid_s"] == [0.0, 0.75, 1.5, 2.25, 3.0]
+    # b's steps 1-4 end at 0 (step 1 takes no time: one-time costs), 2, 4 and 6 s
+    assert report["wall_clock"]["curves"]["reward/mean"]["b"]["mean"] == [0.0, 0.1875, 0.375, 0.5625, 0.75]
     at_time = report["at_equal_time"]
-    assert at_time["time_s"] == 4.0
+    assert at_time["time_s"] == 3.0
     assert at_time["metrics"]["reward/mean"]["a"]["per_seed"] == {"1": 0.625}  # steps 3, 4
     assert at_time["metrics"]["reward/mean"]["b"]["per_seed"] == {"1": 0.25}  # steps 1, 2
     assert at_time["metrics"]["reward/mean"]["b"]["vs_baseline"]["diff"] == pytest.approx(-0.375)
@@ -83,17 +83,17 @@ def test_equal_wall_clock_cuts_every_run_at_the_shortest_total():
 def test_steps_and_seconds_to_the_target_and_stability():
     spec = _spec(target={"metric": "reward/mean", "value": 0.5, "smooth": 2})
     results = [
-        rep.RunResult("a", 1, "done", _rows([0.0, 0.0, 0.5, 0.5, 0.5, 1.0], step_s=1.0)),  # reached at step 4
-        rep.RunResult("a", 2, "done", _rows([0.0, 0.0, 0.0, 0.0, 0.5, 1.0], step_s=1.0)),  # at 6
-        rep.RunResult("b", 1, "done", _rows([0.5, 0.5, 0.5, 0.5, 0.5, 0.5], step_s=2.0)),  # at 2 (4 s)
+        rep.RunResult("a", 1, "done", _rows([0.0, 0.0, 0.5, 0.5, 0.5, 1.0], step_s=1.0)),  # at step 4 (3 s)
+        rep.RunResult("a", 2, "done", _rows([0.0, 0.0, 0.0, 0.0, 0.5, 1.0], step_s=1.0)),  # at 6 (5 s)
+        rep.RunResult("b", 1, "done", _rows([0.5, 0.5, 0.5, 0.5, 0.5, 0.5], step_s=2.0)),  # at 2 (2 s)
         rep.RunResult("b", 2, "done", _rows([0.0, 0.0, 0.0, 0.0, 0.0, 0.0], step_s=2.0)),  # never
     ]
     target = rep.build_report(spec, results)["to_target"]["variants"]
-    assert target["a"]["per_seed"] == {"1": {"step": 4, "time_s": 4.0}, "2": {"step": 6, "time_s": 6.0}}
+    assert target["a"]["per_seed"] == {"1": {"step": 4, "time_s": 3.0}, "2": {"step": 6, "time_s": 5.0}}
     assert target["a"]["steps"]["mean"] == 5.0 and target["a"]["reached"] == 2
     assert target["b"]["per_seed"]["2"] is None and (target["b"]["reached"], target["b"]["of"]) == (1, 2)
-    assert target["b"]["time_s"]["mean"] == 4.0 and target["b"]["time_s"]["half_width"] is None
-    assert target["b"]["speedup_time_vs_baseline"] == 5.0 / 4.0
+    assert target["b"]["time_s"]["mean"] == 2.0 and target["b"]["time_s"]["half_width"] is None
+    assert target["b"]["speedup_time_vs_baseline"] == 4.0 / 2.0
     assert target["b"]["speedup_steps_vs_baseline"] == 5.0 / 2.0
     stable = rep.build_report(spec, results)["stability"]["variants"]["a"]["per_seed"]["1"]
     assert stable == {"best": 0.75, "last": 0.75, "best_minus_last": 0.0}
@@ -101,7 +101,7 @@ def test_steps_and_seconds_to_the_target_and_stability():
 
 def test_cumulative_times_and_wildcard_metrics():
     rows = [{"step": 0}, {"step": 1, "timing/step_s": 2.0}, {"step": 2, "timing/step_s": 3.0}, {"step": 3}]
-    assert rep.cumulative_times(rows) == {0: 0.0, 1: 2.0, 2: 5.0, 3: None}
+    assert rep.cumulative_times(rows) == {0: 0.0, 1: 0.0, 2: 3.0, 3: None}  # step 1 takes no time
     keys = [{"step": 0, "val/x/accuracy": 1, "val/y/accuracy": 1, "val/x/pass@4": 1}]
     assert rep.expand_metrics(["val/*/accuracy", "reward/mean"], keys) == [
         "val/x/accuracy",
