@@ -9,7 +9,8 @@ from megatron_rl.commands import Subcommand
 
 BENCH = Subcommand(
     "megatron_rl_lab.bench.cli",
-    "benchmarks: mfu | weight-sync | checkpoint | mismatch | packing | async; see `bench --help`",
+    "benchmarks: mfu | weight-sync | checkpoint | mismatch | packing | async | cp | tools | compare; "
+    "see `bench --help`",
 )
 MONITOR_EVAL = Subcommand(
     "megatron_rl_lab.monitor.cli", "precision/recall/F1 on synthetic traces vs baselines", "eval_main"

@@ -25,14 +25,8 @@ from megatron_rl.parallel.config import ParallelConfig
 from megatron_rl.parallel.state import ParallelContext
 from megatron_rl.rollout.types import EngineConfig
 from megatron_rl.tasks import base_model
+from megatron_rl.tasks.base_model import BASE_CACHE_ENV
 from megatron_rl.utils import dtypes
-
-BASE_CACHE_ENV = "MEGATRON_RL_BASE_CACHE"
-"""A directory for task bases shared by runs: each base is built once, under its settings'
-content hash, and reused by every run that asks for the same settings. The build is
-deterministic and runs on a fixed torch thread count whatever the rank's own
-(tasks.base_model.BUILD_THREADS), so a cached base is the base the run would have built,
-at any world size."""
 
 
 def base_model_dir(cfg: Config, rank: int) -> Path:

@@ -58,6 +58,12 @@ of true chains in the warm-up gives a start above chance that is far from the to
 REPORT_FILE = "tiny_base.json"
 HELD_OUT_FILE = "eval.jsonl"
 """The held-out prompts: none of them is in train.jsonl, the prompts RL training draws."""
+BASE_CACHE_ENV = "MEGATRON_RL_BASE_CACHE"
+"""A directory for task bases shared by runs: each base is built once, under its settings'
+content hash, and reused by every run that asks for the same settings. The build is
+deterministic and runs on a fixed torch thread count whatever the rank's own
+(BUILD_THREADS), so a cached base is the base the run would have built, at any world size.
+Named here, below the trainer, so that a harness launching runs sets it without torch."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -24,6 +24,7 @@ BENCHES: dict[str, str] = {
     "async": "megatron_rl_lab.bench.async_rollouts",
     "cp": "megatron_rl_lab.bench.context_parallel",
     "tools": "megatron_rl_lab.bench.tool_episodes",
+    "compare": "megatron_rl_lab.bench.compare",
 }
 
 
