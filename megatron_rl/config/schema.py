@@ -140,6 +140,11 @@ class AlgorithmConfig:
     """Passes over each step's rollouts."""
     mini_batches_per_step: int = 1
     """Optimizer steps per PPO epoch (the rollout batch is split into this many)."""
+    shuffle_mini_batches: bool = False
+    """Shuffle the step's rows before each epoch splits them into mini-batches, as verl's and
+    OpenRLHF's trainers do; false keeps them in rollout order, so that each mini-batch holds
+    whole groups of consecutive prompts. The order is drawn from trainer.seed, the step and
+    the epoch: the same on every rank and after a resume."""
     max_empty_steps: int = 5
     """Steps in a row that keep no trainable group (dynamic sampling dropped them all) before
     the run stops with exit code 2: the actor no longer changes, so generating on is waste."""

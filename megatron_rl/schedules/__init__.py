@@ -7,7 +7,7 @@ losses as exact shares of the mini-batch loss) and `runner` (compute_logprobs,
 compute_values, forward_backward, train_step through `get_forward_backward_func`).
 """
 
-from megatron_rl.schedules.batch import TrainBatch, gather_response, pack_sequences, scatter_response
+from megatron_rl.schedules.batch import TrainBatch, epoch_order, gather_response, pack_sequences, scatter_response
 from megatron_rl.schedules.objectives import ActorLoss, CriticLoss, LossOutput
 from megatron_rl.schedules.packing import Microbatching, PackedMicroBatch
 from megatron_rl.schedules.runner import (
@@ -27,6 +27,7 @@ __all__ = [
     "TrainBatch",
     "Microbatching",
     "PackedMicroBatch",
+    "epoch_order",
     "pack_sequences",
     "scatter_response",
     "gather_response",

@@ -25,7 +25,7 @@ import torch
 
 Tensor = torch.Tensor
 
-__all__ = ["TrainBatch", "pack_sequences", "scatter_response", "gather_response"]
+__all__ = ["TrainBatch", "epoch_order", "pack_sequences", "scatter_response", "gather_response"]
 
 _TOKEN_FIELDS = (
     "old_logprobs",
@@ -161,6 +161,14 @@ class TrainBatch:
             f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self) if getattr(self, f.name) is not None
         }
         return dataclasses.replace(self, **changes)
+
+
+def epoch_order(num_rows: int, seed: int, step: int, epoch: int) -> Tensor:
+    """[num_rows] int64: a permutation of the rows for one PPO epoch's mini-batch split, drawn
+    from its own generator seeded by (seed, step, epoch), so every rank draws the same one
+    and a resumed run the one it would have drawn, whatever else used the global RNG."""
+    generator = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 1_009 + epoch) % 2**63)
+    return torch.randperm(num_rows, generator=generator)
 
 
 def pack_sequences(

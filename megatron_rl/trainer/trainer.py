@@ -46,6 +46,7 @@ from megatron_rl.rollout.client import RolloutRankError
 from megatron_rl.schedules import (
     Microbatching,
     TrainBatch,
+    epoch_order,
     gathered_logprobs,
     gathered_values,
     local_batch,
@@ -325,7 +326,7 @@ class RLTrainer:
             metrics["critic/warmup_probe_loss"] = self._value_mse(self.probe)
         self.actor.set_lr(self._lr(step))
         self.packing_metrics(actor_batch, metrics)
-        actor_out, critic_out = self._epochs(actor_batch, critic_batch, train_actor=not warming_up)
+        actor_out, critic_out = self._epochs(step, actor_batch, critic_batch, train_actor=not warming_up)
         for key in ACTOR_METRICS:
             if actor_out and key in actor_out[0]:
                 metrics[key] = sum(float(x[key]) for x in actor_out) / len(actor_out)
@@ -351,14 +352,19 @@ class RLTrainer:
         metrics["train/micro_batches"] = sum(c["micro_batches"] for c in costs)
         metrics["train/tokens_per_micro_batch_max"] = max(c["tokens_per_micro_batch_max"] for c in costs)
 
-    def _epochs(self, actor_batch: TrainBatch, critic_batch: TrainBatch, train_actor: bool):
-        """algorithm.ppo_epochs passes, each algorithm.mini_batches_per_step optimizer steps."""
+    def _epochs(self, step: int, actor_batch: TrainBatch, critic_batch: TrainBatch, train_actor: bool):
+        """algorithm.ppo_epochs passes, each algorithm.mini_batches_per_step optimizer steps
+        (over the rows in rollout order, or shuffled: algorithm.shuffle_mini_batches)."""
         micro, minis = self.micro, self.cfg.algorithm.mini_batches_per_step
         rows = actor_batch.num_rows // minis
         actor_out, critic_out = [], []
-        for _ in range(self.cfg.algorithm.ppo_epochs):
+        for epoch in range(self.cfg.algorithm.ppo_epochs):
+            actor_rows, critic_rows = actor_batch, critic_batch
+            if self.cfg.algorithm.shuffle_mini_batches:
+                order = epoch_order(actor_batch.num_rows, self.cfg.trainer.seed, step, epoch)
+                actor_rows, critic_rows = actor_batch.select(order), critic_batch.select(order)
             for m in range(minis):
-                part, critic_part = (b.rows(m * rows, (m + 1) * rows) for b in (actor_batch, critic_batch))
+                part, critic_part = (b.rows(m * rows, (m + 1) * rows) for b in (actor_rows, critic_rows))
                 # Every rank holds the whole batch, so all skip a mini-batch without finished rows alike.
                 if self.critic is not None and bool(critic_part.loss_mask.any()):
                     with self.critic.active():

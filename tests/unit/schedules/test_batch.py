@@ -70,3 +70,19 @@ def test_padded_placement_is_contiguous_dp_slices_and_microbatches():
 def test_bad_input_raises_naming_it(build, match):
     with pytest.raises(ValueError, match=match):
         build(_batch())
+
+
+def test_epoch_order_is_a_fixed_permutation_and_select_moves_every_field():
+    from megatron_rl.schedules import epoch_order
+
+    order = epoch_order(8, seed=3, step=5, epoch=0)
+    assert sorted(order.tolist()) == list(range(8))
+    assert order.tolist() == epoch_order(8, seed=3, step=5, epoch=0).tolist()  # every rank, every resume
+    others = [epoch_order(8, seed=s, step=t, epoch=e).tolist() for s, t, e in ((4, 5, 0), (3, 6, 0), (3, 5, 1))]
+    assert all(o != order.tolist() for o in others)
+    batch = _batch()
+    moved = batch.select(order)
+    for row, source in enumerate(order.tolist()):
+        assert moved.tokens[row].tolist() == batch.tokens[source].tolist()
+        assert moved.advantages[row].tolist() == batch.advantages[source].tolist()
+        assert bool(moved.is_positive[row]) == bool(batch.is_positive[source])
