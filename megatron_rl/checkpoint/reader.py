@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -115,12 +114,10 @@ class Reader:
 
     def _check_blocks(self, name: str, chunk: fmt.Chunk, block0: int, pieces: Sequence[memoryview]) -> None:
         """Raise naming the file, tensor and byte range unless each block, from ``block0`` on,
-        of the pieces laid end to end matches its stored crc32."""
+        of the pieces laid end to end matches its stored checksum."""
+        checksum = fmt.CHECKSUMS[self.metadata.checksum]
         for block, parts in enumerate(_blocks(pieces, fmt.BLOCK_BYTES), start=block0):
-            crc = 0
-            for part in parts:
-                crc = zlib.crc32(part, crc)
-            if crc != chunk.crc32[block]:
+            if checksum(parts) != chunk.checksums[block]:
                 start = chunk.byte_offset + block * fmt.BLOCK_BYTES
                 raise fmt.CheckpointError(
                     f"checksum mismatch in {self.directory / chunk.file}: tensor {name}, chunk at offsets "

@@ -1,11 +1,16 @@
 """The reader on multi-block chunks, one process: every path it places bytes by (straight into
-the destination, through a scratch buffer) gives the saved values on any number of threads,
-and a flipped byte anywhere in a block a read touches is caught, named by file and tensor."""
+the destination, through a scratch buffer) gives the saved values on any number of threads;
+a flipped byte anywhere in a block a read touches is caught, named by file and tensor; a
+format-1 checkpoint (crc32 blocks) still loads and is still verified; an unknown format or
+checksum is refused in one line."""
+
+import json
+import zlib
 
 import pytest
 import torch
 
-from megatron_rl.checkpoint import Checkpointer
+from megatron_rl.checkpoint import Checkpointer, cli
 from megatron_rl.checkpoint import format as fmt
 from megatron_rl.checkpoint.items import Item
 from megatron_rl.checkpoint.reader import Reader
@@ -30,10 +35,19 @@ def saved(tmp_path_factory):
 def _fill(root, boxes, threads, dtype=torch.float32):
     """Each (offsets, shape) box of 'w' read into a new tensor, all in one ``fill``."""
     meta = fmt.read_metadata(root, 1)
-    items = [Item("w", (ROWS, COLS), offsets, torch.zeros(shape, dtype=dtype)) for offsets, shape in boxes]
+    whole = tuple(meta.tensors["w"].shape)
+    items = [Item("w", whole, offsets, torch.zeros(shape, dtype=dtype)) for offsets, shape in boxes]
     with Reader(fmt.step_dir(root, 1), meta, threads=threads) as reader:
         reader.fill(items)
     return [i.data for i in items]
+
+
+def _copy_step(root, dest):
+    """A copy of step 1 under ``dest`` (to damage without touching the shared one)."""
+    (dest / "step_1").mkdir(parents=True)
+    for f in (root / "step_1").iterdir():
+        (dest / "step_1" / f.name).write_bytes(f.read_bytes())
+    return dest
 
 
 BOXES = [
@@ -55,12 +69,14 @@ def test_every_read_path_gives_the_saved_values(saved, threads):
     assert converted.equal(full[10:510].double())
 
 
+def test_new_checkpoints_name_their_checksum(saved):
+    meta = fmt.read_metadata(saved[0], 1)
+    assert (meta.format, meta.checksum) == ("megatron_rl.checkpoint/2", "xxh3_64")
+
+
 def test_a_flipped_byte_outside_the_box_but_inside_a_block_it_reads_is_caught(saved, tmp_path):
     root, _ = saved
-    copy = tmp_path / "copy"
-    (copy / "step_1").mkdir(parents=True)
-    for f in (root / "step_1").iterdir():
-        (copy / "step_1" / f.name).write_bytes(f.read_bytes())
+    copy = _copy_step(root, tmp_path / "copy")
     data = copy / "step_1" / "data_0.bin"
     raw = bytearray(data.read_bytes())
     raw[3 * COLS * 4 + 11] ^= 0x01  # row 3: not in rows 10..509, but in their first block
@@ -70,3 +86,52 @@ def test_a_flipped_byte_outside_the_box_but_inside_a_block_it_reads_is_caught(sa
     assert _fill(copy, [((300, 0), (20, COLS))], threads=4)  # the other chunk's blocks are intact
     with Reader(fmt.step_dir(copy, 1), fmt.read_metadata(copy, 1)) as reader, pytest.raises(fmt.CheckpointError):
         reader.verify()
+
+
+def _write_format_1(root, tensor):
+    """One committed step as megatron_rl.checkpoint/1 wrote it: a ``crc32`` list per chunk."""
+    step = root / "step_1"
+    step.mkdir(parents=True)
+    raw = tensor.numpy().tobytes()
+    (step / "data_0.bin").write_bytes(raw)
+    crcs = [zlib.crc32(raw[i : i + fmt.BLOCK_BYTES]) for i in range(0, len(raw), fmt.BLOCK_BYTES)]
+    chunk = {"offsets": [0, 0], "shape": list(tensor.shape), "file": "data_0.bin", "byte_offset": 0}
+    entry = {"dtype": "float32", "shape": list(tensor.shape), "chunks": [dict(chunk, nbytes=len(raw), crc32=crcs)]}
+    meta = {"step": 1, "tensors": {"w": entry}, "extra": {}, "layout": {}, "rng": {}, "optimizer": None}
+    text = json.dumps(dict(meta, format="megatron_rl.checkpoint/1")).encode()
+    (step / "metadata.json").write_bytes(text)
+    (step / "COMMIT").write_text(json.dumps({"step": 1, "metadata_crc32": zlib.crc32(text)}))
+    return step
+
+
+def _rewrite_metadata(step, change):
+    meta = json.loads((step / "metadata.json").read_text())
+    change(meta)
+    text = json.dumps(meta).encode()
+    (step / "metadata.json").write_bytes(text)
+    (step / "COMMIT").write_text(json.dumps({"step": 1, "metadata_crc32": zlib.crc32(text)}))
+
+
+def test_a_format_1_checkpoint_loads_verified_by_its_crc32(tmp_path, capsys):
+    full = torch.randn(300, COLS, generator=torch.Generator().manual_seed(1))
+    step = _write_format_1(tmp_path, full)
+    assert fmt.read_metadata(tmp_path, 1).checksum == "crc32"
+    (got,) = _fill(tmp_path, [((0, 0), (300, COLS))], threads=4)
+    assert got.equal(full)
+    raw = bytearray((step / "data_0.bin").read_bytes())
+    raw[-5] ^= 0x40  # the second block
+    (step / "data_0.bin").write_bytes(bytes(raw))
+    with pytest.raises(fmt.CheckpointError, match=r"checksum mismatch in .*data_0\.bin: tensor w"):
+        _fill(tmp_path, [((290, 0), (10, COLS))], threads=4)
+    _rewrite_metadata(step, lambda m: m.update(format="megatron_rl.checkpoint/9"))
+    assert cli.main(["inspect", str(tmp_path)]) == cli.BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown checkpoint format 'megatron_rl.checkpoint/9'" in err
+
+
+def test_an_unknown_checksum_is_refused(saved, tmp_path, capsys):
+    _copy_step(saved[0], tmp_path)
+    _rewrite_metadata(tmp_path / "step_1", lambda m: m.update(checksum="sha3"))
+    assert cli.main(["inspect", str(tmp_path), "--verify"]) == cli.BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown block checksum 'sha3'; this reader knows ['crc32', 'xxh3_64']" in err
