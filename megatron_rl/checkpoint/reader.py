@@ -33,6 +33,9 @@ READ_THREADS = 4
 flight; more only contend for the cores with the other ranks of the machine."""
 VERIFY_SPAN_BLOCKS = 16
 """Blocks one ``verify()`` read covers (16 MiB per thread in flight)."""
+SCRATCH_KEPT_BYTES = 64 << 20
+"""Scratch each reader thread keeps from span to span (first touches of new memory, page
+faults, cost more than the copy); a larger span reads into a buffer of its own."""
 
 
 def _writable_bytes(tensor: torch.Tensor) -> memoryview:
@@ -65,6 +68,7 @@ class Reader:
         self._lock = threading.Lock()
         self._disjoint: dict[str, bool] = {}
         self._pool: Optional[ThreadPoolExecutor] = None
+        self._local = threading.local()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -87,6 +91,16 @@ class Reader:
             self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="ckpt-read")
         for _ in self._pool.map(fn, tasks):
             pass
+
+    def _scratch(self, nbytes: int) -> torch.Tensor:
+        """``nbytes`` of the calling thread's scratch, valid until its next call."""
+        if nbytes > SCRATCH_KEPT_BYTES:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        kept = getattr(self._local, "scratch", None)
+        if kept is None or kept.numel() < nbytes:
+            grown = max(nbytes, 2 * kept.numel()) if kept is not None else nbytes
+            kept = self._local.scratch = torch.empty(min(grown, SCRATCH_KEPT_BYTES), dtype=torch.uint8)
+        return kept[:nbytes]
 
     def _fd(self, file: str) -> int:
         with self._lock:
@@ -128,13 +142,10 @@ class Reader:
         """Read every stored byte once and check it against its checksums (no tensor is
         built: memory stays at one span per thread)."""
         span = VERIFY_SPAN_BLOCKS * fmt.BLOCK_BYTES
-        local = threading.local()
 
         def check(task) -> None:
             name, chunk, start = task
-            if not hasattr(local, "buffer"):
-                local.buffer = memoryview(bytearray(span))
-            view = local.buffer[: min(span, chunk.nbytes - start)]
+            view = _writable_bytes(self._scratch(min(span, chunk.nbytes - start)))
             self._read_into(name, chunk, start, [view])
             self._check_blocks(name, chunk, start // fmt.BLOCK_BYTES, [view])
 
@@ -164,12 +175,13 @@ class Reader:
             and dest.is_contiguous()
             and last - first == bx.volume(local[1])  # the box is one contiguous run of the chunk
         )
-        if direct:
-            pieces = [memoryview(bytearray(lo)), _writable_bytes(dest), memoryview(bytearray(end - start - hi))]
+        if direct:  # the widening's head and tail (under a block each) go to scratch
+            spare = _writable_bytes(self._scratch(lo + end - start - hi))
+            pieces = [spare[:lo], _writable_bytes(dest), spare[lo:]]
             self._read_into(item.name, chunk, start, pieces)
             self._check_blocks(item.name, chunk, block0, pieces)
             return
-        raw = torch.empty(end - start, dtype=torch.uint8)
+        raw = self._scratch(end - start)
         self._read_into(item.name, chunk, start, [_writable_bytes(raw)])
         self._check_blocks(item.name, chunk, block0, [_writable_bytes(raw)])
         data = raw[lo:hi].view(dtype).as_strided(local[1], bx.row_major_strides(chunk.shape))
