@@ -10,6 +10,11 @@ straight into the destination (only the widening's head and tail go to a small b
 verified there: no intermediate copy. Otherwise they are read into a scratch buffer,
 verified, then copied into place. Either way a checksum mismatch raises before the load
 returns, so a load that fails leaves a partly written model, never a silently wrong one.
+
+Ranks that need the same bytes (DP replicas) each read them: on one machine a read from
+the page cache and its checksum cost less than gloo broadcasting the bytes from one reader
+(docs/benchmarks.md, checkpoints), so nothing is shared between ranks. Across nodes on a
+slow shared file system a broadcast might pay; that is not measured, so not built.
 """
 
 from __future__ import annotations
