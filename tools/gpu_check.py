@@ -5,7 +5,7 @@
     python3 tools/gpu_check.py run OUT_DIR --parts tests,mfu-dense
 
 Such a machine has Python 3.12, torch with CUDA, transformers and pytest, and no package
-index: Megatron-Core travels as a wheel (requirements/gpu-kit.txt, fetched for cp312
+index: Megatron-Core and xxhash travel as wheels (requirements/gpu-kit.txt, fetched for cp312
 manylinux into .whl/, which git ignores). `run` installs the wheels into a temporary
 target, puts it and the repository on PYTHONPATH, and runs each part in its own process
 with its own time limit, so a part that fails or hangs costs only its own minutes:

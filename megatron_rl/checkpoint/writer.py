@@ -4,7 +4,7 @@ The training loop is blocked only while this rank's share of the chunks is copie
 buffers (reused across saves; pinned on GPU), or, with a deferred snapshot, not at all until
 its next optimizer update (``update_gate``). The rest runs on the checkpointer's long-lived,
 lower-priority background thread (:class:`BackgroundWriter`): raw bytes into
-``data_<rank>.bin`` with a crc32 per 1 MiB block, fsync, then a small ``rank_<r>.json``
+``data_<rank>.bin`` with a checksum (``format.CHECKSUM``) per 1 MiB block, fsync, then a small ``rank_<r>.json``
 listing what was written. Rank 0's thread waits for every rank's list, writes
 ``metadata.json`` and the ``COMMIT`` marker, renames ``.tmp_step_<N>`` to ``step_<N>``,
 updates ``latest`` and prunes. The commit needs no collective (so a background thread can do
@@ -109,7 +109,7 @@ def write_rank(tmp: Path, rank: int, items: list[Item], tensors: list[torch.Tens
                         "dtype": fmt.dtype_name(tensor.dtype),
                         "global_shape": list(item.global_shape),
                         "chunk": fmt.Chunk(
-                            list(item.offsets), list(tensor.shape), name, offset, len(data), fmt.block_crcs(data)
+                            list(item.offsets), list(tensor.shape), name, offset, len(data), fmt.block_checksums(data)
                         ).__dict__,
                     }
                 )

@@ -11,11 +11,12 @@ into, so the reshard column is n/a): training-loop blocking time of a save, tota
 load time, load-with-reshard time (max over ranks), and ratios to torch DCP. The async
 blocking time (after the first async save, which allocates the host buffers and is reported
 apart), the deferred-snapshot save (``snapshot="before_update"``: the call, and the call
-plus the wait of an optimizer update issued right after it) and the DCP save are each timed
-``repeats`` times; the medians are reported, with every sample and the load average in the
-JSON (the machine may be shared). The DCP baseline saves each rank's pieces as plain tensors
-keyed by canonical name and offsets (DCP writes keys shared by several ranks once); such a
-state dict has no sharding metadata, so it cannot reshard (reported as n/a).
+plus the wait of an optimizer update issued right after it), the DCP save and every load
+(the methods taking turns) are each timed ``repeats`` times; the medians are reported,
+with every sample and the load average in the JSON (the machine may be shared). The DCP
+baseline saves each rank's pieces as plain tensors keyed by canonical name and offsets (DCP
+writes keys shared by several ranks once); such a state dict has no sharding metadata, so
+it cannot reshard (reported as n/a).
 
 The checkpoints go into a scratch directory the bench creates (:class:`Scratch`); it never
 removes anything it did not create, and refuses a ``--dir`` that is not empty.
@@ -51,7 +52,7 @@ class CheckpointBenchOptions:
     dir: Optional[Path] = None
     """Scratch directory: created if missing, or an existing empty one; default a new temporary one."""
     repeats: int = 5
-    """Timed steady-state async saves, deferred saves and DCP saves (medians reported)."""
+    """Timed steady-state async saves, deferred saves, DCP saves and every method's loads (medians reported)."""
     json: Optional[Path] = None
     """Also write the results here (rank 0)."""
     keep: bool = False
@@ -75,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--repeats",
         type=positive,
         default=5,
-        help="timed steady-state async saves, deferred saves and DCP saves (medians reported)",
+        help="timed steady-state async saves, deferred saves, DCP saves and every method's loads (medians reported)",
     )
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--keep", action="store_true", help="leave the checkpoints in the scratch directory")
@@ -209,6 +210,9 @@ def print_report(r: dict) -> None:
         f"  deferred snapshot call samples s: {show(r['ours_deferred_call_samples_s'])}; "
         f"with an update right after it: {show(r['ours_deferred_immediate_update_samples_s'])}"
     )
+    loads = ("ours_load", "dcp_load", "torch_dist_load", "ours_reshard_load", "torch_dist_reshard_load")
+    shown = [f"{k}: {show(r[k + '_samples_s'])}" for k in loads if r.get(k + "_samples_s")]
+    print("  load samples s: " + "; ".join(shown))
     print(f"  first async save (allocates host buffers) blocking s: {r['ours_async_first_blocking_s']:.3f}")
     print(f"  load average at start {show(r['loadavg_start'])}, at end {show(r['loadavg_end'])}")
     if r["dir"]:

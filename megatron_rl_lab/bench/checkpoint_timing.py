@@ -187,14 +187,21 @@ def _baseline_saves(store: _Store, scratch: Scratch, repeats: int) -> dict:
     return r
 
 
-def _loads(store: _Store, scratch: Scratch, resharded: bool) -> dict:
-    """Load every method's checkpoint into ``store``'s model; DCP's plain pieces cannot reshard."""
+def _loads(store: _Store, scratch: Scratch, resharded: bool, repeats: int) -> dict:
+    """Load every method's checkpoint into ``store``'s model ``repeats`` times, the methods taking
+    turns in each round (a busy spell of the shared machine falls on all of them); medians and
+    every sample. DCP's plain pieces cannot reshard."""
     kind = "reshard_load" if resharded else "load"
-    r = {
-        f"ours_{kind}_s": _timed(store.load)[0],
-        f"torch_dist_{kind}_s": _timed(lambda: _torch_dist_load(store, scratch.path("torch_dist")))[0],
-    }
-    r[f"dcp_{kind}_s"] = None if resharded else _timed(lambda: _dcp_load(store, scratch.path("dcp")))[0]
+    methods = {"ours": store.load, "torch_dist": lambda: _torch_dist_load(store, scratch.path("torch_dist"))}
+    if not resharded:
+        methods["dcp"] = lambda: _dcp_load(store, scratch.path("dcp"))
+    samples: dict[str, list[float]] = {name: [] for name in methods}
+    for _ in range(repeats):
+        for name, load in methods.items():
+            samples[name].append(_timed(load)[0])
+    r: dict = {f"dcp_{kind}_s": None, f"dcp_{kind}_samples_s": None}
+    for name, seconds in samples.items():
+        r[f"{name}_{kind}_samples_s"], r[f"{name}_{kind}_s"] = seconds, statistics.median(seconds)
     return r
 
 
@@ -254,7 +261,7 @@ def measure(
     }
     r.update(_our_saves(store, repeats))
     r.update(_baseline_saves(store, scratch, repeats))
-    r.update(_loads(store, scratch, resharded=False))
+    r.update(_loads(store, scratch, resharded=False, repeats=repeats))
     if reshard_layout is None:
         r.update(ours_reshard_load_s=None, torch_dist_reshard_load_s=None, dcp_reshard_load_s=None)
     else:
@@ -262,7 +269,7 @@ def measure(
         destroy()
         del store
         store = _build(arch, reshard_layout, scratch.path("ours"))
-        r.update(_loads(store, scratch, resharded=True))
+        r.update(_loads(store, scratch, resharded=True, repeats=repeats))
     r["checkpoint_bytes"] = {
         "ours": _dir_bytes(store.newest_step_dir()),
         "torch_dist": _dir_bytes(scratch.path("torch_dist")),

@@ -29,7 +29,9 @@ def test_the_wheel_list_resolves_for_cp312(tmp_path):
     proc = subprocess.run(kit.pip_download_argv(tmp_path), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     wheels = sorted(p.name for p in tmp_path.glob("*.whl"))
-    assert len(wheels) == 1 and wheels[0].startswith("megatron_core-0.16.1-cp312-cp312-manylinux"), wheels
+    assert len(wheels) == 2, wheels
+    assert wheels[0].startswith("megatron_core-0.16.1-cp312-cp312-manylinux"), wheels
+    assert wheels[1].startswith("xxhash-4.1.0-cp312-cp312-manylinux"), wheels
 
 
 def test_the_gpu_tests_collect_and_skip_with_their_reason_without_cuda(tmp_path):

@@ -136,6 +136,7 @@ def test_short_run_at_world_2_reports_every_method_and_cleans_up(tmp_path):
     ):
         assert r[key] > 0, key
     assert r["dcp_reshard_load_s"] is None and len(r["dcp_save_samples_s"]) == 1
+    assert len(r["ours_load_samples_s"]) == len(r["torch_dist_reshard_load_samples_s"]) == 1
     # fp32 bytes over the two TP ranks of one replica: TINY_DENSE's 208896 split weights, plus
     # its norms on each rank (4 layers x (2 x 64 hidden + 2 x 32 q/k head) + 64 final).
     assert r["model_bytes"] == 4 * (208896 + 2 * (4 * (2 * 64 + 2 * 32) + 64))
