@@ -42,3 +42,26 @@ def estimate_advantages(
     if recipe.whiten_advantages:
         advantages = masked_whiten(advantages, response_span(lengths, rows.loss_start, max_len))
     return advantages, out.returns
+
+
+def window_metrics(rows: TrainRows, advantages: torch.Tensor, values: Sequence[torch.Tensor]) -> dict:
+    """T-PPO's balance of stopping against continuing, for metrics.jsonl.
+
+    advantages: [rows, ≥ longest response] from :func:`estimate_advantages`; values: each
+    row's critic values. A finished row's window carries its outcome against the critic
+    (R − V at its last token); an in-flight row's window carries only differences of values
+    (EGAE bootstraps V(s_l) ≈ V(s_{l−1})), so an offset in the critic moves the first and
+    not the second. ``critic/terminal_error`` (mean V(s_last) − R over finished rows) is
+    that offset: above 0 every stop costs about that much against continuing."""
+    lengths = [len(s.token_ids) for s in rows.samples]
+    in_loss = response_span(lengths, rows.loss_start, advantages.shape[1])
+    in_flight = torch.tensor(rows.truncated)[:, None]
+    metrics = {}
+    for name, mask in (("inflight", in_loss & in_flight), ("finished", in_loss & ~in_flight)):
+        if mask.any():
+            metrics[f"advantage/{name}_mean"] = float(advantages[mask].mean())
+    finished = [row for row, cut in enumerate(rows.truncated) if not cut and lengths[row] > 0]
+    if finished:
+        errors = [float(values[row][lengths[row] - 1]) - rows.rewards[row] for row in finished]
+        metrics["critic/terminal_error"] = sum(errors) / len(errors)
+    return metrics

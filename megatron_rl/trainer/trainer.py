@@ -52,7 +52,7 @@ from megatron_rl.schedules import (
     local_batch,
     train_step,
 )
-from megatron_rl.trainer.advantages import estimate_advantages
+from megatron_rl.trainer.advantages import estimate_advantages, window_metrics
 from megatron_rl.trainer.assembly import StepBatch, assemble, routes_missing
 from megatron_rl.trainer.compose import RunPlace, build_models, build_rollouts, start_monitor
 from megatron_rl.trainer.empty_steps import EmptyStepGuard
@@ -190,7 +190,7 @@ class RLTrainer:
             self.old_logprobs(batch, metrics)
             self.rollout_correction(batch, metrics)
             self.reference_logprobs(batch)
-            self.advantages(batch)
+            self.advantages(batch, metrics)
             trained_tokens = self.update(step, batch, metrics)
         else:
             metrics["actor/updated"] = False
@@ -305,10 +305,13 @@ class RLTrainer:
         if self.reference is not None:
             batch.ref_logprobs = self.reference.logprobs(batch.plain(), self.micro)
 
-    def advantages(self, batch: StepBatch) -> None:
-        """Per-token advantages (and critic targets) by the recipe's estimator."""
+    def advantages(self, batch: StepBatch, metrics: dict) -> None:
+        """Per-token advantages (and critic targets) by the recipe's estimator; with T-PPO
+        windows, how they weigh stopping against continuing (``window_metrics``)."""
         values = batch.gather(batch.values) if batch.values is not None else None
         advantages, returns = estimate_advantages(self.recipe, batch.rows, batch.max_response_len, values)
+        if self.recipe.generation_window is not None and values is not None:
+            metrics.update(window_metrics(batch.rows, advantages, values))
         batch.advantages = batch.scatter(advantages)
         batch.returns = batch.scatter(returns) if returns is not None else None
 

@@ -126,6 +126,8 @@ def test_recipe_runs_three_steps(tmp_path, bases, recipe, world, base, overrides
     assert updated, rows
     if recipe in ("ppo", "vapo", "tppo"):  # the critic trains beside the actor
         assert any("critic/value_loss" in r for r in rows), rows
+    if recipe == "tppo":  # how the windows weigh stopping against continuing (trainer.advantages)
+        assert all("critic/terminal_error" in r for r in rows if r.get("critic/rows")), rows
     if recipe == "grpo":  # the KL penalty against the frozen initial policy grows once the actor moves
         assert all(r["actor/kl_loss"] >= 0 for r in updated)
         assert updated[-1]["actor/kl_loss"] > 0, updated

@@ -177,3 +177,35 @@ def test_pool_size_check_is_the_one_config_validation_runs():
     check_window_pool(8, 2, 8)
     with pytest.raises(ValueError, match="must hold at least one group"):
         check_window_pool(2, 3, 1)
+
+
+def test_a_critic_offset_moves_finished_windows_and_not_in_flight_ones():
+    """The asymmetry behind T-PPO's drift to the budget: an in-flight window's EGAE advantages
+    are differences of values, a finished window's hold R − V. A critic too high by c makes
+    every stop cost about c against continuing; critic/terminal_error measures c."""
+    from megatron_rl.algorithms import get_recipe
+    from megatron_rl.trainer.advantages import estimate_advantages, window_metrics
+
+    rows = TrainRows(
+        [_sample([1, 2, 3], "stop"), _sample([4, 5], "window", prompt=[7, 8, 9])],
+        rewards=[1.0, 0.0],
+        correct=[1.0, 0.0],
+        group_index=[0, 1],
+        loss_start=[2, 0],
+        fresh_start=[2, 0],
+        truncated=[False, True],
+    )
+    recipe = get_recipe("tppo", generation_window=4)
+    values = [torch.tensor([0.5, 0.5, 0.5]), torch.tensor([0.2, 0.4])]
+    adv, _ = estimate_advantages(recipe, rows, 3, values)
+    # Loss tokens: the finished row's last (A = 1 − 0.5), the cut-off row's two (0.2, 0).
+    assert window_metrics(rows, adv, values) == pytest.approx(
+        {"advantage/inflight_mean": 0.1, "advantage/finished_mean": 0.5, "critic/terminal_error": -0.5}
+    )
+    shifted = [v + 0.3 for v in values]
+    adv_shifted, _ = estimate_advantages(recipe, rows, 3, shifted)
+    assert torch.allclose(adv_shifted[1], adv[1])  # in flight: unchanged
+    assert torch.allclose(adv_shifted[0], adv[0] - 0.3 * torch.tensor([0.95**2, 0.95, 1.0]))
+    assert window_metrics(rows, adv_shifted, shifted) == pytest.approx(
+        {"advantage/inflight_mean": 0.1, "advantage/finished_mean": 0.2, "critic/terminal_error": -0.2}
+    )
