@@ -20,10 +20,16 @@ def final_answer(response: str) -> str | None:
 
 
 class DigitAnswerVerifier:
-    """Exact-match verifier with the same ``score_batch`` signature as the math verifier."""
+    """Exact-match verifier with the same ``score_batch`` signature as the math verifier.
+    A verifier with another rule for one response overrides :meth:`grade` alone."""
 
     def __init__(self) -> None:
         self.totals = {"total": 0, "correct": 0, "format_failures": 0}
+
+    def grade(self, response: str, answer: str) -> tuple[float, bool]:
+        """(score, well-formed) of one response against its answer."""
+        given = final_answer(response)
+        return float(given is not None and given == str(answer).strip()), given is not None
 
     def score_batch(self, responses: Sequence[str], answers: Sequence[str]) -> tuple[list[float], dict[str, int]]:
         if len(responses) != len(answers):
@@ -31,10 +37,8 @@ class DigitAnswerVerifier:
         stats = {"total": len(responses), "correct": 0, "format_failures": 0}
         scores = []
         for response, answer in zip(responses, answers):
-            given = final_answer(response)
-            if given is None:
-                stats["format_failures"] += 1
-            score = 1.0 if given is not None and given == str(answer).strip() else 0.0
+            score, well_formed = self.grade(response, answer)
+            stats["format_failures"] += int(not well_formed)
             stats["correct"] += int(score)
             scores.append(score)
         for key, value in stats.items():

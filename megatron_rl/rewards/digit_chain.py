@@ -15,12 +15,12 @@ The reference each response is scored against is the task's reference solution (
 from __future__ import annotations
 
 import re
-from typing import Optional, Sequence
+from typing import Optional
 
-from megatron_rl.rewards.digit_answer import final_answer
+from megatron_rl.rewards.digit_answer import DigitAnswerVerifier, final_answer
 
-_STEP = re.compile(r"^(?:max|min)\((\d),(\d)\)=(\d)$|^(\d)[+^](\d)=(\d)$")
-"""One written step: ``max(a,d)=v`` / ``min(a,d)=v`` or ``a+d=v`` / ``a^d=v``."""
+_STEP = re.compile(r"^(?:max|min)\((\d),(\d)\)=(\d)$|^(\d)\+(\d)=(\d)$")
+"""One written step: ``max(a,d)=v`` / ``min(a,d)=v`` or ``a+d=v`` (the digit tasks' ``_WORK``)."""
 
 
 def chain_steps(response: str) -> Optional[tuple[str, list[tuple[str, str, str]], str]]:
@@ -52,32 +52,9 @@ def follows_the_prompt(response: str, reference: str) -> bool:
     return all(a == prev for (a, _, _), prev in zip(steps, values)) and answer == values[-1]
 
 
-class DigitChainVerifier:
+class DigitChainVerifier(DigitAnswerVerifier):
     """1.0 for the reference's final answer reached by a chain that follows the prompt."""
 
-    def __init__(self) -> None:
-        self.totals = {"total": 0, "correct": 0, "format_failures": 0}
-
-    def score_batch(self, responses: Sequence[str], references: Sequence[str]) -> tuple[list[float], dict[str, int]]:
-        if len(responses) != len(references):
-            raise ValueError(f"got {len(responses)} responses but {len(references)} references")
-        stats = {"total": len(responses), "correct": 0, "format_failures": 0}
-        scores = []
-        for response, reference in zip(responses, references):
-            well_formed = follows_the_prompt(response, reference)
-            score = float(well_formed and final_answer(response) == final_answer(reference))
-            stats["format_failures"] += int(not well_formed)
-            stats["correct"] += int(score)
-            scores.append(score)
-        for key, value in stats.items():
-            self.totals[key] += value
-        return scores, stats
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> "DigitChainVerifier":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def grade(self, response: str, reference: str) -> tuple[float, bool]:
+        well_formed = follows_the_prompt(response, reference)
+        return float(well_formed and final_answer(response) == final_answer(reference)), well_formed

@@ -96,9 +96,10 @@ class DigitTask:
         return 1.0 / len(ANSWER_SPACE)
 
     def seed_key(self) -> str:
-        """The task's part of its generator's seed: the dataclass repr, leaving out the fields
-        added after the first tasks (chained_answer onwards) while they hold their defaults,
-        so those tasks' prompts (and the bases built from them) stay what they were."""
+        """The task's part of its generator's seed: the dataclass repr of the first four fields
+        (``_FIRST_FIELDS``) and of every other field that differs from its default. A task
+        that sets none of the others draws its prompts from the plain four-field repr, the
+        key its cached bases and the embedded default's reference curve were built from."""
         shown = [
             f"{f.name}={getattr(self, f.name)!r}"
             for f in dataclasses.fields(self)

@@ -116,6 +116,14 @@ def draw(series: Series, title: str, out: Path, val: Optional[dict[str, Series]]
         axes[used - 1, column].set_xlabel("step")
         axes[used - 1, column].xaxis.set_tick_params(labelbottom=True)
     fig.suptitle(title, fontsize=10)
+    return save_png(fig, out)
+
+
+def save_png(fig, out: Path) -> Path:
+    """Write ``fig`` to ``out`` whole or not at all (a temporary file renamed over it, so a
+    reader never sees half a PNG) and close it; returns ``out``."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

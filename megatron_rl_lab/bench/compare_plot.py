@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from megatron_rl.trainer.plot import save_png
+
 COLUMNS = 2
 PANEL_W, PANEL_H = 6.0, 2.8
 """Inches per panel."""
@@ -70,10 +72,4 @@ def draw(report: dict, title: str, out: Path) -> Path:
     for ax in list(axes.flat)[len(chosen) :]:
         ax.set_visible(False)
     fig.suptitle(f"{title}: mean over seeds, shaded 95 % interval", fontsize=10)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    tmp.replace(out)
-    return out
+    return save_png(fig, out)

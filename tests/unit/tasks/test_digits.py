@@ -33,10 +33,10 @@ def test_generator_is_deterministic_and_respects_lengths():
 
 
 def test_the_first_tasks_keep_their_prompts():
-    """Fields added later stay out of the generator's seed while they hold their defaults:
-    the embedded default's prompts (and its base) are what they were before them."""
+    """Fields past the first four stay out of the generator's seed while they hold their
+    defaults: the embedded default draws the prompts its base and reference curve came from."""
     assert get_task("digits_max").seed_key() == "DigitTask(op='max', min_digits=3, max_digits=5, reasoning=False)"
-    assert get_task("digits_max").generate(3, seed=0)[0].prompt == "max of 8 4 4"  # as before
+    assert get_task("digits_max").generate(3, seed=0)[0].prompt == "max of 8 4 4"
     assert "uniform_answer=True" in get_task("digits_max_chain").seed_key()
 
 

@@ -132,13 +132,9 @@ def test_bad_pools_and_continuations_are_refused():
         pool.continued(todo + todo)
 
 
-def test_window_masks_and_egae_advantages_by_hand():
-    from megatron_rl.algorithms import get_recipe
-    from megatron_rl.trainer.advantages import estimate_advantages
-    from megatron_rl.trainer.assembly import aligned_span
-
-    # Row 0 finished (reward 1, 3 tokens, the first 2 trained earlier); row 1 cut off (2 tokens).
-    rows = TrainRows(
+def _finished_and_cut_rows() -> TrainRows:
+    """Row 0 finished (reward 1, 3 tokens, the first 2 trained earlier); row 1 cut off (2 tokens)."""
+    return TrainRows(
         [_sample([1, 2, 3], "stop"), _sample([4, 5], "window", prompt=[7, 8, 9])],
         rewards=[1.0, 0.0],
         correct=[1.0, 0.0],
@@ -147,6 +143,14 @@ def test_window_masks_and_egae_advantages_by_hand():
         fresh_start=[2, 0],
         truncated=[False, True],
     )
+
+
+def test_window_masks_and_egae_advantages_by_hand():
+    from megatron_rl.algorithms import get_recipe
+    from megatron_rl.trainer.advantages import estimate_advantages
+    from megatron_rl.trainer.assembly import aligned_span
+
+    rows = _finished_and_cut_rows()
     mask = aligned_span([2, 3], [3, 2], rows.loss_start, seq_length=7)
     # Prediction-aligned: response token i of a row with prompt p is predicted at position p - 1 + i.
     assert mask.tolist() == [
@@ -186,15 +190,7 @@ def test_a_critic_offset_moves_finished_windows_and_not_in_flight_ones():
     from megatron_rl.algorithms import get_recipe
     from megatron_rl.trainer.advantages import estimate_advantages, window_metrics
 
-    rows = TrainRows(
-        [_sample([1, 2, 3], "stop"), _sample([4, 5], "window", prompt=[7, 8, 9])],
-        rewards=[1.0, 0.0],
-        correct=[1.0, 0.0],
-        group_index=[0, 1],
-        loss_start=[2, 0],
-        fresh_start=[2, 0],
-        truncated=[False, True],
-    )
+    rows = _finished_and_cut_rows()
     recipe = get_recipe("tppo", generation_window=4)
     values = [torch.tensor([0.5, 0.5, 0.5]), torch.tensor([0.2, 0.4])]
     adv, _ = estimate_advantages(recipe, rows, 3, values)
