@@ -149,6 +149,10 @@ class AlgorithmRecipe:
     """Dynamic sampling: at most this many generation batches per training step."""
     overlong: OverlongPenalty | None = None
     """DAPO soft overlong punishment; None = off."""
+    overlong_filter: bool = False
+    """DAPO overlong filtering: responses that used up rollout.max_new_tokens are out of the
+    policy loss (their reward still counts in their group's baseline; a critic still learns
+    from them)."""
     generation_window: int | None = None
     """T-PPO: new tokens per sequence per step (paper: 8192 of 24K); None = whole response."""
     # --- HAPO (0 = off) ---

@@ -7,7 +7,8 @@ same tensors; the schedules slice them per data-parallel rank. Layout: schedules
 
 Which response tokens count where:
 - policy loss (``loss_mask``): the tokens no earlier step trained on (T-PPO: earlier
-  windows are context; without windows, the whole response);
+  windows are context; without windows, the whole response), none of a response that used
+  up the budget when the recipe filters those (DAPO's overlong filtering);
 - train/inference mismatch (``fresh_mask``): the tokens vLLM sampled with the current
   weights (a T-PPO continuation's earlier tokens came from older weights);
 - critic loss (``critic_mask``): finished responses only (a window's cut-off has no outcome yet).
@@ -167,19 +168,28 @@ def routes_missing(samples) -> float:
 
 
 def assemble(
-    rows: TrainRows, seq_length: int, pad_token_id: int, temperature: float, replay_routes: bool = False
+    rows: TrainRows,
+    seq_length: int,
+    pad_token_id: int,
+    temperature: float,
+    replay_routes: bool = False,
+    filter_overlong: bool = False,
 ) -> StepBatch:
-    """The step's rows in the training layout (a row longer than seq_length is refused)."""
+    """The step's rows in the training layout (a row longer than seq_length is refused).
+    ``filter_overlong``: rows that used up the response budget get no policy-loss tokens."""
     prompts = [s.prompt_ids for s in rows.samples]
     responses = [s.token_ids for s in rows.samples]
     tokens, response_mask = pack_sequences(prompts, responses, seq_length, pad_token_id)
     prompt_lens, response_lens = [len(p) for p in prompts], [len(r) for r in responses]
     sampled = sampled_span(rows.samples, prompt_lens, seq_length)
+    trained = sampled
+    if filter_overlong:
+        trained = sampled & ~torch.tensor([s.finish_reason == "length" for s in rows.samples])[:, None]
     return StepBatch(
         rows=rows,
         tokens=tokens,
         response_mask=response_mask,
-        loss_mask=aligned_span(prompt_lens, response_lens, rows.loss_start, seq_length) & sampled,
+        loss_mask=aligned_span(prompt_lens, response_lens, rows.loss_start, seq_length) & trained,
         fresh_mask=aligned_span(prompt_lens, response_lens, rows.fresh_start, seq_length) & sampled,
         critic_mask=response_mask & ~torch.tensor(rows.truncated)[:, None],
         prompt_lens=prompt_lens,

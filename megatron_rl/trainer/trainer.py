@@ -184,6 +184,7 @@ class RLTrainer:
                 self.pad_token_id,
                 self.cfg.rollout.temperature,
                 replay_routes=self.cfg.rollout.router_replay,
+                filter_overlong=self.recipe.overlong_filter,
             )
             self.sampled_temperatures(batch, metrics)
             self.critic_values(batch)

@@ -57,3 +57,13 @@ def test_scatter_and_gather_are_inverse_and_the_batches_carry_the_fields():
     assert actor.is_positive.tolist() == [True, False]
     assert torch.equal(actor.loss_mask, batch.loss_mask) and torch.equal(critic.loss_mask, batch.critic_mask)
     assert torch.equal(critic.advantages, actor.advantages)
+
+
+def test_overlong_filtering_takes_a_budget_hit_out_of_the_policy_loss_alone():
+    rows = _rows()
+    rows.samples[0].finish_reason = "length"  # row 0 used up the budget; row 1 is a window cut
+    kept = assemble(rows, seq_length=6, pad_token_id=0, temperature=1.0)
+    filtered = assemble(rows, seq_length=6, pad_token_id=0, temperature=1.0, filter_overlong=True)
+    assert filtered.loss_mask.tolist() == [[False] * 6, kept.loss_mask[1].tolist()]
+    assert torch.equal(filtered.fresh_mask, kept.fresh_mask)  # the mismatch still sees every sampled token
+    assert torch.equal(filtered.critic_mask, kept.critic_mask)  # and the critic still learns its outcome
