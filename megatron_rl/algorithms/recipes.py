@@ -155,6 +155,10 @@ class AlgorithmRecipe:
     from them)."""
     generation_window: int | None = None
     """T-PPO: new tokens per sequence per step (paper: 8192 of 24K); None = whole response."""
+    train_in_flight: bool = True
+    """T-PPO: train each window the step it is generated (the paper: EGAE bootstraps the
+    in-flight ones from the critic); False: a response's windows wait for its end and are
+    trained together with its outcome (windowed generation, PPO's advantages)."""
     # --- HAPO (0 = off) ---
     temperature_tau: float = 0.0
     """τ of the adaptive sampling temperature T·(1 + τ·ĥ)."""
@@ -241,6 +245,12 @@ class AlgorithmRecipe:
             "generation_window",
             window,
             "None unless advantage_estimator='egae'",
+        )
+        _check(
+            window is not None or self.train_in_flight,
+            "train_in_flight",
+            self.train_in_flight,
+            "True unless generation_window is set",
         )
         _check(0.0 <= self.temperature_tau < 1.0, "temperature_tau", self.temperature_tau, "[0, 1)")
         for name in ("entropy_clip_alpha", "redistribution_beta"):

@@ -224,7 +224,9 @@ def _source(cfg, recipe, place: RunPlace, engine, client, verifier, loader, deco
             row_multiple,
             ahead,
         )
-    pool = WindowPool(rollout.prompts_per_step * rollout.n_samples, rollout.n_samples, row_multiple)
+    pool = WindowPool(
+        rollout.prompts_per_step * rollout.n_samples, rollout.n_samples, row_multiple, recipe.train_in_flight
+    )
     return WindowSource(
         engine.generate_groups, engine.continue_samples, loader, pool, recipe, verifier.score_batch, decode
     )

@@ -8,7 +8,9 @@ and its slot goes to new prompts (``group_size`` responses each) so the pool sta
 number of groups).
 
 The policy loss of a row covers only the response tokens no earlier loss has seen
-(``trained`` onwards): earlier windows and the prompt are context. Rows that do not fit
+(``trained`` onwards): earlier windows and the prompt are context. Without training in
+flight (the recipe's ``train_in_flight`` False, an ablation of the paper's design) only
+finished responses are trained, each whole and once, with its outcome. Rows that do not fit
 this step's even split over DP x micro-batches x mini-batches stay in the pool untouched
 and are trained next step. Everything here is pure bookkeeping on lists that are
 identical on every rank (the rollouts are all-gathered), so every rank takes the same
@@ -102,8 +104,9 @@ class StepCounts:
 class WindowPool:
     """The responses of a T-PPO run that have not left training yet, oldest first."""
 
-    def __init__(self, capacity: int, group_size: int, row_multiple: int):
+    def __init__(self, capacity: int, group_size: int, row_multiple: int, train_in_flight: bool = True):
         check_window_pool(capacity, group_size, row_multiple)
+        self.train_in_flight = train_in_flight
         self.capacity = capacity
         self.group_size = group_size
         self.row_multiple = row_multiple
@@ -150,8 +153,9 @@ class WindowPool:
 
     def training_rows(self) -> list[WindowSample]:
         """The oldest rows that split evenly; the rest wait in the pool for the next step."""
-        usable = len(self.samples) - len(self.samples) % self.row_multiple
-        return self.samples[:usable]
+        ready = self.samples if self.train_in_flight else [s for s in self.samples if s.finished]
+        usable = len(ready) - len(ready) % self.row_multiple
+        return ready[:usable]
 
     def trained(self, rows: Sequence[WindowSample]) -> None:
         """After the update: finished rows leave, unfinished ones keep their tokens as context."""

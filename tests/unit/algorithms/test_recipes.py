@@ -95,6 +95,8 @@ def test_unknown_recipe_lists_valid():
         ({"use_critic": True}, "use_critic"),  # grpo reads no values
         ({"value_warmup_steps": 10}, "value_warmup_steps"),  # no critic to warm up
         ({"generation_window": 4096}, "generation_window"),  # needs egae
+        ({"train_in_flight": False}, "train_in_flight"),  # needs a generation window
+        ({"overlong_filter": 1}, "overlong_filter"),
         ({"kl": {"kind": "k5"}}, "kl.kind"),
         ({"kl": {"kind": "k3", "weight": 1}}, "kl.weight"),
         ({"overlong": {"max_len": 100, "buffer_len": 200}}, "overlong.buffer_len"),

@@ -205,3 +205,23 @@ def test_a_critic_offset_moves_finished_windows_and_not_in_flight_ones():
     assert window_metrics(rows, adv_shifted, shifted) == pytest.approx(
         {"advantage/inflight_mean": 0.1, "advantage/finished_mean": 0.2, "critic/terminal_error": -0.2}
     )
+
+
+def test_without_training_in_flight_a_response_waits_for_its_end_and_trains_whole():
+    pool = WindowPool(capacity=4, group_size=2, row_multiple=2, train_in_flight=False)
+    pool.begin_step()
+    pool.add_group("1", [_sample([1, 2], "stop"), _sample([1, 2, 3], "window")])
+    pool.add_group("2", [_sample([4, 5, 6], "window"), _sample([4], "stop")])
+    pool.set_scores(pool.to_score(), [1.0, 0.0], [1.0, 0.0])
+    rows = pool.training_rows()
+    assert [r.sample.token_ids for r in rows] == [[1, 2], [4]]  # the finished rows alone
+    pool.trained(rows)
+    assert [(s.sample.token_ids, s.trained) for s in pool.samples] == [([1, 2, 3], 0), ([4, 5, 6], 0)]
+    todo = pool.begin_step()
+    pool.continued([_extend(todo[0], [10], "stop"), _extend(todo[1], [11], "stop")])
+    pool.add_group("3", [_sample([6, 6], "window"), _sample([6, 7], "window")])
+    pool.set_scores(pool.to_score(), [1.0, 0.0], [1.0, 0.0])
+    train = TrainRows.from_window_rows(pool.training_rows())
+    # Both carried responses train from their first token, with their outcome (no bootstrap).
+    assert train.loss_start == [0, 0] and train.truncated == [False, False] and train.rewards == [1.0, 0.0]
+    assert train.fresh_start == [3, 3]  # their first window came from older weights
