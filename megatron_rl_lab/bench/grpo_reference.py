@@ -5,12 +5,13 @@ two policies' logprobs of each step's samples before that step's update.
 
 Each seed is one ``megatron-rl train`` in a process of its own, in ``OUT/runs/grpo/seed<S>``
 (the runs of :mod:`.compare_runs`: one at a time, ``done.json`` when one ends, finished runs
-skipped when the same command is run again, all seeds on one task base built once into
-``OUT/base_cache`` from ``data.seed`` = ``--base-seed``). The replay of a seed runs in this
-process once its run has finished. ``OUT/grpo_reference.json`` holds every seed's steps and
-the summary: per step, the mean over seeds with its 95 % Student-t interval
-(:mod:`.seed_stats`). A recipe with pieces the reference does not write, or a run config the
-trainer would refuse, is one line and exit code 2 before anything runs.
+skipped when the same command is run again, task bases built once into ``OUT/base_cache``:
+each seed's own from its ``trainer.seed``, or one for all from ``data.seed`` =
+``--base-seed``). The replay of a seed runs in this process once its run has finished.
+``OUT/grpo_reference.json`` holds every seed's steps and the summary: per step, the mean over
+seeds with its 95 % Student-t interval (:mod:`.seed_stats`). A recipe with pieces the
+reference does not write, or a run config the trainer would refuse, is one line and exit
+code 2 before anything runs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from megatron_rl_lab.bench.compare_runs import (
     Interrupted,
     Run,
     RunOne,
+    StaleRun,
     execute,
     read_marker,
     run_env,
@@ -38,7 +40,15 @@ from megatron_rl_lab.bench.seed_stats import mean_interval
 RUN_FAILED = 1
 VARIANT = "grpo"
 RESULT = "grpo_reference.json"
-SUMMED = ("logp_abs_diff_mean", "logp_abs_diff_max", "fp64_vs_ref_mean", "fp64_vs_ours_mean")
+SUMMED = (
+    "logp_abs_diff_mean",
+    "logp_abs_diff_max",
+    "moved_mean",
+    "fp64_vs_ref_mean",
+    "fp64_vs_ours_mean",
+    "fp64_vs_ref_max",
+    "fp64_vs_ours_max",
+)
 """Per-step values summarised over seeds."""
 EPILOG = """\
 examples:
@@ -76,7 +86,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--config", default="examples/grpo.yaml", help="the recipe (default: examples/grpo.yaml)")
     p.add_argument("--seeds", type=positive_list(int, "1,2,3"), default=[1, 2, 3], help="trainer.seed of each run")
     p.add_argument("--steps", type=positive, default=20, help="trainer.max_steps of each run (default 20)")
-    p.add_argument("--base-seed", type=int, default=0, help="data.seed of every run: one task base (default 0)")
+    p.add_argument(
+        "--base-seed",
+        type=int,
+        default=None,
+        help="data.seed of every run: one task base for all seeds (default: not set, each run's base "
+        "comes from its trainer.seed, as `train ... trainer.seed=S` alone builds it)",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override (repeat)")
     p.add_argument("--out", type=Path, default=Path("runs/grpo_reference"), help="results directory")
     p.add_argument("--replay-only", action="store_true", help="replay the finished runs; train nothing")
@@ -107,14 +123,17 @@ def make_plan(args: argparse.Namespace, check: Callable = run_config) -> Plan:
     for override in args.set:
         if override.startswith(owned):
             raise BenchArgumentError(f"--set {override}: the bench sets {override.split('=')[0]} itself")
-    overrides = (
-        *args.set,
-        f"trainer.max_steps={args.steps}",
-        "trainer.save_rollouts=true",
-        f"data.seed={args.base_seed}",
-    )
+    overrides = (*args.set, f"trainer.max_steps={args.steps}", "trainer.save_rollouts=true")
+    if args.base_seed is not None:
+        overrides += (f"data.seed={args.base_seed}",)
     check(args.config, (*overrides, f"trainer.seed={args.seeds[0]}"))
-    return Plan(args.config, overrides, tuple(args.seeds), args.steps, args.out, args.replay_only, not args.no_control)
+    plan = Plan(args.config, overrides, tuple(args.seeds), args.steps, args.out, args.replay_only, not args.no_control)
+    try:
+        for seed in plan.seeds:
+            read_marker(plan.run(seed))
+    except StaleRun as err:
+        raise BenchArgumentError(str(err)) from None
+    return plan
 
 
 def base_dir(cfg, out: Path) -> Path:

@@ -10,6 +10,12 @@ rewards and groups). Our run's numbers are only compared with, never fed in:
   policies before the step's update. Step 1 is the same weights: this is the forward pass
   alone (fp32 Megatron against fp32 transformers, ~1e-6); later steps add what the updates
   did differently.
+- ``moved_mean``: |old_logprobs − log π_start| over the same tokens, π_start the run's
+  base: how far our policy has moved from where both started, the scale the distance
+  above is read against.
+- ``fp64_vs_*`` (``control``): a second reference in float64 learns from the same rows;
+  its distance to the fp32 reference is the noise floor of a plain fp32 implementation,
+  its distance to ours says which of the two fp32 learners is nearer the exact one.
 - ``advantage_max_abs_diff``: the reference's advantages against the recorded ones.
 - ``loss_mask_mismatch``: policy-loss tokens the recorded mask and the reference's (the
   response from ``loss_start`` on) disagree on.
@@ -298,8 +304,11 @@ def load_reference(base_dir: Path, dtype: torch.dtype = torch.float32):
     return model.eval()
 
 
-def compare_step(step: int, rows: StepRows, main: Learner, control: Optional[Learner], settings, ours: dict) -> dict:
-    """One step of the replay: both learners' comparisons before the update, then their updates."""
+def compare_step(
+    step: int, rows: StepRows, main: Learner, control: Optional[Learner], settings, ours: dict, start=None
+) -> dict:
+    """One step of the replay: the learners' comparisons before the update, then their
+    updates. ``start``: the run's base, frozen (how far our policy has moved)."""
     logp, own = replay_step(main, rows, settings, step)
     mean, top = abs_diff(logp, rows.old_logprobs, rows.loss_mask)
     result = {
@@ -313,6 +322,10 @@ def compare_step(step: int, rows: StepRows, main: Learner, control: Optional[Lea
         **{f"ref_{k}": v for k, v in own.items()},
         **{f"ours_{name}": ours.get(key) for name, key in OURS.items()},
     }
+    if start is not None:
+        with torch.no_grad():
+            initial = token_logprobs(start, rows.tokens, settings.temperature)
+        result["moved_mean"], result["moved_max"] = abs_diff(initial, rows.old_logprobs, rows.loss_mask)
     if control is not None:
         exact, _ = replay_step(control, rows, settings, step)
         result["fp64_vs_ours_mean"], result["fp64_vs_ours_max"] = abs_diff(exact, rows.old_logprobs, rows.loss_mask)
@@ -331,13 +344,14 @@ def replay_run(
 
     main = Learner.load(base_dir, settings)
     exact = Learner.load(base_dir, settings, torch.float64) if control else None
+    start = load_reference(base_dir)
     ours = {row["step"]: row for row in _metrics_rows(run_dir)}
     out = []
     for step in range(1, steps + 1):
         path = step_path(run_dir, step)
         if not path.is_file():
             raise ReplayError(f"{path} is missing: train with trainer.save_rollouts=true")
-        result = compare_step(step, step_rows(read_rollouts(path)), main, exact, settings, ours.get(step, {}))
+        result = compare_step(step, step_rows(read_rollouts(path)), main, exact, settings, ours.get(step, {}), start)
         out.append(result)
         say(step_line(result))
     return out
@@ -346,7 +360,7 @@ def replay_run(
 def step_line(result: dict) -> str:
     line = (
         f"step {result['step']:3d}  |dlogp| ref-ours mean {result['logp_abs_diff_mean']:.2e}"
-        f" max {result['logp_abs_diff_max']:.2e}"
+        f" max {result['logp_abs_diff_max']:.2e}  moved {result['moved_mean']:.2e}"
     )
     if "fp64_vs_ref_mean" in result:
         line += f"  fp64-ref {result['fp64_vs_ref_mean']:.2e}  fp64-ours {result['fp64_vs_ours_mean']:.2e}"
