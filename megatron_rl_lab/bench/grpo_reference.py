@@ -44,6 +44,8 @@ SUMMED = (
     "logp_abs_diff_mean",
     "logp_abs_diff_max",
     "moved_mean",
+    "twin_vs_ref_mean",
+    "twin_vs_ref_max",
     "fp64_vs_ref_mean",
     "fp64_vs_ours_mean",
     "fp64_vs_ref_max",
@@ -96,7 +98,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override (repeat)")
     p.add_argument("--out", type=Path, default=Path("runs/grpo_reference"), help="results directory")
     p.add_argument("--replay-only", action="store_true", help="replay the finished runs; train nothing")
-    p.add_argument("--no-control", action="store_true", help="skip the float64 reference (the noise floor)")
+    p.add_argument(
+        "--no-control", action="store_true", help="skip the float64 reference and the fp32 twin (the noise floor)"
+    )
     return p
 
 

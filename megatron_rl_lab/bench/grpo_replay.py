@@ -16,6 +16,10 @@ rewards and groups). Our run's numbers are only compared with, never fed in:
 - ``fp64_vs_*`` (``control``): a second reference in float64 learns from the same rows;
   its distance to the fp32 reference is the noise floor of a plain fp32 implementation,
   its distance to ours says which of the two fp32 learners is nearer the exact one.
+- ``twin_vs_*`` (``control``): a third reference, fp32, that takes each mini-batch's rows in
+  reverse order: the same loss (a sum over rows), other roundings. Its distance to the fp32
+  reference is how far two plain fp32 writings of one learner drift apart by rounding alone,
+  the floor our distance to the reference is read against.
 - ``advantage_max_abs_diff``: the reference's advantages against the recorded ones.
 - ``loss_mask_mismatch``: policy-loss tokens the recorded mask and the reference's (the
   response from ``loss_start`` on) disagree on.
@@ -222,14 +226,19 @@ class Learner:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     base: Optional[torch.nn.Module] = None
+    reverse_rows: bool = False
+    """Take each mini-batch's rows in reverse order (the twin: the same loss, other roundings)."""
 
     @classmethod
-    def load(cls, base_dir: Path, settings: ReplaySettings, dtype: torch.dtype = torch.float32) -> "Learner":
+    def load(
+        cls, base_dir: Path, settings: ReplaySettings, dtype: torch.dtype = torch.float32, reverse_rows: bool = False
+    ) -> "Learner":
         model = load_reference(base_dir, dtype)
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=settings.lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY
         )
-        return cls(model, optimizer, load_reference(base_dir, dtype) if settings.kl_kind is not None else None)
+        base = load_reference(base_dir, dtype) if settings.kl_kind is not None else None
+        return cls(model, optimizer, base, reverse_rows)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -267,7 +276,7 @@ def replay_step(learner: Learner, rows: StepRows, settings: ReplaySettings, step
     params = [p for p in learner.model.parameters() if p.requires_grad]
     pg_losses, clipfracs, grad_norms = [], [], []
     for index in mini_batch_orders(settings, rows.num_rows, step):
-        index = torch.tensor(index)
+        index = torch.tensor(index[::-1] if learner.reverse_rows else index)
         loss, pg, clipfrac = mini_batch_loss(learner, rows, index, logp, advantages, settings, ref_logp)
         learner.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -304,11 +313,20 @@ def load_reference(base_dir: Path, dtype: torch.dtype = torch.float32):
     return model.eval()
 
 
-def compare_step(
-    step: int, rows: StepRows, main: Learner, control: Optional[Learner], settings, ours: dict, start=None
-) -> dict:
-    """One step of the replay: the learners' comparisons before the update, then their
-    updates. ``start``: the run's base, frozen (how far our policy has moved)."""
+@dataclasses.dataclass
+class Controls:
+    """The references beside the main one (``replay_run``'s ``control``)."""
+
+    exact: Learner
+    """float64."""
+    twin: Learner
+    """fp32, each mini-batch's rows reversed."""
+    start: torch.nn.Module
+    """The run's base, frozen: how far our policy has moved."""
+
+
+def compare_step(step: int, rows: StepRows, main: Learner, controls: Optional[Controls], settings, ours: dict) -> dict:
+    """One step of the replay: the learners' comparisons before the update, then their updates."""
     logp, own = replay_step(main, rows, settings, step)
     mean, top = abs_diff(logp, rows.old_logprobs, rows.loss_mask)
     result = {
@@ -322,36 +340,45 @@ def compare_step(
         **{f"ref_{k}": v for k, v in own.items()},
         **{f"ours_{name}": ours.get(key) for name, key in OURS.items()},
     }
-    if start is not None:
-        with torch.no_grad():
-            initial = token_logprobs(start, rows.tokens, settings.temperature)
-        result["moved_mean"], result["moved_max"] = abs_diff(initial, rows.old_logprobs, rows.loss_mask)
-    if control is not None:
-        exact, _ = replay_step(control, rows, settings, step)
-        result["fp64_vs_ours_mean"], result["fp64_vs_ours_max"] = abs_diff(exact, rows.old_logprobs, rows.loss_mask)
-        result["fp64_vs_ref_mean"], result["fp64_vs_ref_max"] = abs_diff(exact, logp, rows.loss_mask)
+    if controls is not None:
+        result.update(control_distances(step, rows, logp, controls, settings))
     return result
+
+
+def control_distances(step: int, rows: StepRows, logp: torch.Tensor, controls: Controls, settings) -> dict:
+    """The controls' distances to the reference (``logp``) and to ours, then their updates."""
+    mask, ours = rows.loss_mask, rows.old_logprobs
+    out = {}
+    with torch.no_grad():
+        initial = token_logprobs(controls.start, rows.tokens, settings.temperature)
+    out["moved_mean"], out["moved_max"] = abs_diff(initial, ours, mask)
+    for name, learner in (("fp64", controls.exact), ("twin", controls.twin)):
+        theirs, _ = replay_step(learner, rows, settings, step)
+        out[f"{name}_vs_ours_mean"], out[f"{name}_vs_ours_max"] = abs_diff(theirs, ours, mask)
+        out[f"{name}_vs_ref_mean"], out[f"{name}_vs_ref_max"] = abs_diff(theirs, logp, mask)
+    return out
 
 
 def replay_run(
     run_dir: Path, base_dir: Path, steps: int, settings: ReplaySettings, control: bool = True, say=print
 ) -> list[dict]:
-    """Every step 1..steps of the run, per step. ``control``: a second reference in float64
-    learns from the same rows, the nearest thing to the exact learner; how far the fp32
-    reference is from it is the noise floor our distance to the fp32 reference stands
-    against."""
+    """Every step 1..steps of the run, per step. ``control``: the float64 reference and the
+    fp32 twin learn beside the main one (:class:`Controls`): the noise floor."""
     from megatron_rl.trainer.rollout_log import read_rollouts, step_path
 
     main = Learner.load(base_dir, settings)
-    exact = Learner.load(base_dir, settings, torch.float64) if control else None
-    start = load_reference(base_dir)
+    controls = None
+    if control:
+        exact = Learner.load(base_dir, settings, torch.float64)
+        twin = Learner.load(base_dir, settings, reverse_rows=True)
+        controls = Controls(exact, twin, load_reference(base_dir))
     ours = {row["step"]: row for row in _metrics_rows(run_dir)}
     out = []
     for step in range(1, steps + 1):
         path = step_path(run_dir, step)
         if not path.is_file():
             raise ReplayError(f"{path} is missing: train with trainer.save_rollouts=true")
-        result = compare_step(step, step_rows(read_rollouts(path)), main, exact, settings, ours.get(step, {}), start)
+        result = compare_step(step, step_rows(read_rollouts(path)), main, controls, settings, ours.get(step, {}))
         out.append(result)
         say(step_line(result))
     return out
@@ -360,10 +387,13 @@ def replay_run(
 def step_line(result: dict) -> str:
     line = (
         f"step {result['step']:3d}  |dlogp| ref-ours mean {result['logp_abs_diff_mean']:.2e}"
-        f" max {result['logp_abs_diff_max']:.2e}  moved {result['moved_mean']:.2e}"
+        f" max {result['logp_abs_diff_max']:.2e}"
     )
     if "fp64_vs_ref_mean" in result:
-        line += f"  fp64-ref {result['fp64_vs_ref_mean']:.2e}  fp64-ours {result['fp64_vs_ours_mean']:.2e}"
+        line += (
+            f"  moved {result['moved_mean']:.2e}  twin-ref {result['twin_vs_ref_mean']:.2e}"
+            f"  fp64-ref {result['fp64_vs_ref_mean']:.2e}  fp64-ours {result['fp64_vs_ours_mean']:.2e}"
+        )
     return line + (
         f"  pg ref {result['ref_pg_loss']:+.5f} ours {_fmt(result['ours_pg_loss'])}"
         f"  grad_norm ref {result['ref_grad_norm']:.5f} ours {_fmt(result['ours_grad_norm'], '.5f')}"

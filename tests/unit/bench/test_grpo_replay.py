@@ -11,11 +11,13 @@ import torch
 
 from megatron_rl_lab.bench import grpo_replay
 from megatron_rl_lab.bench.grpo_replay import (
+    Controls,
     Learner,
     ReplayError,
     ReplaySettings,
     check_supported,
     compare_step,
+    load_reference,
     mini_batch_orders,
     step_rows,
     token_logprobs,
@@ -114,7 +116,11 @@ def test_one_step_on_a_tiny_moe_whose_old_logprobs_are_its_own(tmp_path):
 
     base = make_tiny_hf("qwen3_moe", tmp_path / "hf", seed=3)
     main = Learner.load(base, SETTINGS)
-    exact = Learner.load(base, SETTINGS, torch.float64)
+    controls = Controls(
+        Learner.load(base, SETTINGS, torch.float64),
+        Learner.load(base, SETTINGS, reverse_rows=True),
+        load_reference(base),
+    )
     prompts, responses = [[5, 6, 7], [5, 6, 7], [9, 2]], [[11, 12], [13, 14, 15], [16]]
     tokens = torch.tensor([p + r + [0] * (6 - len(p + r)) for p, r in zip(prompts, responses)])
     with torch.no_grad():
@@ -134,9 +140,11 @@ def test_one_step_on_a_tiny_moe_whose_old_logprobs_are_its_own(tmp_path):
     ]
     before = [p.detach().clone() for p in main.model.parameters()]
     ours = {"actor/pg_loss": -1 / 3, "actor/grad_norm": 0.5}
-    result = compare_step(1, step_rows(records), main, exact, SETTINGS, ours)
+    result = compare_step(1, step_rows(records), main, controls, SETTINGS, ours)
     assert result["logp_abs_diff_max"] == 0.0 and result["loss_mask_mismatch"] == 0
     assert result["advantage_max_abs_diff"] < 1e-7 and result["fp64_vs_ours_max"] < 1e-5
+    # The twin's forward before its first update is the reference's own.
+    assert result["twin_vs_ref_max"] == 0.0 and result["moved_max"] == 0.0
     # One mini-batch at ratio 1: the loss is minus the mean over rows of A.
     assert result["ref_pg_loss"] == pytest.approx(-sum(advantages) / 3, abs=1e-5)
     assert result["ours_pg_loss"] == -1 / 3 and result["ref_clipfrac"] == 0.0
