@@ -102,6 +102,8 @@ def check_supported(cfg) -> None:
     named = [name for name, on in unsupported.items() if on]
     if named:
         raise ReplayError(f"recipe {recipe.name!r}: the reference writes plain GRPO only, not {', '.join(named)}")
+    if recipe.kl is not None and recipe.kl.kind != "k3":
+        raise ReplayError(f"algorithm kl.kind={recipe.kl.kind!r}: the reference writes k3")
     if recipe.loss_agg not in ref_loss.AGGREGATIONS:
         raise ReplayError(f"algorithm loss_agg={recipe.loss_agg!r}: the reference writes {ref_loss.AGGREGATIONS}")
     if cfg.model.moe_aux_loss_coeff != 0:
@@ -240,10 +242,6 @@ class Learner:
         base = load_reference(base_dir, dtype) if settings.kl_kind is not None else None
         return cls(model, optimizer, base, reverse_rows)
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
 
 def mini_batch_loss(learner: Learner, rows: StepRows, index, old, advantages, settings: ReplaySettings, ref_logp):
     """The reference's loss on the rows ``index``, its policy-loss part and clip fraction."""
@@ -255,8 +253,6 @@ def mini_batch_loss(learner: Learner, rows: StepRows, index, old, advantages, se
     pg = ref_loss.aggregate(per_token, mask, settings.loss_agg)
     total = pg
     if settings.kl_kind is not None:
-        if settings.kl_kind != "k3":
-            raise ReplayError(f"kl.kind={settings.kl_kind!r}: the reference writes k3")
         total = pg + settings.kl_coef * ref_loss.aggregate(ref_loss.k3(logp, ref_logp[index]), mask, settings.loss_agg)
     clipfrac = (clipped & mask).sum() / mask.sum().clamp_min(1)
     return total, float(pg.detach()), float(clipfrac)
@@ -267,7 +263,7 @@ def replay_step(learner: Learner, rows: StepRows, settings: ReplaySettings, step
     trainer updates ours; and its own numbers of the step."""
     with torch.no_grad():
         logp = token_logprobs(learner.model, rows.tokens, settings.temperature)
-        ref_logp = token_logprobs(learner.base, rows.tokens, settings.temperature) if learner.base else None
+        ref_logp = token_logprobs(learner.base, rows.tokens, settings.temperature) if learner.base is not None else None
     per_row = ref_loss.group_advantages(rows.rewards, rows.groups, by_std=settings.norm_by_std)
     advantages = rows.spread(per_row).to(logp.dtype)
     out = {"advantage_max_abs_diff": float((advantages - rows.advantages).abs()[rows.loss_mask].max())}

@@ -149,3 +149,25 @@ def test_one_step_on_a_tiny_moe_whose_old_logprobs_are_its_own(tmp_path):
     assert result["ref_pg_loss"] == pytest.approx(-sum(advantages) / 3, abs=1e-5)
     assert result["ours_pg_loss"] == -1 / 3 and result["ref_clipfrac"] == 0.0
     assert any(not torch.equal(a, b) for a, b in zip(before, main.model.parameters()))
+
+
+def test_the_kl_penalty_is_k3_against_the_frozen_start(tmp_path):
+    from megatron_rl.bridge.parity import make_tiny_hf
+    from megatron_rl.config import load_config
+
+    with pytest.raises(ReplayError, match="kl.kind='k1'"):
+        check_supported(load_config("examples/grpo.yaml", ["algorithm.overrides={kl: {kind: k1, coef: 0.04}}"]))
+    settings = dataclasses.replace(SETTINGS, kl_kind="k3", kl_coef=0.5)
+    learner = Learner.load(make_tiny_hf("qwen3_moe", tmp_path / "hf", seed=4), settings)
+    rows = step_rows([_record([5, 6], [7, 8], advantages=[1.0, 1.0])])
+    with torch.no_grad():
+        start = token_logprobs(learner.base, rows.tokens, 1.0)
+        moved = start + torch.log(torch.tensor(2.0)) * rows.loss_mask  # ref − logp = log 2 on the loss tokens
+        _, pg, _ = grpo_replay.mini_batch_loss(
+            learner, rows, torch.tensor([0]), start, rows.spread([1.0]), settings, start
+        )
+        total, _, _ = grpo_replay.mini_batch_loss(
+            learner, rows, torch.tensor([0]), start, rows.spread([1.0]), settings, moved
+        )
+    assert pg == pytest.approx(-1.0, abs=1e-6)  # ratio 1 against its own start
+    assert float(total) == pytest.approx(-1.0 + 0.5 * (2 - math.log(2.0) - 1), abs=1e-5)
