@@ -103,9 +103,16 @@ class TrainerConfig:
     mlflow (a file store in RUN_DIR/mlruns unless MLFLOW_TRACKING_URI is set); [] for none."""
     project: str = "megatron-rl"
     """The wandb project and MLflow experiment a run is logged under (its name: the run dir's)."""
+    save_rollouts: bool = False
+    """Write each step's training rows to RUN_DIR/rollouts/step_NNNNNN.jsonl (rank 0, one JSON
+    line per row: tokens, vLLM's and Megatron's logprobs, advantages, reward, group, the
+    policy-loss tokens; trainer/rollout_log.py), to read what the policy wrote or replay the
+    update elsewhere. RL runs only (trainer.job=rl)."""
 
     def __post_init__(self) -> None:
         _choice("trainer", "job", self.job, ("rl", "smoke"))
+        if self.save_rollouts and self.job != "rl":
+            raise ConfigError(f"trainer.save_rollouts=true needs trainer.job=rl; {self.job} has no rollouts")
         if self.dist_timeout_s <= 0:
             raise ConfigError(f"trainer.dist_timeout_s={self.dist_timeout_s} must be > 0")
         if self.lr_warmup_steps < 0:

@@ -60,6 +60,7 @@ from megatron_rl.trainer.ending import exit_code, summary
 from megatron_rl.trainer.hapo import hapo_token_fields
 from megatron_rl.trainer.loggers import open_loggers
 from megatron_rl.trainer.metrics import MetricsLog
+from megatron_rl.trainer.rollout_log import write_rollouts
 from megatron_rl.trainer.rollouts import TrainRows
 from megatron_rl.trainer.state import RunCheckpoint, choose_resume_step
 
@@ -192,6 +193,7 @@ class RLTrainer:
             self.rollout_correction(batch, metrics)
             self.reference_logprobs(batch)
             self.advantages(batch, metrics)
+            self.save_rollouts(step, batch)
             trained_tokens = self.update(step, batch, metrics)
         else:
             metrics["actor/updated"] = False
@@ -315,6 +317,12 @@ class RLTrainer:
             metrics.update(window_metrics(batch.rows, advantages, values))
         batch.advantages = batch.scatter(advantages)
         batch.returns = batch.scatter(returns) if returns is not None else None
+
+    def save_rollouts(self, step: int, batch: StepBatch) -> None:
+        """trainer.save_rollouts: the rows the update trains on, with everything its loss reads
+        (old logprobs, advantages, the policy-loss tokens), to RUN_DIR/rollouts (rank 0)."""
+        if self.cfg.trainer.save_rollouts and self.rank == 0:
+            write_rollouts(self.run_dir, step, batch)
 
     def update(self, step: int, batch: StepBatch, metrics: dict) -> int:
         """PPO epochs over mini-batches: the critic on its tokens, then the actor on the policy

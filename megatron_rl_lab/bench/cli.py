@@ -25,6 +25,7 @@ BENCHES: dict[str, str] = {
     "cp": "megatron_rl_lab.bench.context_parallel",
     "tools": "megatron_rl_lab.bench.tool_episodes",
     "compare": "megatron_rl_lab.bench.compare",
+    "grpo-reference": "megatron_rl_lab.bench.grpo_reference",
 }
 
 
