@@ -3,7 +3,9 @@
 With dynamic sampling a step keeps only groups whose rewards differ; when every group is
 all right or all wrong (a task too easy or too hard, a broken verifier, a collapsed
 policy) the step keeps none, the actor is not updated, and the next step samples from the
-same policy. One such step is chance; many in a row mean nothing will change, and the run
+same policy. Without dynamic sampling such a step's group-relative advantages are all 0,
+and the trainer skips its update the same way (``RLTrainer.has_learning_signal``). One
+such step is chance; many in a row mean nothing will change, and the run
 would spend its whole budget generating. Each empty step gets a warning line, and
 ``algorithm.max_empty_steps`` of them in a row end the run with one line and exit code 2.
 """
@@ -35,11 +37,11 @@ class EmptyStepGuard:
         if self.in_a_row >= self.limit:
             return None, (
                 f"{self.in_a_row} steps in a row (the last: step {step}) kept no trainable group, so the "
-                f"actor has not changed since (algorithm.max_empty_steps={self.limit}); groups whose rewards "
-                "were all equal were dropped: check the verifier and the task's difficulty for this model"
+                f"actor has not changed since (algorithm.max_empty_steps={self.limit}); every group's rewards "
+                "were equal: check the verifier and the task's difficulty for this model, or a collapsed policy"
             )
         return (
-            f"warning: step {step} kept no trainable group (groups whose rewards were all equal are dropped, "
-            f"and too few were left for one training batch): the actor was not updated; {self.in_a_row} "
+            f"warning: step {step} kept no trainable group (every group's rewards were equal, or dynamic sampling "
+            f"left too few for one training batch): the actor was not updated; {self.in_a_row} "
             f"such step(s) in a row, the run stops at algorithm.max_empty_steps={self.limit}"
         ), None

@@ -177,8 +177,8 @@ class RLTrainer:
         started, snapshot_waited = time.perf_counter(), self.checkpointer.snapshot_wait_seconds()
         rollout = self.source.collect(self.sampling_for_step())  # generate, score, shape, filter
         metrics = {"step": step, **rollout.metrics}
-        train_start, trained_tokens = time.perf_counter(), 0
-        if len(rollout.rows):
+        train_start, trained_tokens, trained_rows = time.perf_counter(), 0, len(rollout.rows)
+        if trained_rows:
             batch = assemble(
                 rollout.rows,
                 self.cfg.trainer.seq_length,
@@ -194,7 +194,10 @@ class RLTrainer:
             self.reference_logprobs(batch)
             self.advantages(batch, metrics)
             self.save_rollouts(step, batch)
-            trained_tokens = self.update(step, batch, metrics)
+            if self.has_learning_signal(batch):
+                trained_tokens = self.update(step, batch, metrics)
+            else:
+                metrics["actor/updated"], trained_rows = False, 0
         else:
             metrics["actor/updated"] = False
         self.source.trained()
@@ -208,7 +211,7 @@ class RLTrainer:
         self.log.write(metrics)
         self.checkpoint(step, stopping=faulty or self.stop_signal is not None)
         self.announce_stop(step, faulty)
-        return self.count_empty(step, len(rollout.rows)) or faulty or self.stop_signal is not None
+        return self.count_empty(step, trained_rows) or faulty or self.stop_signal is not None
 
     def count_empty(self, step: int, rows: int) -> bool:
         """Warn about a step that trained nothing; True (stop, exit 2) after
@@ -317,6 +320,16 @@ class RLTrainer:
             metrics.update(window_metrics(batch.rows, advantages, values))
         batch.advantages = batch.scatter(advantages)
         batch.returns = batch.scatter(returns) if returns is not None else None
+
+    def has_learning_signal(self, batch: StepBatch) -> bool:
+        """False when the step's update has no gradient to follow: every policy-loss token's
+        advantage is 0 (every group's rewards equal, under a group-relative estimator) and no
+        critic, KL or NLL term trains. Adam would still move the weights by its momentum, away
+        from any evidence; the step is skipped and counted as an empty one instead."""
+        recipe = self.recipe
+        if self.critic is not None or recipe.kl is not None or recipe.positive_nll_coef > 0:
+            return True
+        return bool((batch.advantages[batch.loss_mask] != 0).any())
 
     def save_rollouts(self, step: int, batch: StepBatch) -> None:
         """trainer.save_rollouts: the rows the update trains on, with everything its loss reads

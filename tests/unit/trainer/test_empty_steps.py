@@ -4,6 +4,7 @@ after algorithm.max_empty_steps of them in a row; a step that trains resets the 
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from megatron_rl.config import ConfigError, load_config
 from megatron_rl.launch import exit_codes
@@ -74,3 +75,22 @@ def test_the_cli_prints_the_stop_in_one_line_and_exits_2(monkeypatch, capsys, tm
     assert cli.main(["train", f"trainer.run_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert err == "megatron-rl: error: 3 steps in a row (the last: step 3) kept no trainable group\n"
+
+
+def _signal(advantages, loss_mask, recipe="grpo", critic=None, **overrides):
+    from megatron_rl.algorithms.recipes import get_recipe
+    from megatron_rl.trainer.trainer import RLTrainer
+
+    fake = SimpleNamespace(recipe=get_recipe(recipe, **overrides), critic=critic)
+    batch = SimpleNamespace(advantages=torch.tensor(advantages), loss_mask=torch.tensor(loss_mask))
+    return RLTrainer.has_learning_signal(fake, batch)
+
+
+def test_a_step_whose_every_loss_token_has_advantage_zero_has_no_signal():
+    mask = [[False, True, True], [False, True, False]]
+    assert not _signal([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], mask)
+    assert not _signal([[0.7, 0.0, 0.0], [0.0, 0.0, -0.3]], mask)  # nonzero only outside the loss
+    assert _signal([[0.0, 0.0, 0.0], [0.0, 1e-6, 0.0]], mask)
+    # A KL term or a critic still has a gradient to follow when the advantages are 0.
+    assert _signal([[0.0] * 3] * 2, mask, kl={"kind": "k3", "coef": 0.001})
+    assert _signal([[0.0] * 3] * 2, mask, recipe="ppo", critic=object())
