@@ -29,16 +29,24 @@ from megatron_rl.tasks.base_model import BASE_CACHE_ENV
 from megatron_rl.utils import dtypes
 
 
-def base_model_dir(cfg: Config, rank: int) -> Path:
-    """The HF directory the actor starts from: model.hf_path, or the task base built from
-    from_config.sources.base_settings (the settings validation checked the layouts against): in
-    the run dir, or in the base cache named by ``MEGATRON_RL_BASE_CACHE`` under the settings'
-    hash, where runs with the same settings share one build."""
+def base_model_path(cfg: Config, cache: Optional[str]) -> Path:
+    """Where the run's starting HF directory is: model.hf_path, or the task base of
+    from_config.sources.base_settings in the run dir, or, given a base cache, under the
+    settings' hash there, where runs with the same settings share one build."""
     settings = base_settings(cfg)
     if settings is None:
         return Path(cfg.model.hf_path)
-    cache = os.environ.get(BASE_CACHE_ENV)
-    directory = Path(cache) / settings.content_hash() if cache else Path(cfg.trainer.run_dir) / "base_model"
+    return Path(cache) / settings.content_hash() if cache else Path(cfg.trainer.run_dir) / "base_model"
+
+
+def base_model_dir(cfg: Config, rank: int) -> Path:
+    """The HF directory the actor starts from (:func:`base_model_path`, the cache named by
+    ``MEGATRON_RL_BASE_CACHE``), a task base built there first (the settings validation
+    checked the layouts against)."""
+    directory = base_model_path(cfg, os.environ.get(BASE_CACHE_ENV))
+    settings = base_settings(cfg)
+    if settings is None:
+        return directory
     if rank == 0:
         base_model.make_tiny_base(directory, settings)
     torch.distributed.barrier()

@@ -5,8 +5,8 @@ all right or all wrong (a task too easy or too hard, a broken verifier, a collap
 policy) the step keeps none, the actor is not updated, and the next step samples from the
 same policy. Without dynamic sampling such a step's group-relative advantages are all 0,
 and the trainer skips its update the same way (``RLTrainer.has_learning_signal``). One
-such step is chance; many in a row mean nothing will change, and the run
-would spend its whole budget generating. Each empty step gets a warning line, and
+such step is chance; many in a row mean nothing will change, and the run would spend its
+whole budget generating. Each empty step gets a warning line, and
 ``algorithm.max_empty_steps`` of them in a row end the run with one line and exit code 2.
 """
 

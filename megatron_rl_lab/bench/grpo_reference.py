@@ -141,11 +141,11 @@ def make_plan(args: argparse.Namespace, check: Callable = run_config) -> Plan:
 
 
 def base_dir(cfg, out: Path) -> Path:
-    """The HF directory the run started from: model.hf_path, or the task base in OUT/base_cache."""
-    from megatron_rl.from_config.sources import base_settings
+    """The HF directory the run started from: model.hf_path, or the task base in OUT/base_cache
+    (where :func:`.compare_runs.run_env` points the runs' base cache)."""
+    from megatron_rl.from_config.setup import base_model_path
 
-    settings = base_settings(cfg)
-    return Path(cfg.model.hf_path) if settings is None else Path(out).resolve() / "base_cache" / settings.content_hash()
+    return base_model_path(cfg, str(Path(out).resolve() / "base_cache"))
 
 
 def replay_seed(plan: Plan, seed: int, say=print) -> list[dict]:

@@ -6,9 +6,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from megatron_rl.algorithms.recipes import get_recipe
 from megatron_rl.config import ConfigError, load_config
 from megatron_rl.launch import exit_codes
 from megatron_rl.trainer.empty_steps import EmptyStepGuard
+from megatron_rl.trainer.trainer import RLTrainer
 
 
 def test_warns_on_each_empty_step_and_stops_at_the_limit():
@@ -78,9 +80,6 @@ def test_the_cli_prints_the_stop_in_one_line_and_exits_2(monkeypatch, capsys, tm
 
 
 def _signal(advantages, loss_mask, recipe="grpo", critic=None, **overrides):
-    from megatron_rl.algorithms.recipes import get_recipe
-    from megatron_rl.trainer.trainer import RLTrainer
-
     fake = SimpleNamespace(recipe=get_recipe(recipe, **overrides), critic=critic)
     batch = SimpleNamespace(advantages=torch.tensor(advantages), loss_mask=torch.tensor(loss_mask))
     return RLTrainer.has_learning_signal(fake, batch)
