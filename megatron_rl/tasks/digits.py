@@ -180,6 +180,9 @@ TASKS: dict[str, DigitTask] = {
         verifier="digit_chain",
     ),
 }
+# The same prompts, answers and grading from a colder base (tasks/base_model.py's
+# TASK_BASE_SETTINGS): the chain task with headroom past 100 steps (docs/claims.md).
+TASKS["digits_max_chain_cold"] = TASKS["digits_max_chain"]
 
 
 def get_task(name: str) -> DigitTask:

@@ -135,3 +135,12 @@ def test_verifier_scores_and_counts():
     )
     assert scores == [1.0, 1.0, 0.0, 0.0, 0.0]
     assert stats == {"total": 5, "correct": 2, "format_failures": 2}
+
+
+def test_cold_chain_task_is_the_chain_task_from_a_colder_base():
+    from megatron_rl.tasks.base_model import TASK_BASE_SETTINGS
+
+    assert get_task("digits_max_chain_cold") == get_task("digits_max_chain")
+    assert get_task("digits_max_chain_cold").generate(5, seed=0) == get_task("digits_max_chain").generate(5, seed=0)
+    cold, warm = TASK_BASE_SETTINGS["digits_max_chain_cold"], TASK_BASE_SETTINGS["digits_max_chain"]
+    assert cold == {**warm, "warmup_correct_fraction": 0.1}
