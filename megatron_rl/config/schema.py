@@ -26,6 +26,9 @@ PAIRS_PREFIX = "pairs:"
 Parquet, megatron_rl.data.pairs), or ``pairs:task:<name>``: pairs the task writes itself."""
 REWARD_MODEL = "reward_model"
 """``algorithm.recipe`` that trains a reward model (Bradley-Terry) instead of a policy."""
+MODEL_ROLE = "model_role"
+"""The checkpoint ``extra`` entry a reward model's steps carry (value: REWARD_MODEL), so that
+tools reading a checkpoint know its last layer is a scalar head, not an LM head."""
 
 
 class ConfigError(ValueError):

@@ -26,7 +26,7 @@ from megatron_rl import platform
 from megatron_rl.algorithms import bradley_terry_loss, pair_correct
 from megatron_rl.checkpoint import Checkpointer
 from megatron_rl.config import Config, ConfigError, dump_yaml, to_dict
-from megatron_rl.config.schema import HELD_OUT, PAIRS_PREFIX
+from megatron_rl.config.schema import HELD_OUT, MODEL_ROLE, PAIRS_PREFIX, REWARD_MODEL
 from megatron_rl.data.pairs import PreferencePair, encode_conversation, read_pairs
 from megatron_rl.data.sources import DatasetFormatError
 from megatron_rl.from_config import setup, validate
@@ -225,7 +225,7 @@ class RewardModelTrainer:
         self.history.append(metrics)
         self.log.write(metrics)
         if stopping or self.checkpoint.due(step, cfg.trainer.max_steps):
-            self.checkpoint.save(step, self.model, None, {"model_role": "reward_model"})
+            self.checkpoint.save(step, self.model, None, {MODEL_ROLE: REWARD_MODEL})
         if stopping and self.rank == 0:
             print(stop_line(self.stop_signal, step, self.checkpoint.root), flush=True)
         return stopping

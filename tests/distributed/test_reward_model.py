@@ -79,6 +79,12 @@ def test_train_runs_the_recipe_saves_evaluates_and_resumes(tmp_path, bases):
     evaluated = [r["step"] for r in rows if "val/held_out/pair_accuracy" in r]
     assert evaluated == [0, 2, 4, 5] and all(0 <= r["val/held_out/loss"] for r in rows if r["step"] in evaluated)
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_4", "step_5"]
+    export = subprocess.run(
+        [sys.executable, "-m", "megatron_rl", "convert", "megatron-to-hf", "--ckpt", str(run_dir / "checkpoints"),
+         "--out", str(tmp_path / "hf")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert export.returncode == 2 and "is a reward model (algorithm.recipe=reward_model)" in export.stderr
 
 
 def _train(overrides):
