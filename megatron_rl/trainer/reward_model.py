@@ -176,13 +176,14 @@ class RewardModelTrainer:
         self.first_step = 1 if extra is None else int(extra["step"]) + 1
         if extra is not None and self.rank == 0:
             print(f"resumed from {self.checkpoint.root} step {extra['step']}", flush=True)
-        loggers = open_loggers(cfg.trainer.loggers, self.run_dir, cfg.trainer.project, to_dict(cfg))
         self.log = MetricsLog(
             self.run_dir,
             enabled=self.rank == 0,
             total_steps=cfg.trainer.max_steps,
             resume_after=self.first_step - 1,
-            loggers=loggers if self.rank == 0 else (),
+            loggers=open_loggers(cfg.trainer.loggers, self.run_dir, cfg.trainer.project, to_dict(cfg))
+            if self.rank == 0
+            else (),
             line=progress_line(cfg.trainer.max_steps),
         )
         self.slurm = SlurmEnv.from_environ()
