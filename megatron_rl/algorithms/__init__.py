@@ -44,6 +44,7 @@ from megatron_rl.algorithms.losses import (
     positive_example_nll,
     value_loss,
 )
+from megatron_rl.algorithms.preference import bradley_terry_loss, pair_correct
 from megatron_rl.algorithms.recipes import (
     RECIPES,
     AlgorithmRecipe,
@@ -92,6 +93,9 @@ __all__ = [
     "kl_penalty",
     "entropy_from_logits",
     "explained_variance",
+    # reward models
+    "bradley_terry_loss",
+    "pair_correct",
     # rollout correction
     "CORRECTIONS",
     "CorrectionInputs",

@@ -31,6 +31,7 @@ from megatron_rl.bridge.hf_files import TensorSpec, side_files, write_checkpoint
 from megatron_rl.bridge.inputs import check_checkpoint, check_hf_model_dir, check_new_checkpoint_root, check_new_hf_dir
 from megatron_rl.bridge.load import load_hf, tensor_map
 from megatron_rl.bridge.mapping import BridgeError
+from megatron_rl.config.schema import MODEL_ROLE, REWARD_MODEL
 from megatron_rl.models.hf_config import ModelArch, arch_from_hf
 from megatron_rl.parallel import ParallelConfig
 from megatron_rl.utils import dtypes
@@ -121,6 +122,11 @@ def megatron_to_hf(
     step = check_checkpoint(root, step)
     check_new_hf_dir(out_dir)
     metadata = fmt.read_metadata(root, step)
+    if metadata.extra.get(MODEL_ROLE) == REWARD_MODEL:
+        raise BridgeError(
+            f"{root} step {step} is a reward model (algorithm.recipe={REWARD_MODEL}): its scalar head has "
+            "no causal-LM counterpart, and export to an HF *ForSequenceClassification directory is not built yet"
+        )
     hf_config = metadata.extra.get("hf_config")
     if not hf_config:
         raise BridgeError(

@@ -21,6 +21,14 @@ from megatron_rl.utils import dtypes
 
 TASK_PREFIX = "task:"
 """``data.source`` of a built-in synthetic task (megatron_rl.tasks)."""
+PAIRS_PREFIX = "pairs:"
+"""``data.source`` of preference pairs (reward-model training): ``pairs:PATH`` (JSONL or
+Parquet, megatron_rl.data.pairs), or ``pairs:task:<name>``: pairs the task writes itself."""
+REWARD_MODEL = "reward_model"
+"""``algorithm.recipe`` that trains a reward model (Bradley-Terry) instead of a policy."""
+MODEL_ROLE = "model_role"
+"""The checkpoint ``extra`` entry a reward model's steps carry (value: REWARD_MODEL), so that
+tools reading a checkpoint know its last layer is a scalar head, not an LM head."""
 
 
 class ConfigError(ValueError):
@@ -68,7 +76,8 @@ class TrainerConfig:
     """The run: where it writes, how long it runs, its seed."""
 
     job: str = "rl"
-    """What `train` runs: rl (the RL loop) or smoke (supervised model smoke job)."""
+    """What `train` runs: rl (algorithm.recipe's trainer: the RL loop, or for
+    recipe=reward_model the reward model's training) or smoke (supervised model smoke job)."""
     run_dir: str = "runs/default"
     """Directory for metrics.jsonl, config.yaml and checkpoints."""
     max_steps: int = 20
@@ -79,10 +88,11 @@ class TrainerConfig:
     """Peak learning rate of the actor."""
     micro_batch_size: int = 2
     """Rows per micro-batch of padded rows (RL training uses it only without
-    max_tokens_per_micro_batch; the smoke job always)."""
+    max_tokens_per_micro_batch; the smoke job always; reward_model: pairs per micro-batch)."""
     global_batch_size: int = 8
-    """Sequences per optimizer step, over all data-parallel ranks (trainer.job=smoke only:
-    an RL step trains rollout.prompts_per_step x rollout.n_samples rows)."""
+    """Sequences per optimizer step, over all data-parallel ranks (trainer.job=smoke, and
+    pairs per step for recipe=reward_model: an RL step trains rollout.prompts_per_step x
+    rollout.n_samples rows)."""
     seq_length: int = 32
     """Longest training sequence (prompt + response). Padded rows (no token budget) are
     all this long."""
@@ -137,10 +147,12 @@ class TrainerConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class AlgorithmConfig:
-    """The RL algorithm: a recipe of megatron_rl.algorithms (ppo, grpo, dapo, vapo, tppo, hapo)."""
+    """The RL algorithm: a recipe of megatron_rl.algorithms (ppo, grpo, dapo, vapo, tppo, hapo),
+    or reward_model (Bradley-Terry training of a scalar reward model on preference pairs)."""
 
     recipe: str = "dapo"
-    """Name of the recipe (see megatron_rl.algorithms.RECIPES)."""
+    """Name of the recipe (see megatron_rl.algorithms.RECIPES), or reward_model (with
+    data.source=pairs:PATH or pairs:task:<name>)."""
     overrides: dict = dataclasses.field(default_factory=dict)
     """Recipe fields to change, e.g. {clip_high: 0.3, overlong: {max_len: 64, buffer_len: 16}}."""
     ppo_epochs: int = 1
@@ -164,11 +176,18 @@ class AlgorithmConfig:
         if not isinstance(self.overrides, dict):
             raise ConfigError(f"algorithm.overrides must be a mapping of recipe fields, got {self.overrides!r}")
 
+    @property
+    def trains_reward_model(self) -> bool:
+        """Whether `train` trains a reward model (trainer.reward_model) rather than a policy."""
+        return self.recipe == REWARD_MODEL
+
     def build(self):
-        """The AlgorithmRecipe with the overrides applied."""
+        """The AlgorithmRecipe with the overrides applied (an RL recipe's)."""
         from megatron_rl.algorithms.recipes import RECIPES, get_recipe
 
-        _choice("algorithm", "recipe", self.recipe, tuple(RECIPES))
+        _choice("algorithm", "recipe", self.recipe, (*RECIPES, REWARD_MODEL))
+        if self.trains_reward_model:
+            raise ConfigError("algorithm.recipe=reward_model trains no policy: it has no RL recipe to build")
         try:
             return get_recipe(self.recipe, **self.overrides)
         except (TypeError, ValueError) as err:
@@ -301,7 +320,9 @@ class DataConfig:
     source: str = "task:digits_max"
     """A JSONL/Parquet file of prompts with answers, task:<name> for a built-in synthetic task,
     or reasoning_gym:<dataset> for a reasoning-gym dataset (its questions, scored by its own
-    score_answer)."""
+    score_answer). algorithm.recipe=reward_model reads preference pairs: pairs:PATH (a
+    JSONL/Parquet file of chosen/rejected conversations, or prompt with chosen/rejected
+    answers) or pairs:task:<name> (the task's correct against wrong answers, written by the run)."""
     prompt_key: str = "prompt"
     answer_key: str = "answer"
     reward: str = "auto"
@@ -328,10 +349,13 @@ class DataConfig:
             raise ConfigError(f"data.size={self.size} must be >= 1")
         if not self.source.startswith(GYM_PREFIX) and self.options:
             raise ConfigError(f"data.options apply to reasoning_gym:<dataset> sources only, not {self.source!r}")
-        if self.seed is not None and not self.source.startswith((GYM_PREFIX, TASK_PREFIX)):
+        if self.seed is not None and not self.source.startswith((GYM_PREFIX, TASK_PREFIX, PAIRS_PREFIX + TASK_PREFIX)):
             raise ConfigError(
-                f"data.seed applies to task:<name> and reasoning_gym:<dataset> sources only, not {self.source!r}"
+                f"data.seed applies to task:<name>, pairs:task:<name> and reasoning_gym:<dataset> sources only, "
+                f"not {self.source!r}"
             )
+        if self.source.startswith(PAIRS_PREFIX) and not self.source[len(PAIRS_PREFIX) :]:
+            raise ConfigError("data.source=pairs: needs a file or task:<name> after it, e.g. pairs:prefs.jsonl")
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -21,6 +21,7 @@ from megatron_rl.environments.tool_calls import TOOL_PARSERS
 from megatron_rl.environments.tools import check_tool_names
 from megatron_rl.from_config import sources
 from megatron_rl.from_config.loggers import check_loggers
+from megatron_rl.from_config.pair_checks import check_reward_model, refuse_pairs_for_rl
 from megatron_rl.from_config.rows import check_window_pool, train_row_multiple, usable_groups
 from megatron_rl.parallel.config import LayoutError, ModelShape, sequence_multiple
 from megatron_rl.rewards.registry import REWARDS
@@ -34,6 +35,7 @@ FIRST_ROWS = 8
 def validate(config: Config, world_size: int) -> Config:
     """Check that ``config`` can run on a launch of ``world_size`` ranks; return it unchanged."""
     check_loggers(config.trainer.loggers)
+    refuse_pairs_for_rl(config)
     shape = sources.model_shape(config)  # the model the job builds (file data without hf_path fails here)
     vllm_ranks = _check_placement(config, world_size)
     world_size = training_world_size(config, world_size)  # what the layouts get
@@ -50,6 +52,9 @@ def validate(config: Config, world_size: int) -> Config:
         _check_smoke_batch(config, world_size)
         config.algorithm.build()  # unknown recipe, bad override names or values
         _check_eval(config)
+        return config
+    if config.algorithm.trains_reward_model:
+        check_reward_model(config, world_size)
         return config
     _check_prompts(config)
     _check_reward(config)
@@ -266,7 +271,10 @@ def _check_reward(config: Config) -> None:
 
 def check_recipe(config: Config):
     """The recipe builds, and its pieces work together in the trainer (also what
-    ``megatron-rl config`` checks: it needs no world size)."""
+    ``megatron-rl config`` checks: it needs no world size); None for reward_model, which has
+    no RL recipe."""
+    if config.algorithm.trains_reward_model and config.trainer.job != "smoke":
+        return None
     recipe = config.algorithm.build()  # unknown recipe, bad override names or values
     if recipe.generation_window is not None and recipe.token_aware:
         raise ConfigError(

@@ -12,6 +12,8 @@ against is the one the trainer builds:
 - RL on ``reasoning_gym:<dataset>`` data: prompts from reasoning-gym (:func:`gym_spec`);
   without hf_path the trainer builds the dataset's tiny base (``tasks.gym_base``).
 - RL on a prompt file without hf_path: no model to start from, a :class:`ConfigError`.
+- A reward model on ``pairs:task:<name>``: the task's base, as for RL on ``task:<name>``;
+  on a ``pairs:PATH`` file it needs hf_path (:func:`pairs_file`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import types
 from pathlib import Path
 from typing import Optional
 
-from megatron_rl.config.schema import TASK_PREFIX, Config, ConfigError
+from megatron_rl.config.schema import PAIRS_PREFIX, TASK_PREFIX, Config, ConfigError
 from megatron_rl.data.reasoning_gym import SOURCE_PREFIX as GYM_PREFIX
 from megatron_rl.data.reasoning_gym import GymSpec
 from megatron_rl.models.hf_config import ModelArch, arch_from_hf
@@ -37,9 +39,27 @@ GYM_REWARD = "reasoning_gym"
 
 
 def task_name(config: Config) -> Optional[str]:
-    """The task of ``task:<name>`` data, None for a prompt file."""
+    """The task of ``task:<name>`` data (and of ``pairs:task:<name>``, whose base and pairs
+    come from the task), None for a prompt or pairs file."""
     source = config.data.source
+    if source.startswith(PAIRS_PREFIX):
+        source = source[len(PAIRS_PREFIX) :]
     return source[len(TASK_PREFIX) :] if source.startswith(TASK_PREFIX) else None
+
+
+def pairs_source(config: Config) -> Optional[str]:
+    """What follows ``pairs:`` in data.source (a file, or task:<name>); None for other data."""
+    source = config.data.source
+    return source[len(PAIRS_PREFIX) :] if source.startswith(PAIRS_PREFIX) else None
+
+
+def pairs_file(config: Config) -> Optional[Path]:
+    """The preference-pairs file of ``pairs:PATH`` data; None for ``pairs:task:<name>`` (the
+    run writes the task's pairs) and for other data."""
+    source = pairs_source(config)
+    if source is None or source.startswith(TASK_PREFIX):
+        return None
+    return Path(source)
 
 
 def gym_spec(config: Config) -> Optional[GymSpec]:

@@ -3,7 +3,8 @@
 `batch` (the [N, S] training batch and its alignment), `packing` (token-budget micro-
 batches of whole sequences, THD rows, DP load balancing), `vocab_parallel` (logprobs and
 entropy without gathering the vocabulary), `objectives` (the recipe's actor and critic
-losses as exact shares of the mini-batch loss) and `runner` (compute_logprobs,
+losses as exact shares of the mini-batch loss), `preference` (the reward model's
+Bradley-Terry loss on whole pairs) and `runner` (compute_logprobs,
 compute_values, forward_backward, train_step through `get_forward_backward_func`).
 """
 

@@ -228,10 +228,18 @@ class Microbatching:
     sequence_multiple: int = 1
     """Packed: each sequence's slot in a row is its length rounded up to this (context
     parallelism splits every sequence into 2·CP chunks; see `for_layout`)."""
+    group_size: int = 1
+    """Consecutive rows of a batch that stay together, in order, in one micro-batch of one
+    DP rank: a preference pair's chosen and rejected rows (2), whose loss reads both. The
+    DP split and the packing then place groups, weighed by their summed lengths."""
 
     def __post_init__(self) -> None:
         if self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size={self.micro_batch_size} must be >= 1")
+        if self.group_size < 1 or self.micro_batch_size % self.group_size:
+            raise ValueError(
+                f"micro_batch_size={self.micro_batch_size} rows must be a multiple of group_size={self.group_size}"
+            )
         if self.max_tokens is not None and (self.max_tokens < 1 or self.max_tokens % self.multiple):
             raise ValueError(
                 f"max_tokens_per_micro_batch={self.max_tokens} must be a positive "
@@ -260,15 +268,17 @@ class Microbatching:
         """Every DP rank's rows of `batch` ([N / dp_size] int64 each, ascending). Packed: the
         token load balanced over ranks; else contiguous slices. Computed once per call site:
         the balanced split is O(N x dp_size)."""
-        if batch.num_rows % dp_size:
+        if batch.num_rows % (dp_size * self.group_size):
             raise ValueError(
                 f"mini-batch of {batch.num_rows} rows does not split over "
-                f"data_parallel_size={dp_size}; use a multiple of it"
+                f"data_parallel_size={dp_size}"
+                + (f" in groups of {self.group_size}" if self.group_size > 1 else "")
+                + "; use a multiple of it"
             )
         if not self.packed:
             return list(torch.arange(batch.num_rows).reshape(dp_size, -1))
-        parts = balanced_partition(batch.sequence_lengths().tolist(), dp_size)
-        return [torch.tensor(p, dtype=torch.long) for p in parts]
+        parts = balanced_partition(self._group_costs(batch.sequence_lengths().tolist()), dp_size)
+        return [torch.tensor(self._group_rows(sorted(p)), dtype=torch.long) for p in parts]
 
     def rank_rows(self, batch: TrainBatch, dp_rank: int, dp_size: int) -> Tensor:
         """[N / dp_size] int64: the rows of `batch` DP rank `dp_rank` trains on, ascending."""
@@ -286,7 +296,10 @@ class Microbatching:
                     f"micro_batch_size={self.micro_batch_size} must divide this rank's {local.num_rows} rows"
                 )
             return [list(range(i, i + self.micro_batch_size)) for i in range(0, local.num_rows, self.micro_batch_size)]
-        return balanced_bins(self._slot_lengths(local), range(local.num_rows), self.max_tokens)
+        if local.num_rows % self.group_size:
+            raise ValueError(f"this rank's {local.num_rows} rows are not whole groups of {self.group_size}")
+        costs = self._group_costs(self._slot_lengths(local))
+        return [self._group_rows(b) for b in balanced_bins(costs, range(len(costs)), self.max_tokens)]
 
     def row_lengths(self, local: TrainBatch, bins: list[list[int]]) -> list[int]:
         """Each bin's packed row: its tokens rounded up to the multiple (an empty bin: one
@@ -335,6 +348,16 @@ class Microbatching:
         longest = int(chosen.sequence_lengths().max()) if rows else 1
         padded = length if length is not None else self.row_lengths(local, [rows])[0]
         return PackedMicroBatch(chosen.columns(longest), padded, self.sequence_multiple)
+
+    def _group_costs(self, lengths: list[int]) -> list[int]:
+        """Each group's summed length (each row's own without groups)."""
+        k = self.group_size
+        return [sum(lengths[i : i + k]) for i in range(0, len(lengths), k)]
+
+    def _group_rows(self, groups: Sequence[int]) -> list[int]:
+        """The rows of ``groups``, each group's in order."""
+        k = self.group_size
+        return [g * k + j for g in groups for j in range(k)]
 
     def _slot_lengths(self, local: TrainBatch) -> list[int]:
         """Each row's positions once packed: its length rounded up to `sequence_multiple`."""

@@ -196,7 +196,7 @@ def hf_config(settings: BaseModelSettings, vocab_size: int, eos_id: int, pad_id:
     return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
 
-def _split_prompts(settings: BaseModelSettings):
+def split_prompts(settings: BaseModelSettings):
     """Train prompts and held-out eval prompts (no eval prompt text occurs in train)."""
     task = get_task(settings.task)
     train = task.generate(settings.num_train_prompts, seed=settings.seed)
@@ -252,7 +252,7 @@ def _build(settings: BaseModelSettings, out: Path) -> dict[str, Any]:
     from megatron_rl.tasks.warmup import accuracy, encode_warmup
 
     started, cpu_started = time.perf_counter(), time.process_time()
-    task, train, held_out = _split_prompts(settings)
+    task, train, held_out = split_prompts(settings)
     tokenizer = train_tokenizer(["".join(training_text(e)) for e in train], settings.tokenizer_vocab_size)
     vocab = -(-len(tokenizer) // settings.vocab_multiple) * settings.vocab_multiple
     config = hf_config(settings, vocab, tokenizer.eos_token_id, tokenizer.pad_token_id)

@@ -3,8 +3,10 @@
 :func:`train` installs the stop signals first (a signal during start-up is not fatal
 either), splits a disaggregated launch into training and rollout ranks and runs each
 role: the training ranks an :class:`~megatron_rl.trainer.trainer.RLTrainer`, the rollout
-ranks the rollout server. A training rank whose rollout ranks failed leaves at once
-(:func:`_exit_now`); how a run's exit code is chosen is :mod:`megatron_rl.trainer.ending`.
+ranks the rollout server. ``algorithm.recipe=reward_model`` runs the reward model's trainer
+(:mod:`megatron_rl.trainer.reward_model`) on every rank instead. A training rank whose
+rollout ranks failed leaves at once (:func:`_exit_now`); how a run's exit code is chosen
+is :mod:`megatron_rl.trainer.ending`.
 """
 
 from __future__ import annotations
@@ -21,17 +23,21 @@ from megatron_rl.launch.roles import ROLLOUT, RoleWorld, init_roles
 from megatron_rl.launch.signals import StopSignals
 from megatron_rl.rollout.client import RolloutRankError
 from megatron_rl.rollout.server import serve
+from megatron_rl.trainer.reward_model import RewardModelTrainer
 from megatron_rl.trainer.trainer import RLTrainer
 
 
 def train(cfg: Config) -> dict:
-    """Run ``trainer.max_steps`` RL steps; returns a summary (rank 0 writes the run dir).
+    """Run ``trainer.max_steps`` RL steps (or, for ``algorithm.recipe=reward_model``, reward-model
+    steps: trainer.reward_model); returns a summary (rank 0 writes the run dir).
 
     SIGUSR1 / SIGTERM / SIGINT (Slurm preemption, scancel, Ctrl-C) stop the run after the current step with
     a committed checkpoint; the summary's ``exit_code`` then says "requeue me" (launch.exit_codes).
     With disaggregated rollouts the launch is split first; its rollout ranks serve the
     training ranks' commands until the run ends (the training ranks decide when to stop)."""
     with StopSignals(exclude=ExcludeWatch.in_job(cfg.trainer.run_dir)) as stop:
+        if cfg.algorithm.trains_reward_model:  # no policy, no rollouts: pairs in, a scalar model out
+            return RewardModelTrainer(cfg, stop).run()
         if cfg.rollout.placement != "disaggregated":
             return RLTrainer(cfg, stop).run()
         # Training ranks other than 0 wait in a broadcast of the training world for each answer.

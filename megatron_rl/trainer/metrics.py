@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 from megatron_rl.trainer.loggers import ScalarLogger
 
@@ -27,8 +27,11 @@ class MetricsLog:
         total_steps: int,
         resume_after: int = 0,
         loggers: Sequence[ScalarLogger] = (),
+        line: Optional[Callable[[dict], str]] = None,
     ):
         self.enabled = enabled
+        if line is not None:  # another trainer's progress line (the reward model's)
+            self.line = line
         self.total = total_steps
         self._file = None
         self.loggers = list(loggers)

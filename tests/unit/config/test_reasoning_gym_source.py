@@ -64,7 +64,9 @@ def test_options_belong_to_gym_sources_and_the_seed_to_built_data():
     with pytest.raises(ConfigError, match="apply to reasoning_gym:<dataset> sources only"):
         load_config(None, ["data.options.max_n=3"])
     with pytest.raises(
-        ConfigError, match="data.seed applies to task:<name> and reasoning_gym:<dataset> sources only, not 'p.jsonl'"
+        ConfigError,
+        match="data.seed applies to task:<name>, pairs:task:<name> and reasoning_gym:<dataset> sources only, "
+        "not 'p.jsonl'",
     ):
         load_config(None, ["data.source=p.jsonl", "model.hf_path=m", "data.seed=3"])
 

@@ -151,3 +151,24 @@ def test_cost_counts_padding_and_empty_micro_batches():
         "micro_batches": 3,
         "tokens_per_micro_batch_max": 8,
     }
+
+
+def test_groups_of_rows_stay_together_and_in_order_on_one_rank_and_in_one_micro_batch():
+    """A preference pair (group_size=2) is never split: the DP split and the packed bins
+    place whole groups, weighed by their summed lengths, each group's rows in order."""
+    lengths = torch.tensor([9, 2, 3, 3, 8, 8, 1, 1, 5, 6, 2, 2])
+    batch = TrainBatch(
+        tokens=torch.zeros(12, 10, dtype=torch.long), loss_mask=torch.zeros(12, 10, dtype=torch.bool), lengths=lengths
+    )
+    micro = Microbatching(micro_batch_size=2, max_tokens=16, group_size=2)
+    for rows in micro.dp_split(batch, 2):
+        rows = rows.tolist()
+        assert len(rows) == 6 and all(rows[i] % 2 == 0 and rows[i + 1] == rows[i] + 1 for i in range(0, 6, 2))
+        for b in micro.bins(batch.select(torch.tensor(rows))):
+            assert all(b[i] % 2 == 0 and b[i + 1] == b[i] + 1 for i in range(0, len(b), 2)), b
+    padded = Microbatching(micro_batch_size=4, group_size=2)
+    assert padded.bins(batch.rows(0, 8)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.raises(ValueError, match="multiple of group_size=2"):
+        Microbatching(micro_batch_size=3, group_size=2)
+    with pytest.raises(ValueError, match="in groups of 2"):
+        micro.dp_split(batch.rows(0, 6), 2)
