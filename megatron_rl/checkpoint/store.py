@@ -311,9 +311,11 @@ class Checkpointer:
             self._pending.append(handle)
         return handle
 
-    def load(self, root, model, optimizer=None, step: Optional[int] = None) -> dict:
+    def load(self, root, model, optimizer=None, step: Optional[int] = None, restore_rng: bool = True) -> dict:
         """Collective. Load ``step`` (default: newest committed) into ``model`` chunks in any layout
-        (and the distributed optimizer, and RNG when the layout is the saving one); returns ``extra``."""
+        (and the distributed optimizer, and RNG when the layout is the saving one and
+        ``restore_rng``: a run reading another run's model, a reward model, keeps its own
+        random streams); returns ``extra``."""
         self.wait_pending()
         if _world()[1] > 1:
             dist.barrier()  # every rank's pending save is committed before anyone looks
@@ -330,15 +332,21 @@ class Checkpointer:
                 load_common_state(optimizer, metadata.optimizer)  # before taking views: it may re-wrap state
                 # state that aliases the model's memory (fp32 main params) was filled just above
                 reader.fill([i for i in dedup_local(optimizer_items(optimizer, pieces_of)) if i.alias_of is None])
-        rank, _ = _world()
-        if metadata.layout == layout_of(model) and str(rank) in metadata.rng:
-            rng.restore(metadata.rng[str(rank)])
-        else:
-            warnings.warn(
-                f"checkpoint layout {metadata.layout} differs from {layout_of(model)}: RNG states not restored",
-                stacklevel=2,  # the caller of load()
-            )
+        if restore_rng:
+            _restore_rng(metadata, model)
         return json.loads(json.dumps(metadata.extra))
+
+
+def _restore_rng(metadata, model) -> None:
+    """This rank's saved RNG states, when the checkpoint was saved in the model's layout."""
+    rank, _ = _world()
+    if metadata.layout == layout_of(model) and str(rank) in metadata.rng:
+        rng.restore(metadata.rng[str(rank)])
+    else:
+        warnings.warn(
+            f"checkpoint layout {metadata.layout} differs from {layout_of(model)}: RNG states not restored",
+            stacklevel=3,  # the caller of load()
+        )
 
 
 def _from_snapshot(snapshot: dict, mine: list[Item]) -> list[torch.Tensor]:

@@ -12,6 +12,8 @@ import dataclasses
 import re
 from typing import Optional
 
+from megatron_rl.config.errors import ConfigError
+from megatron_rl.config.reward import RewardConfig
 from megatron_rl.config.sandbox import SandboxConfig
 from megatron_rl.data.reasoning_gym import SOURCE_PREFIX as GYM_PREFIX
 from megatron_rl.models.presets import PRESETS
@@ -29,10 +31,6 @@ REWARD_MODEL = "reward_model"
 MODEL_ROLE = "model_role"
 """The checkpoint ``extra`` entry a reward model's steps carry (value: REWARD_MODEL), so that
 tools reading a checkpoint know its last layer is a scalar head, not an LM head."""
-
-
-class ConfigError(ValueError):
-    """A bad config key or value; the message names the key and what is allowed."""
 
 
 def _choice(section: str, name: str, value, allowed) -> None:
@@ -591,6 +589,8 @@ class Config:
     """Held-out evaluation between steps; off unless eval.sets names a set and it is due."""
     environment: EnvironmentConfig = dataclasses.field(default_factory=EnvironmentConfig)
     """What an episode is: single answers (single_turn, the default) or tool-using turns."""
+    reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    """The scorers a response's reward is the weighted sum of (none: data.reward alone)."""
 
     @property
     def critic_layout(self) -> ParallelConfig:

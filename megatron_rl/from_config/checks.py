@@ -23,6 +23,7 @@ from megatron_rl.from_config import sources
 from megatron_rl.from_config.loggers import check_loggers
 from megatron_rl.from_config.pair_checks import check_reward_model, refuse_pairs_for_rl
 from megatron_rl.from_config.rows import check_window_pool, train_row_multiple, usable_groups
+from megatron_rl.from_config.scorer_checks import check_scorers
 from megatron_rl.parallel.config import LayoutError, ModelShape, sequence_multiple
 from megatron_rl.rewards.registry import REWARDS
 from megatron_rl.rollout.seeds import MAX_SAMPLES
@@ -58,6 +59,7 @@ def validate(config: Config, world_size: int) -> Config:
         return config
     _check_prompts(config)
     _check_reward(config)
+    check_scorers(config, world_size)
     recipe = check_recipe(config)
     _check_staleness(config, recipe)
     _check_rows_per_step(config, world_size, recipe)

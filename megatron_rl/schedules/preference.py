@@ -25,7 +25,9 @@ Tensor = torch.Tensor
 PAIR = 2
 """Rows per preference pair: chosen, then rejected."""
 
-__all__ = ["PAIR", "PreferenceLoss", "last_token_rewards", "pair_batch", "pair_microbatching"]
+__all__ = ["PAIR", "PreferenceLoss", "last_token_rewards", "pair_batch", "pair_microbatching", "sequence_rewards"]
+ROWS_PER_CALL = 64
+"""Conversations per forward-only call of :func:`sequence_rewards` (bounds its activations)."""
 
 
 def pair_microbatching(pairs_per_micro_batch: int, max_tokens: Optional[int]) -> Microbatching:
@@ -37,7 +39,11 @@ def pair_microbatching(pairs_per_micro_batch: int, max_tokens: Optional[int]) ->
 def pair_batch(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], seq_length: int, pad_token_id: int) -> TrainBatch:
     """[2P, S] rows of (chosen, rejected) token ids, right-padded, with their lengths (no
     loss_mask: the loss reads one value per row, at its last token)."""
-    rows = [ids for pair in pairs for ids in pair]
+    return row_batch([ids for pair in pairs for ids in pair], seq_length, pad_token_id)
+
+
+def row_batch(rows: Sequence[Sequence[int]], seq_length: int, pad_token_id: int) -> TrainBatch:
+    """[N, S] conversations' token ids, right-padded, with their lengths."""
     tokens = torch.full((len(rows), seq_length), pad_token_id, dtype=torch.long)
     for n, ids in enumerate(rows):
         if not 0 < len(ids) <= seq_length:
@@ -51,6 +57,24 @@ def last_token_rewards(values: Tensor, batch: TrainBatch) -> Tensor:
     """[N, S] per-position values -> [N] the value at each row's last real token."""
     last = (batch.sequence_lengths() - 1).to(values.device)
     return values.gather(1, last.unsqueeze(1)).squeeze(1)
+
+
+def sequence_rewards(
+    chunks: list, rows: Sequence[Sequence[int]], seq_length: int, pad_token_id: int, micro: Microbatching, multiple: int
+) -> Tensor:
+    """[N] the reward model's score of each conversation (its value at the last token), on
+    every rank. Each call's rows are padded with copies of its last row to a multiple of
+    ``multiple`` (whole micro-batches of every DP rank, whole pairs); the copies are dropped."""
+    from megatron_rl.schedules.runner import gathered_values
+
+    scores = []
+    for start in range(0, len(rows), ROWS_PER_CALL):
+        part = list(rows[start : start + ROWS_PER_CALL])
+        real = len(part)
+        part += [part[-1]] * (-real % multiple)
+        batch = row_batch(part, seq_length, pad_token_id)
+        scores.append(last_token_rewards(gathered_values(chunks, batch, micro), batch)[:real].cpu())
+    return torch.cat(scores) if scores else torch.zeros(0)
 
 
 class PreferenceLoss:

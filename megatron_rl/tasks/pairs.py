@@ -2,10 +2,18 @@
 
 For every prompt of the task base's train and held-out splits (``base_model.split_prompts``:
 the same prompts, so the held-out pairs' prompts never occur in training), the chosen answer
-is the reference solution and the rejected one the same text with a wrong final answer,
-drawn uniformly from the other nine digits (seeded). A reward model must read the prompt to
-tell them apart: both answers are well-formed, and every digit is wrong as often as any
-other. ``data.source=pairs:task:<name>`` writes these files into the run directory.
+is the reference solution; the rejected one is, in equal shares (seeded):
+
+- ``wrong``: the same text with a wrong final answer, drawn uniformly from the other nine
+  digits: a reward model must read the prompt to tell them apart;
+- ``bare``: the right digit alone, without the answer's form;
+- ``unfinished``: the solution's text up to, and without, its final answer.
+
+The last two are what a policy trained on a reward model alone finds first when the
+model has seen well-formed answers only: with ``wrong`` pairs alone (a first version), GRPO
+on the model's score drifted to two-token answers the model scored above the right ones,
+and held-out accuracy fell to 0.02 (the verifier's grade, kept at weight 0 beside it, fell
+with it). ``data.source=pairs:task:<name>`` writes these files into the run directory.
 """
 
 from __future__ import annotations
@@ -21,10 +29,20 @@ TRAIN_PAIRS = "train_pairs.jsonl"
 HELD_OUT_PAIRS = "held_out_pairs.jsonl"
 
 
+REJECTED_KINDS = ("wrong", "bare", "unfinished")
+ANSWER_MARK = "Answer:"
+
+
 def task_pair(task: DigitTask, example: TaskExample, rng: random.Random) -> dict:
     """One pair row (``prompt``, ``chosen``, ``rejected``) of ``example``."""
-    wrong = rng.choice([a for a in ANSWER_SPACE if a != example.answer])
-    return {"prompt": example.prompt, "chosen": example.solution, "rejected": task.solution(example.digits, wrong)}
+    kind = rng.choice(REJECTED_KINDS)
+    if kind == "wrong":
+        rejected = task.solution(example.digits, rng.choice([a for a in ANSWER_SPACE if a != example.answer]))
+    elif kind == "bare":
+        rejected = example.answer
+    else:
+        rejected = example.solution.rsplit(ANSWER_MARK, 1)[0].strip() or ANSWER_MARK
+    return {"prompt": example.prompt, "chosen": example.solution, "rejected": rejected}
 
 
 def write_task_pairs(settings: BaseModelSettings, out: Path) -> tuple[Path, Path]:

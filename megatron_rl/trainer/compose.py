@@ -46,6 +46,7 @@ from megatron_rl.schedules import ActorLoss, CriticLoss
 from megatron_rl.trainer.ahead import AheadGeneration, GroupRequests
 from megatron_rl.trainer.episodes import episode_source, episode_spec
 from megatron_rl.trainer.reference import ReferencePolicy
+from megatron_rl.trainer.reward_scorers import build_reward
 from megatron_rl.trainer.sources import GroupSource, RolloutSource, WindowSource
 from megatron_rl.trainer.windows import WindowPool
 
@@ -113,6 +114,8 @@ class Rollouts:
     client: Optional[RolloutClient]
     """The rollout ranks' handle (disaggregated rollouts), which also takes rollouts ahead."""
     verifier: Any
+    reward: Any
+    """What scores training's responses (trainer.reward_scorers): the verifier, or reward.scorers."""
     eval_verifiers: dict
     """Verifiers of eval sets scored with another reward than training's (by name)."""
     sampling: Sampling
@@ -146,11 +149,13 @@ def build_rollouts(
     batch_size = 1 if recipe.generation_window is not None else cfg.rollout.prompts_per_step
     loader = PromptLoader(dataset, batch_size=batch_size, seed=cfg.trainer.seed)
     verifier = build_verifier(verifier_name(cfg))
+    pad_token_id = tokenizer.pad_token_id or 0
+    reward = build_reward(cfg, verifier, verifier_name(cfg), cfg.parallel.dp(place.world), pad_token_id)
     engine_config = setup.engine_config(cfg, arch, place.run_dir / "cache")
     client = _rollout_client(cfg, place, engine_config) if place.roles is not None else None
     engine: RolloutBackend = client if client is not None else Replicas(RolloutEngine(place.base_dir, engine_config))
     decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
-    source = _source(cfg, recipe, place, engine, client, verifier, loader, decode, tokenizer)
+    source = _source(cfg, recipe, place, engine, client, reward.score_batch, loader, decode, tokenizer)
     evaluator, eval_verifiers = None, {}
     if cfg.eval.enabled:
         evaluator, eval_verifiers = _evaluator(cfg, place, engine, verifier, tokenizer, dataset, decode)
@@ -158,12 +163,13 @@ def build_rollouts(
         engine=engine,
         client=client,
         verifier=verifier,
+        reward=reward,
         eval_verifiers=eval_verifiers,
         sampling=_sampling(cfg, recipe, tokenizer.eos_token_id),
         source=source,
         evaluator=evaluator,
         weight_sync=WeightSync(actor_chunks, arch, engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20))),
-        pad_token_id=tokenizer.pad_token_id or 0,
+        pad_token_id=pad_token_id,
     )
 
 
@@ -200,7 +206,7 @@ def _rollout_client(cfg: Config, place: RunPlace, engine_config) -> RolloutClien
     return client
 
 
-def _source(cfg, recipe, place: RunPlace, engine, client, verifier, loader, decode, tokenizer) -> RolloutSource:
+def _source(cfg, recipe, place: RunPlace, engine, client, score, loader, decode, tokenizer) -> RolloutSource:
     """Lockstep groups, or T-PPO's window pool, or multi-turn episodes (``environment``),
     on the colocated engines or the rollout ranks."""
     row_multiple = train_row_multiple(cfg, place.world, recipe.use_critic)
@@ -217,7 +223,7 @@ def _source(cfg, recipe, place: RunPlace, engine, client, verifier, loader, deco
             engine.generate_groups,
             loader,
             recipe,
-            verifier.score_batch,
+            score,
             decode,
             rollout.prompts_per_step,
             rollout.n_samples,
@@ -227,9 +233,7 @@ def _source(cfg, recipe, place: RunPlace, engine, client, verifier, loader, deco
     pool = WindowPool(
         rollout.prompts_per_step * rollout.n_samples, rollout.n_samples, row_multiple, recipe.train_in_flight
     )
-    return WindowSource(
-        engine.generate_groups, engine.continue_samples, loader, pool, recipe, verifier.score_batch, decode
-    )
+    return WindowSource(engine.generate_groups, engine.continue_samples, loader, pool, recipe, score, decode)
 
 
 def _evaluator(cfg: Config, place: RunPlace, engine, verifier, tokenizer, dataset, decode):

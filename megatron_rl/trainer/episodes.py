@@ -237,7 +237,7 @@ class EpisodeSource(RolloutSource):
             self.colocated.close()
 
 
-def _unscored(texts: list[str], answers: list[str]) -> tuple[list[float], dict]:
+def _unscored(responses) -> tuple[list[float], dict]:
     raise AssertionError("episodes are scored by their environment")  # every Drawn here carries scores
 
 

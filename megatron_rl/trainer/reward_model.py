@@ -37,8 +37,8 @@ from megatron_rl.launch.slurm_env import SlurmEnv
 from megatron_rl.launch.status import write_status
 from megatron_rl.models.hf_config import arch_from_hf
 from megatron_rl.parallel import initialize
-from megatron_rl.schedules import epoch_order, gathered_values, local_batch, train_step
-from megatron_rl.schedules.preference import PreferenceLoss, last_token_rewards, pair_batch, pair_microbatching
+from megatron_rl.schedules import epoch_order, local_batch, train_step
+from megatron_rl.schedules.preference import PAIR, PreferenceLoss, pair_batch, pair_microbatching, sequence_rewards
 from megatron_rl.tasks.pairs import HELD_OUT_PAIRS, TRAIN_PAIRS, write_task_pairs
 from megatron_rl.trainer.loggers import open_loggers
 from megatron_rl.trainer.metrics import MetricsLog
@@ -46,8 +46,6 @@ from megatron_rl.trainer.state import RunCheckpoint, choose_resume_step
 
 PAIRS_DIR = "pairs"
 """Where a ``pairs:task:<name>`` run writes its task's pairs, under the run directory."""
-EVAL_PAIRS_PER_CALL = 64
-"""Pairs per forward-only call of the evaluation (bounds its activations)."""
 Encoded = list[tuple[list[int], list[int]]]
 
 
@@ -245,23 +243,14 @@ class RewardModelTrainer:
         return metrics
 
     def rewards(self, pairs: Encoded) -> tuple[torch.Tensor, torch.Tensor]:
-        """[P] rewards of the chosen and of the rejected conversations, on every rank. Each
-        call's pairs are padded with copies of its last pair to whole micro-batches of every
-        DP rank; the copies are dropped."""
-        dp = self.cfg.parallel.dp(self.world)
-        multiple = dp * self.cfg.trainer.micro_batch_size
-        chosen, rejected = [], []
-        for start in range(0, len(pairs), EVAL_PAIRS_PER_CALL):
-            part = list(pairs[start : start + EVAL_PAIRS_PER_CALL])
-            real = len(part)
-            part += [part[-1]] * (-real % multiple)
-            batch = pair_batch(part, self.cfg.trainer.seq_length, self.pad_token_id)
-            with self.model.active():
-                values = gathered_values(self.model.chunks, batch, self.micro)
-            rewards = last_token_rewards(values, batch)[: 2 * real].cpu()
-            chosen.append(rewards[0::2])
-            rejected.append(rewards[1::2])
-        return torch.cat(chosen), torch.cat(rejected)
+        """[P] rewards of the chosen and of the rejected conversations, on every rank."""
+        multiple = self.cfg.parallel.dp(self.world) * self.cfg.trainer.micro_batch_size * PAIR
+        rows = [ids for pair in pairs for ids in pair]
+        with self.model.active():
+            rewards = sequence_rewards(
+                self.model.chunks, rows, self.cfg.trainer.seq_length, self.pad_token_id, self.micro, multiple
+            )
+        return rewards[0::PAIR], rewards[1::PAIR]
 
     def _lr(self, step: int) -> float:
         """Linear warm-up over trainer.lr_warmup_steps, then constant."""

@@ -24,6 +24,7 @@ import torch
 from megatron_rl.algorithms import dynamic_sampling_keep, overlong_penalty
 from megatron_rl.algorithms.recipes import AlgorithmRecipe
 from megatron_rl.data import PromptBatch
+from megatron_rl.rewards.scoring import Responses
 from megatron_rl.rollout import Sample, Sampling
 from megatron_rl.rollout.partial import fresh_start
 from megatron_rl.rollout.replicas import Continue, Generate
@@ -59,6 +60,8 @@ class Drawn:
     environment's rewards); None: the reward function scores their text."""
 
 
+Score = Callable[[Responses], tuple[list[float], dict]]
+"""The run's reward (rewards.scoring): each response's score, and stats summable over batches."""
 Draw = Callable[[Sampling], Drawn]
 """The next generation batch (new prompts, sampled), the same on every rank."""
 
@@ -180,7 +183,7 @@ def windowed_rollouts(
     take_prompts: Callable[[int], PromptBatch],
     sampling: Sampling,
     recipe: AlgorithmRecipe,
-    score: Callable[[list[str], list[str]], tuple[list[float], dict]],
+    score: Score,
     decode: Callable[[list[int]], str],
 ) -> WindowedRollout:
     """One T-PPO generation step on ``pool``: continue the unfinished, add new prompts, score the finished."""
@@ -201,7 +204,7 @@ def windowed_rollouts(
     stats: dict = {}
     correct: list[float] = []
     if entries:
-        correct, stats = score([decode(e.sample.token_ids) for e in entries], [e.answer for e in entries])
+        correct, stats = score(responses_of([e.sample for e in entries], [e.answer for e in entries], decode))
         rewards = shaped_rewards(recipe, correct, torch.tensor([e.length for e in entries]))
         pool.set_scores(entries, correct, rewards.tolist())
     nan = float("nan")
@@ -221,7 +224,7 @@ def collect_rollouts(
     draw: Draw,
     sampling: Sampling,
     recipe: AlgorithmRecipe,
-    score: Callable[[list[str], list[str]], tuple[list[float], dict]],
+    score: Score,
     decode: Callable[[list[int]], str],
     num_groups: int,
 ) -> RolloutResult:
@@ -238,9 +241,8 @@ def collect_rollouts(
         prompts, samples = drawn.prompts, drawn.samples
         batches += 1
         if drawn.scores is None:
-            texts = [decode(s.token_ids) for group in samples for s in group]
             answers = [a for a, group in zip(prompts.answers, samples) for _ in group]
-            scores, stats = score(texts, answers)
+            scores, stats = score(responses_of([s for group in samples for s in group], answers, decode))
         else:
             scores, stats = drawn.scores, {}
         for key, value in stats.items():
@@ -281,6 +283,13 @@ def collect_rollouts(
         truncated_all=_truncated_share(all_samples) if all_samples else 0.0,
         seconds=time.perf_counter() - start,
         verifier_stats=stats_total,
+    )
+
+
+def responses_of(samples: list[Sample], answers: list[str], decode: Callable[[list[int]], str]) -> Responses:
+    """What the scorers read of ``samples``: their text, prompt and response ids, answers."""
+    return Responses(
+        [decode(s.token_ids) for s in samples], answers, [s.prompt_ids for s in samples], [s.token_ids for s in samples]
     )
 
 

@@ -23,14 +23,14 @@ from typing import Callable, Optional
 from megatron_rl.algorithms.recipes import AlgorithmRecipe
 from megatron_rl.data import PromptBatch, PromptLoader
 from megatron_rl.from_config.rows import usable_groups
+from megatron_rl.rewards.scoring import reward_metrics
 from megatron_rl.rollout import Sampling
 from megatron_rl.rollout.partial import spans_versions
 from megatron_rl.rollout.replicas import Continue, Generate
 from megatron_rl.trainer.ahead import AheadGeneration
-from megatron_rl.trainer.rollouts import Group, TrainRows, collect_rollouts, lockstep_draw, windowed_rollouts
+from megatron_rl.trainer.rollouts import Group, Score, TrainRows, collect_rollouts, lockstep_draw, windowed_rollouts
 from megatron_rl.trainer.windows import WindowPool, WindowSample
 
-Score = Callable[[list[str], list[str]], tuple[list[float], dict]]
 Decode = Callable[[list[int]], str]
 
 
@@ -121,6 +121,7 @@ def collection_metrics(result, groups: list[Group], prompts_drawn: int) -> dict:
         "rollout/generation_batches": result.generation_batches,
         "data/prompts_drawn": prompts_drawn,
         "timing/rollout_s": result.seconds,
+        **reward_metrics(result.verifier_stats),
     }
 
 
@@ -190,6 +191,7 @@ class WindowSource(RolloutSource):
             "rollout/context_response_tokens": sum(r.trained for r in rows),
             "rollout/max_windows": max((r.windows for r in rows), default=0),
             "timing/rollout_s": result.seconds,
+            **reward_metrics(result.verifier_stats),
         }
         return Rollout(TrainRows.from_window_rows(rows), metrics, result.new_tokens)
 

@@ -36,6 +36,7 @@ from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.algorithms.rollout_correction import CorrectionInputs, correct_rollout
 from megatron_rl.config import Config, ConfigError, dump_yaml, to_dict
 from megatron_rl.from_config import setup, validate
+from megatron_rl.from_config.scorer_checks import check_scorer_tokenizers
 from megatron_rl.launch import startup_gc
 from megatron_rl.launch.roles import RoleWorld
 from megatron_rl.launch.signals import StopSignals, stop_line
@@ -92,6 +93,7 @@ class RLTrainer:
         # The actor's weights come from an HF directory (for task data: the task's tiny base).
         self.base_dir = setup.base_model_dir(cfg, self.rank)
         self.arch = arch_from_hf(self.base_dir)
+        check_scorer_tokenizers(self.cfg, self.base_dir)
         models = build_models(self.cfg, self.recipe, self.arch, self.base_dir, self.rank)
         self.actor, self.critic, self.reference = models.actor, models.critic, models.reference
         self.route_replay = models.route_replay
@@ -101,6 +103,7 @@ class RLTrainer:
         self.engine, self.client, self.source, self.sampling = parts.engine, parts.client, parts.source, parts.sampling
         self.verifier, self.eval_verifiers, self.evaluator = parts.verifier, parts.eval_verifiers, parts.evaluator
         self.weight_sync, self.pad_token_id = parts.weight_sync, parts.pad_token_id
+        self.reward = parts.reward
         self.checkpointer = checkpoint.Checkpointer()
         self.run_checkpoint = RunCheckpoint(
             self.checkpointer, self.run_dir / "checkpoints", cfg.checkpoint, self.base_dir
@@ -534,6 +537,7 @@ class RLTrainer:
                 self.run_dir, code, step, None if self.stop_signal is None else self.stop_signal.name, self.slurm
             )
         self.log.close()
+        self.reward.close()
         self.verifier.close()
         for verifier in self.eval_verifiers.values():
             verifier.close()

@@ -2,7 +2,7 @@
 launch, body_reward_model.py): in DP4 (TP1), TP2, PP2 and CP2, padded and packed, the loss,
 the pair accuracy and every gradient equal plain single-process autograd on the whole
 batch; under TP2 with the distributed optimizer a few steps lower the loss. `train` runs the
-recipe end to end and resumes."""
+recipe end to end and resumes, and a GRPO run is rewarded by the model it trained."""
 
 import json
 import os
@@ -13,7 +13,7 @@ import pytest
 
 from megatron_rl.tasks.base_model import BaseModelSettings
 from megatron_rl.tasks.pairs import write_task_pairs
-from tests.distributed.trainer_runs import SMALL
+from tests.distributed.trainer_runs import SMALL, check_steps, train
 
 TOL = 1e-6  # fp32
 
@@ -85,6 +85,28 @@ def test_train_runs_the_recipe_saves_evaluates_and_resumes(tmp_path, bases):
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert export.returncode == 2 and "is a reward model (algorithm.recipe=reward_model)" in export.stderr
+    _rl_with_the_reward_model(tmp_path, bases["qwen3"], run_dir)
+
+
+def _rl_with_the_reward_model(tmp_path, base, rm_run_dir):
+    """GRPO rewarded by the reward model just trained (its newest step, loaded beside the
+    actor), the rule verifier kept at weight 0: every step logs both scorers, the model's
+    agreement with the rule, and trains on the model's score alone."""
+    rows, _ = train(
+        tmp_path,
+        1,
+        base,
+        "grpo",
+        f"reward.scorers={{rm: {{kind: model, path: {rm_run_dir}}}, verifier: {{kind: rule, weight: 0}}}}",
+        steps=2,
+    )
+    check_steps(rows, steps=2)
+    for r in rows:
+        assert r["reward/mean"] == pytest.approx(r["reward/rm/mean"], abs=1e-12)  # 1 x rm + 0 x verifier
+        assert 0.0 <= r["reward/verifier/mean"] <= 1.0 and r["reward/rm/failures"] == 0
+        agreement = r["reward/rm/agreement"]  # null (nan) in a step where the rule told no pair apart
+        assert agreement is None or 0.0 <= agreement <= 1.0
+        assert r["timing/reward_s"] > 0.0
 
 
 def _train(overrides):

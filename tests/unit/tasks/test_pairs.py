@@ -1,5 +1,6 @@
 """The digit task's own preference pairs: the chosen answer is what the task's verifier
-grades right, the rejected one what it grades wrong, on prompts of the base's splits."""
+grades right, the rejected one what it grades wrong (a wrong digit, the digit without the
+answer's form, the working without an answer), on prompts of the base's splits."""
 
 from megatron_rl.data import read_pairs
 from megatron_rl.rewards.digit_answer import DigitAnswerVerifier
@@ -15,15 +16,21 @@ def test_the_chosen_answer_is_right_and_the_rejected_wrong_by_the_tasks_verifier
     assert (len(train), len(held_out)) == (200, 50)
     assert not {p.chosen[0]["content"] for p in train} & {p.chosen[0]["content"] for p in held_out}
     task, verifier = get_task("digits_max"), DigitAnswerVerifier()
-    wrong = []
+    wrong, kinds = [], set()
     for pair in train + held_out:
         prompt = pair.chosen[0]["content"]
         truth = task.answer([int(d) for d in prompt.split()[2:]])  # "max of 3 7 1" -> its digits
         assert pair.rejected[0] == pair.chosen[0]
         assert verifier.grade(pair.chosen[-1]["content"], truth)[0] == 1.0
         assert verifier.grade(pair.rejected[-1]["content"], truth)[0] == 0.0
-        wrong.append(pair.rejected[-1]["content"][-1])
+        rejected = pair.rejected[-1]["content"]
+        if rejected.startswith("Answer: "):
+            kinds.add("wrong")
+            wrong.append(rejected[-1])
+        else:
+            kinds.add("bare" if rejected == truth else "unfinished")
     assert len(set(wrong)) == 10  # every digit is somebody's wrong answer
+    assert kinds == {"wrong", "bare", "unfinished"}
     assert write_task_pairs(settings, tmp_path / "again") and (tmp_path / "again" / train_path.name).read_text() == (
         train_path.read_text()
     )

@@ -75,8 +75,8 @@ def _generate(engine):
     return Replicas(engine).generate_groups
 
 
-def _score(texts, answers):
-    return [1.0 if text == "1" else 0.0 for text in texts], {}
+def _score(responses):
+    return [1.0 if text == "1" else 0.0 for text in responses.texts], {}
 
 
 def test_groups_without_reward_spread_are_dropped_and_refilled(one_rank_group):

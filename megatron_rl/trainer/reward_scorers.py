@@ -1,0 +1,92 @@
+"""The run's reward as built from its config: data.reward alone, or ``reward.scorers``.
+
+A model scorer (kind ``model``) is a reward model trained by algorithm.recipe=reward_model,
+built in the actor's layout beside it and loaded from its checkpoint (resharded as needed,
+the run's random streams untouched), frozen. It scores a response as the reward model was
+trained to: its scalar head at the last token of the whole conversation, here the
+policy's prompt and response ids as generated (the tokenizers were checked to be the
+same). Colocated, this forward costs a fraction of the step's training forward-backward
+on the same rows and needs no second engine or weight copy in vLLM; every rank computes
+it together and gets every score, as every rank needs them for the advantages.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megatron_rl.checkpoint import Checkpointer
+from megatron_rl.config import Config
+from megatron_rl.config.reward import MODEL, ScorerConfig
+from megatron_rl.from_config import setup
+from megatron_rl.from_config.scorer_checks import reward_model_extra, reward_model_root
+from megatron_rl.models.builder import build_model
+from megatron_rl.rewards import build_verifier
+from megatron_rl.rewards.registry import Verifier
+from megatron_rl.rewards.scoring import Responses, RuleScorer, ScorerOutput, SingleRule, WeightedReward, WeightedScorer
+from megatron_rl.schedules.packing import Microbatching
+from megatron_rl.schedules.preference import sequence_rewards
+
+
+class ModelScorer:
+    """A frozen reward model's score of each response, on every rank (collective)."""
+
+    def __init__(self, where: str, scorer: ScorerConfig, cfg: Config, dp_size: int, pad_token_id: int):
+        from megatron_rl.bridge.convert import arch_from_dict
+
+        arch = arch_from_dict(reward_model_extra(where, scorer)["hf_config"])
+        self.chunks = build_model("critic", arch, cfg.parallel, setup.build_options(cfg))
+        with Checkpointer() as checkpointer:
+            checkpointer.load(reward_model_root(scorer.path), model=self.chunks, step=scorer.step, restore_rng=False)
+        for chunk in self.chunks:
+            chunk.eval()
+            chunk.requires_grad_(False)
+        self.seq_length = cfg.trainer.seq_length
+        self.pad_token_id = pad_token_id
+        self.micro = Microbatching(
+            micro_batch_size=cfg.trainer.micro_batch_size, max_tokens=cfg.trainer.max_tokens_per_micro_batch
+        )
+        self.multiple = dp_size * cfg.trainer.micro_batch_size
+
+    @torch.no_grad()
+    def score(self, responses: Responses) -> ScorerOutput:
+        rows = [list(p) + list(r) for p, r in zip(responses.prompt_ids, responses.response_ids)]
+        scores = sequence_rewards(self.chunks, rows, self.seq_length, self.pad_token_id, self.micro, self.multiple)
+        return ScorerOutput(scores.double().tolist())
+
+    def close(self) -> None:
+        self.chunks = []
+
+
+def build_reward(cfg: Config, verifier: Verifier, rule_name: str, dp_size: int, pad_token_id: int):
+    """What scores the run's responses: ``verifier`` (data.reward's) alone, or the weighted
+    scorers of ``reward.scorers`` (a rule of data.reward's name shares ``verifier``)."""
+    if not cfg.reward.scorers:
+        return SingleRule(verifier)
+    scorers = []
+    for name, scorer in cfg.reward.scorers.items():
+        where = f"reward.scorers.{name}"
+        if scorer.kind == MODEL:
+            built = ModelScorer(where, scorer, cfg, dp_size, pad_token_id)
+        else:
+            built = RuleScorer(_rule_verifier(scorer, verifier, rule_name))
+        scorers.append(WeightedScorer(name, built, scorer.weight, is_rule=scorer.kind != MODEL))
+    return WeightedReward(scorers)
+
+
+def _rule_verifier(scorer: ScorerConfig, verifier: Verifier, rule_name: str) -> Verifier:
+    name = rule_name if scorer.reward == "auto" else scorer.reward
+    return _Shared(verifier) if name == rule_name else build_verifier(name)
+
+
+class _Shared:
+    """The run's own verifier lent to a rule scorer: eval shares it, so the scorer does not close it."""
+
+    def __init__(self, verifier: Verifier):
+        self.verifier = verifier
+        self.totals = verifier.totals
+
+    def score_batch(self, responses, answers):
+        return self.verifier.score_batch(responses, answers)
+
+    def close(self) -> None:
+        pass
