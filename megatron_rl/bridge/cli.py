@@ -7,7 +7,8 @@ hf-to-megatron runs alone (one process converts for any layout) or under torchru
 the layout's world size (each rank then reads only its own slices of the HF files).
 Paths are checked before any model is built: a missing or wrong input, or an output that
 already holds something, is one line and exit status 2. megatron-to-hf copies the source
-model's tokenizer and generation config, or says in one line that the output has none.
+model's tokenizer and generation config, or says in one line that the output has none; a
+reward model's checkpoint becomes a one-label ``*ForSequenceClassification`` directory.
 """
 
 from __future__ import annotations
@@ -44,7 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, name in (("--tp", "tensor"), ("--pp", "pipeline"), ("--ep", "expert")):
         to_m.add_argument(flag, type=int, default=1, help=f"{name} model parallel size of the target layout")
     to_m.add_argument("--etp", type=int, default=None, help="expert tensor parallel size (default: = --tp)")
-    to_hf = sub.add_parser("megatron-to-hf", help="megatron_rl checkpoint -> HF directory (one process)")
+    to_hf = sub.add_parser(
+        "megatron-to-hf",
+        help="megatron_rl checkpoint -> HF directory (one process)",
+        description="A policy becomes a causal LM; a reward model (algorithm.recipe=reward_model) "
+        "a one-label *ForSequenceClassification whose score is the reward at the last token.",
+    )
     to_hf.add_argument(
         "--ckpt", required=True, type=Path, help="checkpoint root (written by hf-to-megatron or training)"
     )

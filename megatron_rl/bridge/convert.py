@@ -9,7 +9,9 @@
   from the checkpoint, map them to HF tensors and stream them into safetensors files.
   The HF config travels in the checkpoint's ``extra["hf_config"]``; the HF directory the
   weights came from in ``extra["hf_source_dir"]``, whose tokenizer and generation config
-  the export copies (the checkpoint holds weights only).
+  the export copies (the checkpoint holds weights only). A reward model's checkpoint
+  (``extra[MODEL_ROLE] == REWARD_MODEL``) is written as a one-label
+  ``*ForSequenceClassification`` (:mod:`.sequence_classification`).
 
 Both check their paths first (:mod:`.inputs`): a bad input fails in one line before any
 model is built, and an output is never written over an existing one.
@@ -24,13 +26,14 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
+from megatron_rl.bridge import sequence_classification as seq_cls
 from megatron_rl.bridge.export import DEFAULT_MAX_FILE_BYTES, assemble_hf, config_dtype, config_with_dtype
 from megatron_rl.bridge.export_plan import HFGroup, hf_groups
-from megatron_rl.bridge.families import PER_EXPERT, canonical
+from megatron_rl.bridge.families import PER_EXPERT, canonical, rules_for, with_score_head
 from megatron_rl.bridge.hf_files import TensorSpec, side_files, write_checkpoint
 from megatron_rl.bridge.inputs import check_checkpoint, check_hf_model_dir, check_new_checkpoint_root, check_new_hf_dir
-from megatron_rl.bridge.load import load_hf, tensor_map
-from megatron_rl.bridge.mapping import BridgeError
+from megatron_rl.bridge.load import load_hf
+from megatron_rl.bridge.mapping import BridgeError, expand
 from megatron_rl.config.schema import MODEL_ROLE, REWARD_MODEL
 from megatron_rl.models.hf_config import ModelArch, arch_from_hf
 from megatron_rl.parallel import ParallelConfig
@@ -110,7 +113,9 @@ def megatron_to_hf(
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> HFExport:
     """One process: write the model of a megatron_rl checkpoint as an HF directory, with
-    the tokenizer and generation config of the HF directory it came from when known.
+    the tokenizer and generation config of the HF directory it came from when known. A
+    reward model's checkpoint becomes a one-label ``*ForSequenceClassification``
+    (:mod:`.sequence_classification`; refused when its head bias is not zero).
 
     Tensors are written in ``dtype``, else the dtype the stored HF config names, else as
     stored; experts in ``style``, else the style of the HF checkpoint it came from.
@@ -122,11 +127,7 @@ def megatron_to_hf(
     step = check_checkpoint(root, step)
     check_new_hf_dir(out_dir)
     metadata = fmt.read_metadata(root, step)
-    if metadata.extra.get(MODEL_ROLE) == REWARD_MODEL:
-        raise BridgeError(
-            f"{root} step {step} is a reward model (algorithm.recipe={REWARD_MODEL}): its scalar head has "
-            "no causal-LM counterpart, and export to an HF *ForSequenceClassification directory is not built yet"
-        )
+    reward_model = metadata.extra.get(MODEL_ROLE) == REWARD_MODEL
     hf_config = metadata.extra.get("hf_config")
     if not hf_config:
         raise BridgeError(
@@ -137,17 +138,24 @@ def megatron_to_hf(
     style = style or metadata.extra.get("hf_expert_style", PER_EXPERT)
     stored = {canonical(n): n for n in metadata.tensors if not n.startswith("optimizer.")}
     vocab_rows = metadata.tensors[stored["embedding.word_embeddings.weight"]].shape[0]
-    tmap = tensor_map(arch, style, vocab_rows)
+    rules = rules_for(arch.family, style)
+    head_bias = stored.pop(seq_cls.HEAD_BIAS, None) if reward_model else None
+    tmap = expand(with_score_head(rules) if reward_model else rules, arch, vocab_rows)
     _check_stored(stored, metadata, tmap, arch)
     groups = hf_groups(tmap)
     dtype = dtype or config_dtype(hf_config)
-    copies, no_tokenizer = _source_side_files(metadata.extra.get("hf_source_dir"))
+    source = metadata.extra.get("hf_source_dir")
+    copies, no_tokenizer = _source_side_files(source)
+    if reward_model:
+        hf_config = seq_cls.config(hf_config, seq_cls.pad_token_id(hf_config, None if no_tokenizer else source))
 
     def dtype_of(group: HFGroup) -> torch.dtype:
         return dtype or fmt.DTYPES[metadata.tensors[stored[group.megatron[0]]].dtype]
 
     specs = [TensorSpec(h, tmap.hf_shapes[h], dtype_of(group)) for group in groups for h in group.hf]
     with Reader(fmt.step_dir(root, step), metadata) as reader:
+        if head_bias is not None:
+            seq_cls.check_zero_bias(reader.full_tensor(head_bias), f"{root} step {step}")
 
         def stream():
             for group in (progress or iter)(groups):

@@ -134,6 +134,11 @@ FAMILY_RULES: dict[str, dict[str, tuple[Rule, ...]]] = {
 
 SUPPORTED_FAMILIES = tuple(sorted(FAMILY_RULES))
 
+#: The reward model's scalar head (models.value_head: weight [1, hidden]) as transformers'
+#: ``*ForSequenceClassification`` with one label names it; HF's score layer has no bias
+#: (bridge.sequence_classification says why the stored one may be dropped).
+SCORE_HEAD = Rule("output_layer.weight", ("score.weight",), Copy("one"), ("hidden",))
+
 
 def rules_for(family: str, style: str = PER_EXPERT) -> tuple[Rule, ...]:
     """The table of ``family`` in expert ``style``; unsupported names list the supported ones."""
@@ -145,6 +150,12 @@ def rules_for(family: str, style: str = PER_EXPERT) -> tuple[Rule, ...]:
     if style not in styles:  # a dense model has no experts: both styles are the same names
         return styles[PER_EXPERT]
     return styles[style]
+
+
+def with_score_head(rules: tuple[Rule, ...]) -> tuple[Rule, ...]:
+    """A family's causal-LM table with the LM head replaced by :data:`SCORE_HEAD`: the
+    backbone keeps its names (``model.``), the head becomes ``score.weight``."""
+    return tuple(r for r in rules if r.megatron != SCORE_HEAD.megatron) + (SCORE_HEAD,)
 
 
 def canonical(name: str) -> str:

@@ -21,6 +21,7 @@ from megatron_rl.data.reasoning_gym import GymPrompts
 from megatron_rl.from_config.sources import base_settings, gym_spec, prompt_file
 from megatron_rl.models.builder import BuildOptions, build_model, wrap_for_training
 from megatron_rl.models.hf_config import ModelArch
+from megatron_rl.models.value_head import freeze_bias
 from megatron_rl.parallel.config import ParallelConfig
 from megatron_rl.parallel.state import ParallelContext
 from megatron_rl.rollout.types import EngineConfig
@@ -122,10 +123,14 @@ def build_trainable(
     lr: float,
     hf_dir: Optional[Path],
     clip_grad: float = 1.0,
+    freeze_head_bias: bool = False,
 ) -> Trainable:
-    """Build ``role``'s chunks in ``layout``, load the HF weights into them, wrap for training."""
+    """Build ``role``'s chunks in ``layout``, load the HF weights into them, wrap for training.
+    ``freeze_head_bias``: a critic's value-head bias is not trained (a reward model's,
+    models.value_head.freeze_bias)."""
     with layout.active():
-        return Trainable(*_build_wrapped(role, arch, layout.config, options, lr, hf_dir, clip_grad), lr, layout)
+        wrapped = _build_wrapped(role, arch, layout.config, options, lr, hf_dir, clip_grad, freeze_head_bias)
+        return Trainable(*wrapped, lr, layout)
 
 
 def _build_wrapped(
@@ -136,8 +141,11 @@ def _build_wrapped(
     lr: float,
     hf_dir: Optional[Path],
     clip_grad: float,
+    freeze_head_bias: bool = False,
 ):
     chunks = build_model(role, arch, parallel, options)
     if hf_dir is not None:  # the critic starts from the actor's backbone and a fresh value head
         load_hf(chunks, hf_dir, arch, backbone_only=role == "critic")
+    if freeze_head_bias:
+        freeze_bias(chunks)
     return wrap_for_training(chunks, dtype=options.dtype, lr=lr, clip_grad=clip_grad)

@@ -46,3 +46,17 @@ class CriticGPTModel(GPTModel):
         super().__init__(*args, **kwargs)
         if self.post_process:
             self.output_layer = ValueHead(self.config, self.pg_collection.tp)
+
+
+def freeze_bias(chunks) -> None:
+    """Take the value head's bias out of training (a reward model's, before wrapping).
+
+    A Bradley-Terry loss reads r_chosen - r_rejected only, so its gradient wrt the bias is
+    zero in exact arithmetic; in fp32 it is a rounding residue (about 6e-8: the sum of
+    +g and -g in another order), which Adam divides by its own magnitude into steps of
+    about the learning rate. Frozen, the bias stays at its zero init (and the HF export,
+    whose score layer has no bias, keeps every score)."""
+    for chunk in chunks:
+        head = getattr(chunk, "output_layer", None)  # the last pipeline stage only
+        if isinstance(head, ValueHead):
+            head.bias.requires_grad_(False)

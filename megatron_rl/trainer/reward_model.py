@@ -164,8 +164,8 @@ class RewardModelTrainer:
         layout = initialize(
             cfg.parallel, seed=cfg.trainer.seed, model=arch.shape(), timeout_s=cfg.trainer.dist_timeout_s
         )
-        self.model = setup.build_trainable(
-            "critic", arch, layout, setup.build_options(cfg), cfg.trainer.lr, self.base_dir
+        self.model = setup.build_trainable(  # the head's bias untrained: BT reads reward differences only
+            "critic", arch, layout, setup.build_options(cfg), cfg.trainer.lr, self.base_dir, freeze_head_bias=True
         )
         self.micro = pair_microbatching(cfg.trainer.micro_batch_size, cfg.trainer.max_tokens_per_micro_batch)
         self.loss = PreferenceLoss()
