@@ -15,14 +15,24 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import string
 from typing import Optional
 
 from megatron_rl.config.errors import ConfigError
 
 RULE = "rule"
 MODEL = "model"
-SCORER_KINDS = (RULE, MODEL)
-"""Scorer kinds: a rule verifier (rewards.REWARDS), a trained scalar reward model."""
+JUDGE = "judge"
+SCORER_KINDS = (RULE, MODEL, JUDGE)
+"""Scorer kinds: a rule verifier (rewards.REWARDS), a trained scalar reward model, an LLM judge."""
+BASE = "base"
+"""A judge's ``path`` that names the run's own base model (the policy's starting weights)."""
+DEFAULT_TEMPLATE = (
+    "Question: {question}\nResponse: {response}\nIs the response a correct answer to the question? Answer yes or no."
+)
+DEFAULT_VERDICT = r"(?i)\b(yes|no)\b"
+TEMPLATE_FIELDS = ("question", "response", "reference")
+"""A judge template's placeholders: the prompt's text, the response, the reference answer."""
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -39,10 +49,36 @@ class ScorerConfig:
     reward: str = "auto"
     """rule only: the verifier's name (math, digits, digit_chain, reasoning_gym); auto: data.reward's."""
     path: Optional[str] = None
-    """model only: the reward model's run directory (its checkpoints/ are read) or a checkpoints
-    directory itself."""
+    """model: the reward model's run directory (its checkpoints/ are read) or a checkpoints
+    directory itself; judge: the judge's HF directory, or ``base`` for the run's own base."""
     step: Optional[int] = None
     """model only: the checkpoint step to load (null: the newest committed one)."""
+    missing_eos_penalty: float = 0.0
+    """model only: subtracted from the model's score of a response that ran out of budget
+    before its end of turn. A reward model trained on finished conversations has never seen
+    an unfinished one, and a policy can find cut-off answers it scores high (as TRL's
+    missing_eos_penalty)."""
+    template: str = DEFAULT_TEMPLATE
+    """judge only: the judge's prompt, with {question} (the prompt's text), {response} and
+    optionally {reference} (the prompt's reference answer); write a literal brace as {{ or }}."""
+    verdict_pattern: str = DEFAULT_VERDICT
+    """judge only: a regular expression whose first group, at its first match in the judge's
+    answer, is the verdict."""
+    verdict_scores: dict = dataclasses.field(default_factory=lambda: {"yes": 1.0, "no": 0.0})
+    """judge only: verdict (lower-cased) -> score; empty: the verdict is read as a number."""
+    on_malformed: float = 0.0
+    """judge only: the score of a response whose verdict cannot be read, or whose judging
+    failed or ran out of time (each counted in reward/<name>/failures)."""
+    timeout_s: float = 60.0
+    """judge only: the longest one batch of judge prompts may take (its responses then score
+    on_malformed); start-up does not count."""
+    max_new_tokens: int = 8
+    """judge only: the judge's answer budget (greedy)."""
+    batch_size: int = 64
+    """judge only: judge prompts per request to the judge's engine (a timeout costs a batch)."""
+    gpu_memory_utilization: float = 0.15
+    """judge only, GPU: the share of rank 0's GPU the judge's engine takes for its weights and
+    KV cache, beside the policy's colocated engine and training (untested on GPUs)."""
 
     def __post_init__(self) -> None:
         if self.kind not in SCORER_KINDS:
@@ -51,15 +87,75 @@ class ScorerConfig:
             raise ConfigError(f"weight={self.weight!r} must be a finite number")
         if self.kind == MODEL and not self.path:
             raise ConfigError("path must name the reward model's run directory (kind: model)")
-        misplaced = {
-            RULE: [("path", self.path, None), ("step", self.step, None)],
-            MODEL: [("reward", self.reward, "auto")],
-        }[self.kind]
-        for name, value, default in misplaced:
-            if value != default:
-                raise ConfigError(f"{name} does not apply to kind: {self.kind}")
+        if self.kind == JUDGE and not self.path:
+            raise ConfigError(f"path must name the judge's HF directory, or {BASE} for the run's base (kind: judge)")
+        misplaced = _misplaced(self)
+        if misplaced:
+            raise ConfigError(f"{misplaced[0]} does not apply to kind: {self.kind}")
+        if not math.isfinite(self.missing_eos_penalty):
+            raise ConfigError(f"missing_eos_penalty={self.missing_eos_penalty!r} must be a finite number")
         if self.step is not None and self.step < 1:
             raise ConfigError(f"step={self.step} must be >= 1 (or null: the newest)")
+        if self.kind == JUDGE:
+            _check_judge(self)
+
+
+_APPLIES = {
+    RULE: {"reward"},
+    MODEL: {"path", "step", "missing_eos_penalty"},
+    JUDGE: {"path", "template", "verdict_pattern", "verdict_scores", "on_malformed", "timeout_s", "max_new_tokens",
+            "batch_size", "gpu_memory_utilization"},
+}  # fmt: skip
+"""The kind-specific fields each kind reads (kind and weight apply to all)."""
+
+
+def _misplaced(scorer: ScorerConfig) -> list[str]:
+    """Fields set away from their defaults that the scorer's kind does not read."""
+    names = []
+    for f in dataclasses.fields(ScorerConfig):
+        if f.name in ("kind", "weight") or f.name in _APPLIES[scorer.kind]:
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if getattr(scorer, f.name) != default:
+            names.append(f.name)
+    return names
+
+
+def _check_judge(scorer: ScorerConfig) -> None:
+    """The template's placeholders, the verdict's pattern and scores, the limits."""
+    try:
+        fields = {name for _, name, _, _ in string.Formatter().parse(scorer.template) if name is not None}
+    except ValueError as err:
+        raise ConfigError(f"template is not a valid template ({err}); write a literal brace as {{{{ or }}}}") from None
+    unknown = sorted(fields - set(TEMPLATE_FIELDS))
+    if unknown:
+        raise ConfigError(f"template has the placeholder {{{unknown[0]}}}; allowed: {list(TEMPLATE_FIELDS)}")
+    missing = [name for name in ("question", "response") if name not in fields]
+    if missing:
+        raise ConfigError(f"template has no {{{missing[0]}}}: a judge must see the question and the response")
+    try:
+        groups = re.compile(scorer.verdict_pattern).groups
+    except re.error as err:
+        raise ConfigError(f"verdict_pattern={scorer.verdict_pattern!r} is not a regular expression: {err}") from None
+    if groups < 1:
+        raise ConfigError(f"verdict_pattern={scorer.verdict_pattern!r} needs a group ( ... ): the verdict it captures")
+    if not isinstance(scorer.verdict_scores, dict):
+        raise ConfigError(f"verdict_scores must be a mapping of verdicts to scores, got {scorer.verdict_scores!r}")
+    keys = [k for k in scorer.verdict_scores if not isinstance(k, str)]
+    if keys:  # YAML reads an unquoted yes/no as a boolean
+        raise ConfigError(f"verdict_scores key {keys[0]!r} is not a string: quote it, e.g. 'yes': 1")
+    bad = [k for k, v in scorer.verdict_scores.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
+    if bad:
+        raise ConfigError(f"verdict_scores[{bad[0]!r}]={scorer.verdict_scores[bad[0]]!r} must be a number")
+    if not math.isfinite(scorer.on_malformed):
+        raise ConfigError(f"on_malformed={scorer.on_malformed!r} must be a finite number")
+    if not 0 < scorer.gpu_memory_utilization < 1:
+        raise ConfigError(f"gpu_memory_utilization={scorer.gpu_memory_utilization} must be in (0, 1)")
+    if not scorer.timeout_s > 0 or scorer.max_new_tokens < 1 or scorer.batch_size < 1:
+        raise ConfigError(
+            f"timeout_s={scorer.timeout_s}, max_new_tokens={scorer.max_new_tokens} and batch_size="
+            f"{scorer.batch_size} must be > 0"
+        )
 
 
 @dataclasses.dataclass(kw_only=True)

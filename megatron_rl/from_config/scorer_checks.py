@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from megatron_rl.config.reward import MODEL, RULE, ScorerConfig
+from megatron_rl.config.reward import BASE, JUDGE, MODEL, RULE, ScorerConfig
 from megatron_rl.config.schema import MODEL_ROLE, REWARD_MODEL, Config, ConfigError
 from megatron_rl.parallel.config import LayoutError
 from megatron_rl.rewards.registry import REWARDS
@@ -47,12 +47,27 @@ def check_scorers(config: Config, world_size: int) -> None:
             _check_rule(where, scorer)
         elif scorer.kind == MODEL:
             check_model_scorer(where, scorer, config, world_size)
+        elif scorer.kind == JUDGE:
+            _check_judge_dir(where, scorer)
 
 
 def _check_rule(where: str, scorer: ScorerConfig) -> None:
     if scorer.reward != "auto" and scorer.reward not in REWARDS:
         raise ConfigError(
             f"{where}.reward={scorer.reward!r} is not allowed; choose one of {sorted(['auto', *REWARDS])}"
+        )
+
+
+def _check_judge_dir(where: str, scorer: ScorerConfig) -> None:
+    """A judge's HF directory holds a model and its tokenizer (``base``: the run's own, built later)."""
+    if scorer.path == BASE:
+        return
+    path = Path(scorer.path)
+    missing = [f for f in ("config.json", "tokenizer_config.json") if not (path / f).is_file()]
+    if missing:
+        raise ConfigError(
+            f"{where}.path={scorer.path!r} has no {missing[0]}: a judge is an HF model directory with its "
+            f"tokenizer, or {BASE} for the run's base"
         )
 
 

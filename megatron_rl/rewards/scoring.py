@@ -33,9 +33,16 @@ class Responses:
     """The reference answer of each response's prompt (what a rule checks against)."""
     prompt_ids: Sequence[Sequence[int]]
     response_ids: Sequence[Sequence[int]]
+    questions: Sequence[str] = ()
+    """The prompts' text (what a judge is shown); empty: the prompts' ids alone."""
+    truncated: Sequence[bool] = ()
+    """Whether each response ran out of budget before its end of turn; empty: none did."""
 
     def __post_init__(self) -> None:
         sizes = {len(self.texts), len(self.answers), len(self.prompt_ids), len(self.response_ids)}
+        for optional in (self.questions, self.truncated):
+            if optional:
+                sizes.add(len(optional))
         if len(sizes) != 1:
             raise ValueError(f"Responses fields differ in length: {sorted(sizes)}")
 

@@ -42,11 +42,15 @@ def _resolve(target: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module_name), attr)
 
 
-def serve(target: str, warmup_args: Sequence[Any] | None) -> None:
-    """Worker main loop: one JSON request per stdin line, one JSON reply per stdout line."""
+def serve(target: str, warmup_args: Sequence[Any] | None, init_args: Sequence[Any] | None = None) -> None:
+    """Worker main loop: one JSON request per stdin line, one JSON reply per stdout line.
+    With ``init_args`` the target is a factory (a class): its result, built once, is what
+    each item calls (a worker that holds a model between items)."""
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything the libraries print goes to stderr, not into the protocol
     fn = _resolve(target)
+    if init_args is not None:
+        fn = fn(*init_args)
     if warmup_args is not None:
         fn(*warmup_args)  # pay lazy initialisation before the first timed item
     replies.write('{"ready": true}\n')
@@ -63,12 +67,19 @@ def serve(target: str, warmup_args: Sequence[Any] | None) -> None:
 
 
 class _Worker:
-    def __init__(self, target: str, warmup_args: Optional[Sequence[Any]]):
+    def __init__(self, target: str, warmup_args: Optional[Sequence[Any]], init_args: Optional[Sequence[Any]]):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
         env.setdefault("OMP_NUM_THREADS", "1")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "megatron_rl.rewards.pool_worker", target, json.dumps(warmup_args)],
+            [
+                sys.executable,
+                "-m",
+                "megatron_rl.rewards.pool_worker",
+                target,
+                json.dumps(warmup_args),
+                json.dumps(init_args),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -104,11 +115,19 @@ class TimedWorkerPool:
     arguments and results must be JSON values. The timeout counts from the moment a
     ready worker receives the item, so start-up and queueing never count against it;
     ``warmup_args``, when given, are run once by each new worker before it reports ready.
-    Workers start lazily and persist across calls.
+    With ``init_args``, ``target`` names a factory (a class) each worker calls once with
+    them, and items call what it returned. Workers start lazily (or at :meth:`start`) and
+    persist across calls.
     """
 
     def __init__(
-        self, target: str, *, num_workers: int = 1, timeout_s: float = 5.0, warmup_args: Optional[Sequence[Any]] = None
+        self,
+        target: str,
+        *,
+        num_workers: int = 1,
+        timeout_s: float = 5.0,
+        warmup_args: Optional[Sequence[Any]] = None,
+        init_args: Optional[Sequence[Any]] = None,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -119,11 +138,20 @@ class TimedWorkerPool:
         self.num_workers = num_workers
         self.timeout_s = float(timeout_s)
         self.warmup_args = None if warmup_args is None else list(warmup_args)
+        self.init_args = None if init_args is None else list(init_args)
         self._workers: list[_Worker] = []
+
+    def _new_worker(self) -> _Worker:
+        return _Worker(self.target, self.warmup_args, self.init_args)
+
+    def start(self) -> None:
+        """Start the workers now (their start-up then overlaps with the caller's own)."""
+        while len(self._workers) < self.num_workers:
+            self._workers.append(self._new_worker())
 
     def _replace(self, worker: _Worker) -> None:
         worker.kill()
-        self._workers[self._workers.index(worker)] = _Worker(self.target, self.warmup_args)
+        self._workers[self._workers.index(worker)] = self._new_worker()
 
     def _on_readable(self, worker: _Worker, results: list) -> None:
         reply = worker.read_reply()
@@ -145,8 +173,7 @@ class TimedWorkerPool:
 
     def map(self, items: Sequence[Sequence[Any]]) -> list[ItemResult]:
         """One :class:`ItemResult` per argument tuple, in order."""
-        while len(self._workers) < self.num_workers:
-            self._workers.append(_Worker(self.target, self.warmup_args))
+        self.start()
         results: list[Optional[ItemResult]] = [None] * len(items)
         queue = collections.deque(range(len(items)))
         while queue or any(w.busy_with for w in self._workers):

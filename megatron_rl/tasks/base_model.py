@@ -49,6 +49,7 @@ FAMILIES = ("qwen3_moe", "qwen2_moe", "qwen3")
 TASK_BASE_SETTINGS: dict[str, dict[str, Any]] = {
     "digits_max_chain": {"warmup_correct_fraction": 0.25, "warmup_steps": 400},
     "digits_max_chain_cold": {"warmup_correct_fraction": 0.1, "warmup_steps": 400},
+    "digits_max_uniform": {"warmup_correct_fraction": 0.25},
 }
 """Base settings a task's base differs in, where the defaults do not fit it. The chain task's
 chains are up to 20 steps long, graded with the answer: after 60 warm-up steps not one held-out
@@ -56,7 +57,10 @@ chain of the base is well-formed, after 400 format-only steps 63 % are and 7 % r
 10 %), too few for RL to start from (DAPO's reward fell to 0.01-0.05 in 13 steps). A quarter
 of true chains in the warm-up gives a start above chance that is far from the top
 (docs/claims.md has the base's numbers). A tenth (``digits_max_chain_cold``) starts lower
-still (greedy 0.28, sampled 0.11, 70 % well-formed), where PPO is far from done at step 100."""
+still (greedy 0.28, sampled 0.11, 70 % well-formed), where PPO is far from done at step 100.
+``digits_max_uniform`` (the reward-model examples) warms up on a quarter of true answers too:
+after the default format-only warm-up its held-out accuracy is chance (0.10), and GRPO on
+the rule at lr 1e-3 was still at a reward of 0.05-0.09 after 12 steps."""
 REPORT_FILE = "tiny_base.json"
 HELD_OUT_FILE = "eval.jsonl"
 """The held-out prompts: none of them is in train.jsonl, the prompts RL training draws."""

@@ -161,6 +161,10 @@ class DigitTask:
 
 TASKS: dict[str, DigitTask] = {
     "digits_max": DigitTask(op="max"),
+    # digits_max with answers uniform over the ten digits: "always 9" (right on 28-41 % of
+    # digits_max's prompts of 3-5 digits) is right on a tenth, so a policy cannot climb by
+    # the shortcut (the reward-model examples, docs/recipes.md).
+    "digits_max_uniform": DigitTask(op="max", uniform_answer=True),
     "digits_sum": DigitTask(op="sum_mod10"),
     "digits_max_steps": DigitTask(op="max", min_digits=2, max_digits=8, reasoning=True),
     "digits_sum_steps": DigitTask(op="sum_mod10", min_digits=2, max_digits=8, reasoning=True),

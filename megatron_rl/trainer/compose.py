@@ -150,7 +150,7 @@ def build_rollouts(
     loader = PromptLoader(dataset, batch_size=batch_size, seed=cfg.trainer.seed)
     verifier = build_verifier(verifier_name(cfg))
     pad_token_id = tokenizer.pad_token_id or 0
-    reward = build_reward(cfg, verifier, verifier_name(cfg), cfg.parallel.dp(place.world), pad_token_id)
+    reward = build_reward(cfg, verifier, verifier_name(cfg), place.base_dir, cfg.parallel.dp(place.world), pad_token_id)
     engine_config = setup.engine_config(cfg, arch, place.run_dir / "cache")
     client = _rollout_client(cfg, place, engine_config) if place.roles is not None else None
     engine: RolloutBackend = client if client is not None else Replicas(RolloutEngine(place.base_dir, engine_config))

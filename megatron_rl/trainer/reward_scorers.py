@@ -1,5 +1,9 @@
 """The run's reward as built from its config: data.reward alone, or ``reward.scorers``.
 
+A judge scorer (kind ``judge``) runs its own vLLM engine in a worker process beside rank 0
+(rollout.judge), started while the trainer builds the rest, so its start-up overlaps the
+run's; rank 0 scores and sends the scores to every rank. Its timeout bounds each batch.
+
 A model scorer (kind ``model``) is a reward model trained by algorithm.recipe=reward_model,
 built in the actor's layout beside it and loaded from its checkpoint (resharded as needed,
 the run's random streams untouched), frozen. It scores a response as the reward model was
@@ -12,17 +16,23 @@ it together and gets every score, as every rank needs them for the advantages.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
+import torch.distributed as dist
 
 from megatron_rl.checkpoint import Checkpointer
 from megatron_rl.config import Config
-from megatron_rl.config.reward import MODEL, ScorerConfig
+from megatron_rl.config.reward import BASE, JUDGE, MODEL, ScorerConfig
 from megatron_rl.from_config import setup
 from megatron_rl.from_config.scorer_checks import reward_model_extra, reward_model_root
 from megatron_rl.models.builder import build_model
-from megatron_rl.rewards import build_verifier
+from megatron_rl.rewards import TimedWorkerPool, build_verifier
+from megatron_rl.rewards.judge import JudgeScorer, Verdicts
 from megatron_rl.rewards.registry import Verifier
 from megatron_rl.rewards.scoring import Responses, RuleScorer, ScorerOutput, SingleRule, WeightedReward, WeightedScorer
+from megatron_rl.rollout import judge
 from megatron_rl.schedules.packing import Microbatching
 from megatron_rl.schedules.preference import sequence_rewards
 
@@ -46,30 +56,81 @@ class ModelScorer:
             micro_batch_size=cfg.trainer.micro_batch_size, max_tokens=cfg.trainer.max_tokens_per_micro_batch
         )
         self.multiple = dp_size * cfg.trainer.micro_batch_size
+        self.missing_eos_penalty = scorer.missing_eos_penalty
 
     @torch.no_grad()
     def score(self, responses: Responses) -> ScorerOutput:
         rows = [list(p) + list(r) for p, r in zip(responses.prompt_ids, responses.response_ids)]
         scores = sequence_rewards(self.chunks, rows, self.seq_length, self.pad_token_id, self.micro, self.multiple)
-        return ScorerOutput(scores.double().tolist())
+        scores = scores.double().tolist()
+        if self.missing_eos_penalty and responses.truncated:
+            scores = [s - self.missing_eos_penalty * cut for s, cut in zip(scores, responses.truncated)]
+        return ScorerOutput(scores)
 
     def close(self) -> None:
         self.chunks = []
 
 
-def build_reward(cfg: Config, verifier: Verifier, rule_name: str, dp_size: int, pad_token_id: int):
+JUDGE_MAX_MODEL_LEN = 4096
+"""The judge engine's context, at most (its own config's limit when lower)."""
+JUDGE_KV_CACHE_GIB = 1.0
+"""The judge engine's KV cache on CPU (vLLM's CPU backend takes whole GiB)."""
+
+
+def build_judge(scorer: ScorerConfig, base_dir: Path, seed: int) -> JudgeScorer:
+    """The judge's worker pool (started now) and its prompt and verdict settings."""
+    model_dir = Path(base_dir if scorer.path == BASE else scorer.path)
+    limit = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", JUDGE_MAX_MODEL_LEN)
+    pool = TimedWorkerPool(
+        judge.TARGET,
+        timeout_s=scorer.timeout_s,
+        init_args=[
+            str(model_dir),
+            scorer.max_new_tokens,
+            min(limit, JUDGE_MAX_MODEL_LEN),
+            JUDGE_KV_CACHE_GIB,
+            scorer.gpu_memory_utilization,
+            seed,
+        ],
+    )
+    pool.start()
+    verdicts = Verdicts(scorer.verdict_pattern, scorer.verdict_scores)
+    return JudgeScorer(pool, scorer.template, verdicts, scorer.on_malformed, scorer.batch_size)
+
+
+class RankZeroScorer:
+    """A scorer that runs on rank 0 alone (``scorer`` None elsewhere); every rank gets its output."""
+
+    def __init__(self, scorer):
+        self.scorer = scorer
+
+    def score(self, responses: Responses) -> ScorerOutput:
+        out = [self.scorer.score(responses) if self.scorer is not None else None]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(out, src=0)
+        return out[0]
+
+    def close(self) -> None:
+        if self.scorer is not None:
+            self.scorer.close()
+
+
+def build_reward(cfg: Config, verifier: Verifier, rule_name: str, base_dir: Path, dp_size: int, pad_token_id: int):
     """What scores the run's responses: ``verifier`` (data.reward's) alone, or the weighted
     scorers of ``reward.scorers`` (a rule of data.reward's name shares ``verifier``)."""
     if not cfg.reward.scorers:
         return SingleRule(verifier)
+    rank = dist.get_rank() if dist.is_initialized() else 0
     scorers = []
     for name, scorer in cfg.reward.scorers.items():
         where = f"reward.scorers.{name}"
         if scorer.kind == MODEL:
             built = ModelScorer(where, scorer, cfg, dp_size, pad_token_id)
+        elif scorer.kind == JUDGE:
+            built = RankZeroScorer(build_judge(scorer, base_dir, cfg.trainer.seed) if rank == 0 else None)
         else:
             built = RuleScorer(_rule_verifier(scorer, verifier, rule_name))
-        scorers.append(WeightedScorer(name, built, scorer.weight, is_rule=scorer.kind != MODEL))
+        scorers.append(WeightedScorer(name, built, scorer.weight, is_rule=scorer.kind not in (MODEL, JUDGE)))
     return WeightedReward(scorers)
 
 

@@ -287,9 +287,20 @@ def collect_rollouts(
 
 
 def responses_of(samples: list[Sample], answers: list[str], decode: Callable[[list[int]], str]) -> Responses:
-    """What the scorers read of ``samples``: their text, prompt and response ids, answers."""
+    """What the scorers read of ``samples``: their text, prompt and response ids, answers,
+    the prompts' text (decoded once per prompt: a group shares one) and which ran out of budget."""
+    questions: dict[tuple, str] = {}
+    for s in samples:
+        key = tuple(s.prompt_ids)
+        if key not in questions:
+            questions[key] = decode(s.prompt_ids)
     return Responses(
-        [decode(s.token_ids) for s in samples], answers, [s.prompt_ids for s in samples], [s.token_ids for s in samples]
+        [decode(s.token_ids) for s in samples],
+        answers,
+        [s.prompt_ids for s in samples],
+        [s.token_ids for s in samples],
+        [questions[tuple(s.prompt_ids)] for s in samples],
+        [s.finish_reason == "length" for s in samples],
     )
 
 

@@ -92,22 +92,32 @@ def test_train_runs_the_recipe_saves_evaluates_and_resumes(tmp_path, bases):
 
 def _rl_with_the_reward_model(tmp_path, base, rm_run_dir):
     """GRPO rewarded by the reward model just trained (its newest step, loaded beside the
-    actor), the rule verifier kept at weight 0: every step logs both scorers, the model's
-    agreement with the rule, and trains on the model's score alone."""
+    actor), the rule verifier kept at weight 0, and a judge at weight 0 (the base itself, in
+    vLLM in its own process, asked a question it answers with a digit, read as the verdict):
+    every step logs each scorer, the model's and the judge's agreement with the rule, and
+    trains on the model's score alone."""
+    judge = (
+        "{kind: judge, path: base, weight: 0, template: '{question} {response}', verdict_pattern: '([0-9])', "
+        "verdict_scores: {}}"
+    )
+    scorers = f"{{rm: {{kind: model, path: {rm_run_dir}}}, verifier: {{kind: rule, weight: 0}}, judge: {judge}}}"
     rows, _ = train(
         tmp_path,
         1,
         base,
         "grpo",
-        f"reward.scorers={{rm: {{kind: model, path: {rm_run_dir}}}, verifier: {{kind: rule, weight: 0}}}}",
+        f"reward.scorers={scorers}",
         steps=2,
     )
     check_steps(rows, steps=2)
     for r in rows:
-        assert r["reward/mean"] == pytest.approx(r["reward/rm/mean"], abs=1e-12)  # 1 x rm + 0 x verifier
+        assert r["reward/mean"] == pytest.approx(r["reward/rm/mean"], abs=1e-12)  # 1 x rm + 0 x the others
         assert 0.0 <= r["reward/verifier/mean"] <= 1.0 and r["reward/rm/failures"] == 0
-        agreement = r["reward/rm/agreement"]  # null (nan) in a step where the rule told no pair apart
-        assert agreement is None or 0.0 <= agreement <= 1.0
+        for scorer in ("rm", "judge"):
+            agreement = r[f"reward/{scorer}/agreement"]  # null (nan) in a step where the rule told no pair apart
+            assert agreement is None or 0.0 <= agreement <= 1.0
+        assert r["reward/judge/failures"] < 16, r  # the judge's engine answered, with a digit, at least once
+        assert 0.0 <= r["reward/judge/mean"] <= 9.0
         assert r["timing/reward_s"] > 0.0
 
 

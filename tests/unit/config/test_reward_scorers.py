@@ -21,8 +21,40 @@ GRPO = str(EXAMPLES / "grpo.yaml")
     "override, message",
     [
         (
-            "reward.scorers={a: {kind: judge}}",
-            "reward.scorers.a.kind='judge' is not a scorer kind; allowed: ['rule', 'model']",
+            "reward.scorers={a: {kind: critic}}",
+            "reward.scorers.a.kind='critic' is not a scorer kind; allowed: ['rule', 'model', 'judge']",
+        ),
+        ("reward.scorers={a: {kind: judge}}", "reward.scorers.a.path must name the judge's HF directory, or base"),
+        (
+            "reward.scorers={a: {kind: judge, path: base, template: 'Is {response} right?'}}",
+            "template has no {question}",
+        ),
+        (
+            "reward.scorers={a: {kind: judge, path: base, template: '{question} {answer}'}}",
+            "template has the placeholder {answer}; allowed: ['question', 'response', 'reference']",
+        ),
+        (
+            "reward.scorers={a: {kind: judge, path: base, template: '{question {response}'}}",
+            "template is not a valid template",
+        ),
+        (
+            "reward.scorers={a: {kind: judge, path: base, verdict_pattern: 'yes|no'}}",
+            "needs a group ( ... ): the verdict it captures",
+        ),
+        ("reward.scorers={a: {kind: judge, path: base, verdict_pattern: '(yes'}}", "is not a regular expression"),
+        (
+            "reward.scorers={a: {kind: judge, path: base, verdict_scores: {'yes': high}}}",
+            "verdict_scores['yes']='high' must be a number",
+        ),
+        ("reward.scorers={a: {kind: judge, path: base, timeout_s: 0}}", "must be > 0"),
+        (
+            "reward.scorers={a: {kind: judge, path: base, verdict_scores: {yes: 1}}}",
+            "verdict_scores key True is not a string: quote it, e.g. 'yes': 1",
+        ),
+        ("reward.scorers={a: {kind: rule, template: x}}", "reward.scorers.a.template does not apply to kind: rule"),
+        (
+            "reward.scorers={a: {kind: judge, path: base, step: 3}}",
+            "reward.scorers.a.step does not apply to kind: judge",
         ),
         ("reward.scorers={a: {}}", "reward.scorers.a.kind='' is not a scorer kind"),
         ("reward.scorers={a: {kind: rule, weight: heavy}}", "reward.scorers.a.weight='heavy' is not a valid float"),
@@ -59,7 +91,12 @@ def test_the_checks_of_the_run(tmp_path):
         ["reward.scorers={v: {kind: rule}}", "environment.name=tools", "environment.tools=[python]"],
         "episodes are scored by their environment; reward.scorers applies to single_turn runs",
     )
+    fails(
+        [f"reward.scorers={{j: {{kind: judge, path: {tmp_path}}}}}"],
+        f"reward.scorers.j.path='{tmp_path}' has no config.json: a judge is an HF model directory",
+    )
     validate(load_config(GRPO, ["reward.scorers={v: {kind: rule}, d: {kind: rule, reward: digits, weight: 0.5}}"]), 1)
+    validate(load_config(GRPO, ["reward.scorers={v: {kind: rule}, j: {kind: judge, path: base, weight: 0}}"]), 1)
 
 
 def test_the_cli_exits_2_on_a_missing_reward_model(tmp_path):

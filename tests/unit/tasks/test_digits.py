@@ -61,12 +61,15 @@ def test_bad_settings_name_what_is_allowed():
         DigitTask(op="sum_mod10", uniform_answer=True)
 
 
-def test_uniform_max_answers_are_uniform_and_come_from_the_digits():
-    task = DigitTask(op="max", min_digits=3, max_digits=20, uniform_answer=True)
+@pytest.mark.parametrize(
+    "task", [DigitTask(op="max", min_digits=3, max_digits=20, uniform_answer=True), get_task("digits_max_uniform")]
+)
+def test_uniform_max_answers_are_uniform_and_come_from_the_digits(task):
     examples = task.generate(2000, seed=0)
     counts = [sum(e.answer == str(d) for e in examples) for d in range(10)]
     assert min(counts) > 150 and max(counts) < 250  # 200 each expected; plain max of 3-20 digits: 9 in >60%
     assert all(str(max(e.digits)) == e.answer for e in examples)
+    assert all(task.min_digits <= len(e.digits) <= task.max_digits for e in examples)
 
 
 def test_chain_verifier_grades_the_answer_and_the_working():
