@@ -143,6 +143,13 @@ class SingleRule:
         pass  # the verifier is the run's (eval shares it); its owner closes it
 
 
+def penalize_unfinished(scores: Sequence[float], truncated: Sequence[bool], penalty: float) -> list[float]:
+    """``scores`` less ``penalty`` where a response ran out of budget (``truncated`` empty: none did)."""
+    if not truncated:
+        return list(scores)
+    return [s - penalty * bool(cut) for s, cut in zip(scores, truncated, strict=True)]
+
+
 def ordered_pairs(rule: Sequence[float], other: Sequence[float], prompts: Sequence[Sequence[int]]) -> tuple[float, int]:
     """(hits, pairs): over pairs of responses to the same prompt with different rule scores,
     how many ``other`` orders as the rule does (a tie in ``other`` is half a hit)."""

@@ -49,7 +49,7 @@ FAMILIES = ("qwen3_moe", "qwen2_moe", "qwen3")
 TASK_BASE_SETTINGS: dict[str, dict[str, Any]] = {
     "digits_max_chain": {"warmup_correct_fraction": 0.25, "warmup_steps": 400},
     "digits_max_chain_cold": {"warmup_correct_fraction": 0.1, "warmup_steps": 400},
-    "digits_max_uniform": {"warmup_correct_fraction": 0.25},
+    "digits_max_uniform": {"warmup_correct_fraction": 0.25, "warmup_steps": 400},
 }
 """Base settings a task's base differs in, where the defaults do not fit it. The chain task's
 chains are up to 20 steps long, graded with the answer: after 60 warm-up steps not one held-out

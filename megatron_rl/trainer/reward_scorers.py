@@ -31,7 +31,15 @@ from megatron_rl.models.builder import build_model
 from megatron_rl.rewards import TimedWorkerPool, build_verifier
 from megatron_rl.rewards.judge import JudgeScorer, Verdicts
 from megatron_rl.rewards.registry import Verifier
-from megatron_rl.rewards.scoring import Responses, RuleScorer, ScorerOutput, SingleRule, WeightedReward, WeightedScorer
+from megatron_rl.rewards.scoring import (
+    Responses,
+    RuleScorer,
+    ScorerOutput,
+    SingleRule,
+    WeightedReward,
+    WeightedScorer,
+    penalize_unfinished,
+)
 from megatron_rl.rollout import judge
 from megatron_rl.schedules.packing import Microbatching
 from megatron_rl.schedules.preference import sequence_rewards
@@ -62,10 +70,9 @@ class ModelScorer:
     def score(self, responses: Responses) -> ScorerOutput:
         rows = [list(p) + list(r) for p, r in zip(responses.prompt_ids, responses.response_ids)]
         scores = sequence_rewards(self.chunks, rows, self.seq_length, self.pad_token_id, self.micro, self.multiple)
-        scores = scores.double().tolist()
-        if self.missing_eos_penalty and responses.truncated:
-            scores = [s - self.missing_eos_penalty * cut for s, cut in zip(scores, responses.truncated)]
-        return ScorerOutput(scores)
+        return ScorerOutput(
+            penalize_unfinished(scores.double().tolist(), responses.truncated, self.missing_eos_penalty)
+        )
 
     def close(self) -> None:
         self.chunks = []

@@ -39,7 +39,17 @@ def test_cluster_variant_fits_qwen3_30b_a3b_on_64_gpus(path, tmp_path):
     shutil.copy(Path(__file__).parent / "data" / "qwen3_30b_a3b_config.json", tmp_path / "config.json")
     data = tmp_path / "math.parquet"  # validation reads the first rows of the prompt file
     pq.write_table(pa.Table.from_pylist([{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}]), data)
-    cfg = load_config(str(path), [f"model.hf_path={tmp_path}", f"data.source={data}"])
+    judges = [
+        name
+        for name, s in load_config(str(path), [f"model.hf_path={tmp_path}"]).reward.scorers.items()
+        if s.kind == "judge"
+    ]
+    # a judge reads its own HF directory (its config and tokenizer: the checks look for both)
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    cfg = load_config(
+        str(path),
+        [f"model.hf_path={tmp_path}", f"data.source={data}", *(f"reward.scorers.{j}.path={tmp_path}" for j in judges)],
+    )
     validate(cfg, 64)
     recipe = cfg.algorithm.build()
     assert recipe.name == path.stem.split("_")[0]

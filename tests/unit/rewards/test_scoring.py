@@ -14,6 +14,7 @@ from megatron_rl.rewards.scoring import (
     WeightedReward,
     WeightedScorer,
     ordered_pairs,
+    penalize_unfinished,
     reward_metrics,
 )
 
@@ -62,6 +63,11 @@ def test_agreement_counts_pairs_within_a_prompt_only():
     # prompt 1: (0,1) hit, (0,2) hit, (1,2) same rule; prompt 2: (3,4) same rule, (3,5) 0.2<0.3 miss, (4,5) tie
     assert ordered_pairs(rule, other, prompts) == (2.5, 4)
     assert ordered_pairs([1, 0], [0.0, 1.0], [[1], [2]]) == (0.0, 0)  # different prompts: no pair
+
+
+def test_a_response_cut_by_the_budget_loses_the_penalty():
+    assert penalize_unfinished([1.0, 2.0, -1.0], [False, True, True], 5.0) == [1.0, -3.0, -6.0]
+    assert penalize_unfinished([1.0, 2.0], [], 5.0) == [1.0, 2.0]  # no finish reasons: nothing is cut
 
 
 def test_metrics_of_a_step_of_two_batches():
