@@ -35,18 +35,11 @@ from megatron_rl.bridge.inputs import check_checkpoint, check_hf_model_dir, chec
 from megatron_rl.bridge.load import load_hf
 from megatron_rl.bridge.mapping import BridgeError, expand
 from megatron_rl.config.schema import MODEL_ROLE, REWARD_MODEL
-from megatron_rl.models.hf_config import ModelArch, arch_from_hf
+from megatron_rl.models.hf_config import ModelArch, arch_from_dict, arch_from_hf
 from megatron_rl.parallel import ParallelConfig
 from megatron_rl.utils import dtypes
 
 Progress = Optional[Callable[[Iterable], Iterable]]
-
-
-def arch_from_dict(hf_config: dict) -> ModelArch:
-    from transformers import AutoConfig
-
-    fields = {k: v for k, v in hf_config.items() if k != "model_type"}
-    return arch_from_hf(AutoConfig.for_model(hf_config.get("model_type"), **fields))
 
 
 def hf_to_megatron(

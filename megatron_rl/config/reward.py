@@ -1,6 +1,6 @@
 """The ``reward`` section: the scorers a response's reward is the weighted sum of.
 
-Without scorers the reward is ``data.reward`` alone, as it always was. With them, each
+Without scorers the reward is ``data.reward`` alone. With them, each
 named scorer scores every response and the reward is the weighted sum; each scorer's
 mean is logged as ``reward/<name>/mean`` beside ``reward/mean``. A scorer of weight 0 is
 scored and logged but does not train: a rule verifier kept at weight 0 beside a reward
@@ -174,7 +174,3 @@ class RewardConfig:
             raise ConfigError(
                 "reward.scorers: every weight is 0, so nothing would be trained on; give one scorer a nonzero weight"
             )
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.scorers)

@@ -16,6 +16,7 @@ from typing import Optional
 
 from megatron_rl.config.reward import BASE, JUDGE, MODEL, RULE, ScorerConfig
 from megatron_rl.config.schema import MODEL_ROLE, REWARD_MODEL, Config, ConfigError
+from megatron_rl.models.hf_config import ModelArch, arch_from_dict
 from megatron_rl.parallel.config import LayoutError
 from megatron_rl.rewards.registry import REWARDS
 
@@ -73,6 +74,8 @@ def _check_judge_dir(where: str, scorer: ScorerConfig) -> None:
 
 def reward_model_extra(where: str, scorer: ScorerConfig) -> dict:
     """The ``extra`` of the reward model's checkpoint the scorer loads, checked to be one."""
+    # Imported here, not above: checkpoint.format imports torch, and a config without a
+    # model scorer is checked without it (from_config.checks: the cheap checks import no torch).
     from megatron_rl.checkpoint import format as fmt
 
     root = reward_model_root(scorer.path)
@@ -91,13 +94,15 @@ def reward_model_extra(where: str, scorer: ScorerConfig) -> dict:
     return extra
 
 
+def reward_model_arch(where: str, scorer: ScorerConfig) -> ModelArch:
+    """The architecture of the reward model the scorer loads (from its checkpoint's config)."""
+    return arch_from_dict(reward_model_extra(where, scorer)["hf_config"])
+
+
 def check_model_scorer(where: str, scorer: ScorerConfig, config: Config, world_size: int) -> None:
     """A committed reward-model checkpoint whose model the actor's layout can hold."""
-    from megatron_rl.bridge.convert import arch_from_dict
-
-    extra = reward_model_extra(where, scorer)
     try:
-        config.parallel.validate(world_size, arch_from_dict(extra["hf_config"]).shape())
+        config.parallel.validate(world_size, reward_model_arch(where, scorer).shape())
     except LayoutError as err:
         raise ConfigError(
             f"{where}: the reward model runs in the actor's layout (parallel), which cannot hold it: {err}"

@@ -110,6 +110,14 @@ def _rope_theta(cfg: Any) -> float:
     return float(params.get("rope_theta", _first(cfg, "rope_theta", default=10000.0)))
 
 
+def arch_from_dict(hf_config: dict) -> ModelArch:
+    """:func:`arch_from_hf` of a config.json's contents (as a checkpoint's ``extra`` records them)."""
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in hf_config.items() if k != "model_type"}
+    return arch_from_hf(AutoConfig.for_model(hf_config.get("model_type"), **fields))
+
+
 def arch_from_hf(cfg: Any) -> ModelArch:
     """Map a transformers ``PretrainedConfig`` (or a path to one) to :class:`ModelArch`."""
     if isinstance(cfg, (str, os.PathLike)):

@@ -65,17 +65,20 @@ class Scorer(Protocol):
 
 
 class RuleScorer:
-    """A verifier (rewards.REWARDS) as a scorer: its timeouts are its failures."""
+    """A verifier (rewards.REWARDS) as a scorer: its timeouts are its failures. A borrowed
+    verifier (``owns_verifier`` false) is left open for its owner to close."""
 
-    def __init__(self, verifier: Verifier):
+    def __init__(self, verifier: Verifier, owns_verifier: bool = True):
         self.verifier = verifier
+        self.owns_verifier = owns_verifier
 
     def score(self, responses: Responses) -> ScorerOutput:
         scores, stats = self.verifier.score_batch(list(responses.texts), list(responses.answers))
         return ScorerOutput(list(map(float, scores)), int(stats.get("timeouts", 0)) + int(stats.get("errors", 0)))
 
     def close(self) -> None:
-        self.verifier.close()
+        if self.owns_verifier:
+            self.verifier.close()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +132,7 @@ class WeightedReward:
 
 
 class SingleRule:
-    """No reward section: data.reward's verifier alone, as before (only its time is added)."""
+    """No reward section: data.reward's verifier alone, its scores unweighted, and the time it took."""
 
     def __init__(self, verifier: Verifier):
         self.verifier = verifier

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from megatron_rl.rollout.engine import RolloutEngine
 from megatron_rl.rollout.types import EngineConfig, Sampling
 
 TARGET = "megatron_rl.rollout.judge:JudgeWorker"
@@ -23,8 +24,6 @@ class JudgeWorker:
         self, model_dir: str, max_new_tokens: int, max_model_len: int, kv_cache_gib: float, gpu_memory: float, seed: int
     ):
         from transformers import AutoTokenizer
-
-        from megatron_rl.rollout.engine import RolloutEngine
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         config = EngineConfig(

@@ -20,6 +20,7 @@ from megatron_rl.algorithms import bradley_terry_loss, pair_correct
 from megatron_rl.schedules.batch import TrainBatch
 from megatron_rl.schedules.objectives import LossOutput, Norms
 from megatron_rl.schedules.packing import Microbatching
+from megatron_rl.schedules.runner import gathered_values
 
 Tensor = torch.Tensor
 PAIR = 2
@@ -65,8 +66,6 @@ def sequence_rewards(
     """[N] the reward model's score of each conversation (its value at the last token), on
     every rank. Each call's rows are padded with copies of its last row to a multiple of
     ``multiple`` (whole micro-batches of every DP rank, whole pairs); the copies are dropped."""
-    from megatron_rl.schedules.runner import gathered_values
-
     scores = []
     for start in range(0, len(rows), ROWS_PER_CALL):
         part = list(rows[start : start + ROWS_PER_CALL])

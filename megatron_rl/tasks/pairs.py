@@ -10,10 +10,9 @@ is the reference solution; the rejected one is, in equal shares (seeded):
 - ``unfinished``: the solution's text up to, and without, its final answer.
 
 The last two are what a policy trained on a reward model alone finds first when the
-model has seen well-formed answers only: with ``wrong`` pairs alone (a first version), GRPO
-on the model's score drifted to two-token answers the model scored above the right ones,
-and held-out accuracy fell to 0.02 (the verifier's grade, kept at weight 0 beside it, fell
-with it). ``data.source=pairs:task:<name>`` writes these files into the run directory.
+model has seen well-formed answers only: on ``wrong`` pairs alone, GRPO on the model's
+score drifts to two-token answers the model scores above the right ones, and held-out
+accuracy falls to 0.02 (docs/rewards.md). ``data.source=pairs:task:<name>`` writes these files into the run directory.
 """
 
 from __future__ import annotations

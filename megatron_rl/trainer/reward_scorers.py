@@ -26,7 +26,7 @@ from megatron_rl.checkpoint import Checkpointer
 from megatron_rl.config import Config
 from megatron_rl.config.reward import BASE, JUDGE, MODEL, ScorerConfig
 from megatron_rl.from_config import setup
-from megatron_rl.from_config.scorer_checks import reward_model_extra, reward_model_root
+from megatron_rl.from_config.scorer_checks import reward_model_arch, reward_model_root
 from megatron_rl.models.builder import build_model
 from megatron_rl.rewards import TimedWorkerPool, build_verifier
 from megatron_rl.rewards.judge import JudgeScorer, Verdicts
@@ -49,9 +49,7 @@ class ModelScorer:
     """A frozen reward model's score of each response, on every rank (collective)."""
 
     def __init__(self, where: str, scorer: ScorerConfig, cfg: Config, dp_size: int, pad_token_id: int):
-        from megatron_rl.bridge.convert import arch_from_dict
-
-        arch = arch_from_dict(reward_model_extra(where, scorer)["hf_config"])
+        arch = reward_model_arch(where, scorer)
         self.chunks = build_model("critic", arch, cfg.parallel, setup.build_options(cfg))
         with Checkpointer() as checkpointer:
             checkpointer.load(reward_model_root(scorer.path), model=self.chunks, step=scorer.step, restore_rng=False)
@@ -136,25 +134,15 @@ def build_reward(cfg: Config, verifier: Verifier, rule_name: str, base_dir: Path
         elif scorer.kind == JUDGE:
             built = RankZeroScorer(build_judge(scorer, base_dir, cfg.trainer.seed) if rank == 0 else None)
         else:
-            built = RuleScorer(_rule_verifier(scorer, verifier, rule_name))
+            built = _rule_scorer(scorer, verifier, rule_name)
         scorers.append(WeightedScorer(name, built, scorer.weight, is_rule=scorer.kind not in (MODEL, JUDGE)))
     return WeightedReward(scorers)
 
 
-def _rule_verifier(scorer: ScorerConfig, verifier: Verifier, rule_name: str) -> Verifier:
+def _rule_scorer(scorer: ScorerConfig, verifier: Verifier, rule_name: str) -> RuleScorer:
+    """A rule of data.reward's name borrows the run's verifier (eval shares it, its owner
+    closes it); any other rule gets a verifier of its own."""
     name = rule_name if scorer.reward == "auto" else scorer.reward
-    return _Shared(verifier) if name == rule_name else build_verifier(name)
-
-
-class _Shared:
-    """The run's own verifier lent to a rule scorer: eval shares it, so the scorer does not close it."""
-
-    def __init__(self, verifier: Verifier):
-        self.verifier = verifier
-        self.totals = verifier.totals
-
-    def score_batch(self, responses, answers):
-        return self.verifier.score_batch(responses, answers)
-
-    def close(self) -> None:
-        pass
+    if name == rule_name:
+        return RuleScorer(verifier, owns_verifier=False)
+    return RuleScorer(build_verifier(name))
