@@ -6,7 +6,10 @@ model's layout, so it lives with the trainer). :class:`WeightedReward` calls eac
 and keeps summable counts in its stats (a step may score several generation batches, as
 DAPO's dynamic sampling does); :func:`reward_metrics` turns the step's sums into
 ``reward/<name>/mean``, ``reward/<name>/failures``, ``reward/<name>/agreement`` and
-``timing/reward_s``.
+``timing/reward_s``; with a served scorer (a judge's engine in a process of its own) also
+``timing/reward_hidden_s`` and ``timing/reward_hidden_share``: how much of its time passed
+while the batch still generated (trainer.overlapped_scoring starts it on each group as the
+group finishes).
 
 **Agreement** of a scorer with the rule: over the pairs of responses to one prompt that
 the rule tells apart (one right, one wrong), the share the scorer orders the same way
@@ -49,6 +52,17 @@ class Responses:
     def __len__(self) -> int:
         return len(self.texts)
 
+    def part(self, start: int, stop: int) -> "Responses":
+        """Responses ``start`` to ``stop`` (one group of a batch)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return Responses(**{k: list(v[start:stop]) if v else v for k, v in fields.items()})
+
+    @classmethod
+    def joined(cls, parts: Sequence["Responses"]) -> "Responses":
+        """``parts`` one after another (groups as one batch)."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{k: [x for p in parts for x in getattr(p, k)] for k in names})
+
 
 @dataclasses.dataclass(frozen=True)
 class ScorerOutput:
@@ -84,9 +98,33 @@ class RuleScorer:
 @dataclasses.dataclass(frozen=True)
 class WeightedScorer:
     name: str
-    scorer: Scorer
+    scorer: Optional[Scorer]
+    """None on the ranks a served scorer does not live on (its scores reach them by ``share``)."""
     weight: float
     is_rule: bool
+    served: bool = False
+    """Served by a process of its own (a judge's engine), beside rank 0 alone: it can score
+    a batch's groups while the rest still generate (:class:`Prescored`)."""
+
+
+@dataclasses.dataclass
+class Prescored:
+    """What the served scorers said of a batch before it reached :meth:`WeightedReward.score_batch`
+    (trainer.overlapped_scoring: groups scored as they finished)."""
+
+    outputs: dict[str, ScorerOutput]
+    busy_s: float
+    """Seconds the served scorers spent on the batch."""
+    hidden_s: float
+    """Of those, the seconds spent while the batch was still generating."""
+
+
+def _identity(outputs: dict) -> dict:
+    return outputs
+
+
+_TIMING = " timing"
+"""The key the served scorers' seconds travel under beside their outputs (no scorer's name has a space)."""
 
 
 class WeightedReward:
@@ -94,19 +132,36 @@ class WeightedReward:
 
     ``score_batch`` has the trainer's scoring signature: (rewards, stats), stats summable
     over the batches of a step. The first rule scorer is what the others' agreement is
-    measured against.
+    measured against. ``share`` hands the served scorers' outputs (on the rank that has
+    them) to every rank: a collective every rank calls in every ``score_batch``.
     """
 
-    def __init__(self, scorers: Sequence[WeightedScorer]):
+    def __init__(self, scorers: Sequence[WeightedScorer], share=_identity):
         if not scorers:
             raise ValueError("a WeightedReward needs at least one scorer")
         self.scorers = list(scorers)
+        self.share = share
         rules = [s for s in self.scorers if s.is_rule]
         self.rule: Optional[WeightedScorer] = rules[0] if rules else None
+        self.served = [s for s in self.scorers if s.served]
 
-    def score_batch(self, responses: Responses) -> tuple[list[float], dict]:
+    def score_served(self, responses: Responses) -> dict[str, ScorerOutput]:
+        """The served scorers' outputs where they live (none elsewhere)."""
+        return {s.name: s.scorer.score(responses) for s in self.served if s.scorer is not None}
+
+    def score_batch(self, responses: Responses, prescored: Optional[Prescored] = None) -> tuple[list[float], dict]:
         started = time.perf_counter()
-        outputs = {s.name: s.scorer.score(responses) for s in self.scorers}
+        if prescored is None:
+            prescored = Prescored(self.score_served(responses), 0.0, 0.0)
+            prescored.busy_s = time.perf_counter() - started
+        busy_s = hidden_s = 0.0
+        outputs: dict = {}
+        if self.served:  # one collective: the outputs and the time they took, as rank 0 measured it
+            outputs = self.share({**prescored.outputs, _TIMING: ScorerOutput([prescored.busy_s, prescored.hidden_s])})
+            busy_s, hidden_s = outputs.pop(_TIMING).scores
+        local_started = time.perf_counter()
+        outputs.update({s.name: s.scorer.score(responses) for s in self.scorers if not s.served})
+        local_s = time.perf_counter() - local_started
         total = [0.0] * len(responses)
         stats: dict = {}
         for s in self.scorers:
@@ -123,12 +178,16 @@ class WeightedReward:
                 hits, pairs = ordered_pairs(outputs[self.rule.name].scores, out.scores, responses.prompt_ids)
                 stats[f"reward/{s.name}/agreement_hits"] = hits
                 stats[f"reward/{s.name}/agreement_pairs"] = pairs
-        stats["timing/reward_s"] = time.perf_counter() - started
+        stats["timing/reward_s"] = local_s + busy_s
+        if self.served:
+            stats["timing/reward_served_s"] = busy_s
+            stats["timing/reward_hidden_s"] = hidden_s
         return total, stats
 
     def close(self) -> None:
         for s in self.scorers:
-            s.scorer.close()
+            if s.scorer is not None:
+                s.scorer.close()
 
 
 class SingleRule:
@@ -173,11 +232,17 @@ def ordered_pairs(rule: Sequence[float], other: Sequence[float], prompts: Sequen
 
 def reward_metrics(stats: dict) -> dict:
     """A step's summed scoring stats as metrics: reward/<name>/mean, reward/<name>/failures,
-    reward/<name>/agreement (nan when no pair of responses was told apart by the rule) and
-    timing/reward_s."""
+    reward/<name>/agreement (nan when no pair of responses was told apart by the rule),
+    timing/reward_s and, with served scorers, timing/reward_hidden_s and
+    timing/reward_hidden_share (of the served scorers' seconds, the share spent while the
+    batch was still generating)."""
     metrics = {}
     if "timing/reward_s" in stats:
         metrics["timing/reward_s"] = stats["timing/reward_s"]
+    if "timing/reward_hidden_s" in stats:
+        hidden, served = stats["timing/reward_hidden_s"], stats["timing/reward_served_s"]
+        metrics["timing/reward_hidden_s"] = hidden
+        metrics["timing/reward_hidden_share"] = hidden / served if served else float("nan")
     for key in stats:
         if not key.endswith("/count"):
             continue

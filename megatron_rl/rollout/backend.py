@@ -27,8 +27,10 @@ class RolloutBackend(Protocol):
     config: EngineConfig
     """The engines' configuration (dtype, TP, sequence length)."""
 
-    def generate_groups(self, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:
-        """``sampling.n`` samples per prompt, one group per prompt in prompt order."""
+    def generate_groups(self, prompts: PromptBatch, sampling: Sampling, on_group=None) -> list[list[Sample]]:
+        """``sampling.n`` samples per prompt, one group per prompt in prompt order;
+        ``on_group`` (rollout.types.OnGroup), where the backend can, hears of each group as
+        it finishes."""
         ...
 
     def generate_eval(

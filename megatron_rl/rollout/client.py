@@ -113,8 +113,9 @@ class RolloutClient:
 
     # -- generation -------------------------------------------------------------------
 
-    def generate_groups(self, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:
-        """``sampling.n`` samples per prompt, generated on the rollout ranks, on every training rank."""
+    def generate_groups(self, prompts: PromptBatch, sampling: Sampling, on_group=None) -> list[list[Sample]]:
+        """``sampling.n`` samples per prompt, generated on the rollout ranks, on every training
+        rank. The batch comes back whole: ``on_group`` is not called (scoring starts after)."""
         return self.result(self.submit(Generate(prompts, sampling))).groups
 
     def generate_eval(

@@ -17,14 +17,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Iterable, Optional, Sequence, Union
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 import torch
 
 from megatron_rl.launch import startup_gc
 from megatron_rl.platform import torch_compat, vllm_compat, vllm_shm
 from megatron_rl.rollout import vllm_env
-from megatron_rl.rollout.types import EngineConfig, Sample, Sampling
+from megatron_rl.rollout.types import EngineConfig, OnGroup, Sample, Sampling
 
 Prompt = Union[str, Sequence[int]]
 
@@ -105,11 +105,14 @@ class RolloutEngine:
         sampling: Sampling = Sampling(),
         seeds: Optional[Sequence[int]] = None,
         max_tokens: Optional[Sequence[int]] = None,
+        on_group: Optional[OnGroup] = None,
     ) -> list[list[Sample]]:
         """``sampling.n`` samples per prompt, in prompt order. ``seeds``: one per prompt
         (vLLM seeds its samples seed, seed + 1, ...); None: the engine's own generator.
         ``max_tokens``: one response budget per prompt (multi-turn episodes each have
-        their own room left); None: ``sampling.max_tokens`` for all."""
+        their own room left); None: ``sampling.max_tokens`` for all. ``on_group``: called
+        with a prompt's index and its samples as soon as all of them finish, while the
+        others still generate (the samples without routes: those come with the result)."""
         prompt_ids = [self._ids(p) for p in prompts]
         if seeds is not None and len(seeds) != len(prompt_ids):
             raise ValueError(f"{len(seeds)} seeds for {len(prompt_ids)} prompts")
@@ -118,12 +121,20 @@ class RolloutEngine:
             raise ValueError(f"max_tokens needs one budget >= 1 per prompt, got {budgets} for {len(prompt_ids)}")
         outputs, routes = [], {}
         for wave in self._waves(prompt_ids, sampling.n, seeds):
+            finished = None
+            if on_group is not None:
+
+                def finished(position, out, wave=wave):
+                    i = wave[position]
+                    on_group(i, [self._sample(prompt_ids[i], [], [], c, sampling, budgets[i]) for c in out.outputs])
+
             done, recorded = self._run(
                 [prompt_ids[i] for i in wave],
                 sampling,
                 sampling.n,
                 [budgets[i] for i in wave],
                 None if seeds is None else [seeds[i] for i in wave],
+                finished,
             )
             outputs.extend(done)
             routes.update(recorded)
@@ -265,6 +276,7 @@ class RolloutEngine:
         n: int,
         budgets: list[int],
         seeds: Optional[Sequence[int]] = None,
+        on_output: Optional[Callable] = None,
     ):
         from vllm import SamplingParams
 
@@ -289,15 +301,35 @@ class RolloutEngine:
             )
         from megatron_rl.rollout import routes
 
+        requests = [self._tokens_prompt(ids) for ids in prompt_ids]
         if not self.config.record_routes:
-            return self.llm.generate([self._tokens_prompt(ids) for ids in prompt_ids], params, use_tqdm=False), {}
+            return self._generate(requests, params, on_output), {}
         hf = self.llm.llm_engine.model_config.hf_config
         self.llm.collective_rpc(routes.start_on_worker, args=(hf.num_hidden_layers, hf.num_experts_per_tok))
         try:
-            outputs = self.llm.generate([self._tokens_prompt(ids) for ids in prompt_ids], params, use_tqdm=False)
+            outputs = self._generate(requests, params, on_output)
         finally:
             recorded = self.llm.collective_rpc(routes.take_on_worker)[0]
         return outputs, recorded
+
+    def _generate(self, requests: list, params: list, on_output: Optional[Callable]) -> list:
+        """vLLM's outputs for ``requests``, in order; with ``on_output``, each request's
+        output is handed to it (with the request's position) the step it finishes. That
+        path queues the requests (``LLM.enqueue``) and drives vLLM's engine step by step
+        itself, as ``LLM.generate`` does inside."""
+        if on_output is None:
+            return self.llm.generate(requests, params, use_tqdm=False)
+        queued = self.llm.enqueue(requests, params, use_tqdm=False)
+        # enqueue answers vLLM's internal ids (``<id>-<8 random characters>``); the outputs carry <id>.
+        position = {rid.rpartition("-")[0] or rid: i for i, rid in enumerate(queued)}
+        engine = self.llm.llm_engine
+        outputs: list = [None] * len(requests)
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    outputs[position[out.request_id]] = out
+                    on_output(position[out.request_id], out)
+        return outputs
 
     @staticmethod
     def _with_routes(

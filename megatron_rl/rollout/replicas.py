@@ -13,21 +13,23 @@ the engine never calls back up into them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
 from megatron_rl.data import PromptBatch
 from megatron_rl.rollout.seeds import prompt_seeds
-from megatron_rl.rollout.types import EngineConfig, EvalSamples, Sample, Sampling
+from megatron_rl.rollout.types import EngineConfig, EvalSamples, OnGroup, Sample, Sampling
 
 if TYPE_CHECKING:
     from megatron_rl.rollout.engine import RolloutEngine
     from megatron_rl.rollout.weight_check import WeightCheckResult
 
-Generate = Callable[[PromptBatch, Sampling], list[list[Sample]]]
-"""``sampling.n`` samples per prompt, in prompt order, the same on every rank that asks."""
+Generate = Callable[..., list[list[Sample]]]
+"""``(prompts, sampling, on_group=None)``: ``sampling.n`` samples per prompt, in prompt
+order, the same on every rank that asks; ``on_group`` (rollout.types.OnGroup) hears of
+this replica's groups as they finish."""
 Continue = Callable[[list[Sample], Sampling], list[Sample]]
 """Every unfinished sample extended by one more window, the same on every rank that asks."""
 
@@ -55,8 +57,13 @@ class Replicas:
 
     # -- generation, dealt over the replicas --------------------------------------------
 
-    def generate_groups(self, prompts: PromptBatch, sampling: Sampling) -> list[list[Sample]]:
-        """``sampling.n`` samples per prompt of ``prompts``, the same list on every rank."""
+    def generate_groups(
+        self, prompts: PromptBatch, sampling: Sampling, on_group: Optional[OnGroup] = None
+    ) -> list[list[Sample]]:
+        """``sampling.n`` samples per prompt of ``prompts``, the same list on every rank.
+        ``on_group`` hears of each group this rank's replica generates (by its index in
+        ``prompts``) as it finishes; give it on every rank or none, so the ranks of one
+        engine drive it alike."""
         mine = self.share(len(prompts))
         seeds = None
         if sampling.prompt_seed is not None:  # the same samples whichever replica draws them
@@ -66,7 +73,12 @@ class Replicas:
                 [prompts.dataset_indices[i] for i in mine],
                 sampling.n,
             )
-        local = self.engine.generate([prompts.prompt_ids[i] for i in mine], sampling, seeds) if mine else []
+        streamed = None if on_group is None else lambda k, samples: on_group(mine[k], samples)
+        local = (
+            self.engine.generate([prompts.prompt_ids[i] for i in mine], sampling, seeds, on_group=streamed)
+            if mine
+            else []
+        )
         return self.gather(len(prompts), mine, local)
 
     def generate_eval(

@@ -9,7 +9,7 @@ engine. :class:`~megatron_rl.rollout.engine.RolloutEngine` builds vLLM from an
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -99,6 +99,11 @@ class Sample:
     @property
     def finished(self) -> bool:
         return self.finish_reason != "window"
+
+
+OnGroup = Callable[[int, list[Sample]], None]
+"""Told a prompt's index and its samples as soon as all of them have finished, while the
+rest of the batch still generates (what overlaps scoring with generation)."""
 
 
 @dataclasses.dataclass(frozen=True)

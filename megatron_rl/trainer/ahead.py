@@ -96,9 +96,10 @@ class AheadGeneration:
         self.queue: collections.deque[InFlight] = collections.deque()
         self.step_times = StepTimes()
 
-    def draw(self, sampling: Sampling) -> Drawn:
+    def draw(self, sampling: Sampling, overlap=None) -> Drawn:
         """The oldest batch in flight (submitted now if none is), with the queue topped up
-        again before returning; a batch staler than ``depth`` versions is dropped and redrawn."""
+        again before returning; a batch staler than ``depth`` versions is dropped and redrawn.
+        ``overlap`` is not called: the batch was generated before (it is scored whole)."""
         while True:
             if not self.queue:
                 self._submit(sampling)

@@ -36,6 +36,7 @@ from megatron_rl.monitor.online import OnlineMonitor, torch_gather
 from megatron_rl.parallel import initialize, initialize_alongside
 from megatron_rl.parallel.state import ParallelContext
 from megatron_rl.rewards import build_verifier
+from megatron_rl.rewards.scoring import WeightedReward
 from megatron_rl.rollout.backend import RolloutBackend
 from megatron_rl.rollout.client import RolloutClient
 from megatron_rl.rollout.engine import RolloutEngine
@@ -45,8 +46,10 @@ from megatron_rl.rollout.types import Sampling
 from megatron_rl.schedules import ActorLoss, CriticLoss
 from megatron_rl.trainer.ahead import AheadGeneration, GroupRequests
 from megatron_rl.trainer.episodes import episode_source, episode_spec
+from megatron_rl.trainer.overlapped_scoring import OverlappedScoring
 from megatron_rl.trainer.reference import ReferencePolicy
 from megatron_rl.trainer.reward_scorers import build_reward
+from megatron_rl.trainer.rollouts import responses_of
 from megatron_rl.trainer.sources import GroupSource, RolloutSource, WindowSource
 from megatron_rl.trainer.windows import WindowPool
 
@@ -151,11 +154,15 @@ def build_rollouts(
     verifier = build_verifier(verifier_name(cfg))
     pad_token_id = tokenizer.pad_token_id or 0
     reward = build_reward(cfg, verifier, verifier_name(cfg), place.base_dir, cfg.parallel.dp(place.world), pad_token_id)
+    decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
+    overlap = None
+    if isinstance(reward, WeightedReward) and reward.served:
+        reward = OverlappedScoring(reward, functools.partial(responses_of, decode=decode))
+        overlap = reward.begin
     engine_config = setup.engine_config(cfg, arch, place.run_dir / "cache")
     client = _rollout_client(cfg, place, engine_config) if place.roles is not None else None
     engine: RolloutBackend = client if client is not None else Replicas(RolloutEngine(place.base_dir, engine_config))
-    decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
-    source = _source(cfg, recipe, place, engine, client, reward.score_batch, loader, decode, tokenizer)
+    source = _source(cfg, recipe, place, engine, client, reward.score_batch, loader, decode, tokenizer, overlap)
     evaluator, eval_verifiers = None, {}
     if cfg.eval.enabled:
         evaluator, eval_verifiers = _evaluator(cfg, place, engine, verifier, tokenizer, dataset, decode)
@@ -206,9 +213,12 @@ def _rollout_client(cfg: Config, place: RunPlace, engine_config) -> RolloutClien
     return client
 
 
-def _source(cfg, recipe, place: RunPlace, engine, client, score, loader, decode, tokenizer) -> RolloutSource:
+def _source(
+    cfg, recipe, place: RunPlace, engine, client, score, loader, decode, tokenizer, overlap=None
+) -> RolloutSource:
     """Lockstep groups, or T-PPO's window pool, or multi-turn episodes (``environment``),
-    on the colocated engines or the rollout ranks."""
+    on the colocated engines or the rollout ranks; ``overlap``: served scorers begun on each
+    lockstep group as it finishes."""
     row_multiple = train_row_multiple(cfg, place.world, recipe.use_critic)
     if cfg.environment.episodes:
         replicas = engine if client is None else None  # colocated: the backend is the replicas
@@ -229,6 +239,7 @@ def _source(cfg, recipe, place: RunPlace, engine, client, score, loader, decode,
             rollout.n_samples,
             row_multiple,
             ahead,
+            overlap,
         )
     pool = WindowPool(
         rollout.prompts_per_step * rollout.n_samples, rollout.n_samples, row_multiple, recipe.train_in_flight

@@ -2,7 +2,9 @@
 
 A judge scorer (kind ``judge``) runs its own vLLM engine in a worker process beside rank 0
 (rollout.judge), started while the trainer builds the rest, so its start-up overlaps the
-run's; rank 0 scores and sends the scores to every rank. Its timeout bounds each batch.
+run's; rank 0 scores and sends the scores to every rank. Its timeout bounds each batch. It
+is a served scorer: colocated lockstep rollouts hand it each group as the group finishes
+(trainer.overlapped_scoring).
 
 A model scorer (kind ``model``) is a reward model trained by algorithm.recipe=reward_model,
 built in the actor's layout beside it and loaded from its checkpoint (resharded as needed,
@@ -24,7 +26,7 @@ import torch.distributed as dist
 
 from megatron_rl.checkpoint import Checkpointer
 from megatron_rl.config import Config
-from megatron_rl.config.reward import BASE, JUDGE, MODEL, ScorerConfig
+from megatron_rl.config.reward import BASE, JUDGE, MODEL, RULE, ScorerConfig
 from megatron_rl.from_config import setup
 from megatron_rl.from_config.scorer_checks import reward_model_arch, reward_model_root
 from megatron_rl.models.builder import build_model
@@ -103,21 +105,12 @@ def build_judge(scorer: ScorerConfig, base_dir: Path, seed: int) -> JudgeScorer:
     return JudgeScorer(pool, scorer.template, verdicts, scorer.on_malformed, scorer.batch_size)
 
 
-class RankZeroScorer:
-    """A scorer that runs on rank 0 alone (``scorer`` None elsewhere); every rank gets its output."""
-
-    def __init__(self, scorer):
-        self.scorer = scorer
-
-    def score(self, responses: Responses) -> ScorerOutput:
-        out = [self.scorer.score(responses) if self.scorer is not None else None]
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.broadcast_object_list(out, src=0)
-        return out[0]
-
-    def close(self) -> None:
-        if self.scorer is not None:
-            self.scorer.close()
+def share_from_rank_zero(outputs: dict) -> dict:
+    """Rank 0's ``outputs`` on every rank (a collective)."""
+    box = [outputs]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    return dict(box[0])
 
 
 def build_reward(cfg: Config, verifier: Verifier, rule_name: str, base_dir: Path, dp_size: int, pad_token_id: int):
@@ -132,11 +125,12 @@ def build_reward(cfg: Config, verifier: Verifier, rule_name: str, base_dir: Path
         if scorer.kind == MODEL:
             built = ModelScorer(where, scorer, cfg, dp_size, pad_token_id)
         elif scorer.kind == JUDGE:
-            built = RankZeroScorer(build_judge(scorer, base_dir, cfg.trainer.seed) if rank == 0 else None)
+            built = build_judge(scorer, base_dir, cfg.trainer.seed) if rank == 0 else None
         else:
             built = _rule_scorer(scorer, verifier, rule_name)
-        scorers.append(WeightedScorer(name, built, scorer.weight, is_rule=scorer.kind not in (MODEL, JUDGE)))
-    return WeightedReward(scorers)
+        kinds = dict(is_rule=scorer.kind == RULE, served=scorer.kind == JUDGE)
+        scorers.append(WeightedScorer(name, built, scorer.weight, **kinds))
+    return WeightedReward(scorers, share=share_from_rank_zero)
 
 
 def _rule_scorer(scorer: ScorerConfig, verifier: Verifier, rule_name: str) -> RuleScorer:

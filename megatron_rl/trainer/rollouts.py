@@ -28,6 +28,7 @@ from megatron_rl.rewards.scoring import Responses
 from megatron_rl.rollout import Sample, Sampling
 from megatron_rl.rollout.partial import fresh_start
 from megatron_rl.rollout.replicas import Continue, Generate
+from megatron_rl.trainer.overlapped_scoring import Overlap
 from megatron_rl.trainer.windows import StepCounts, WindowPool, WindowSample
 
 
@@ -62,16 +63,20 @@ class Drawn:
 
 Score = Callable[[Responses], tuple[list[float], dict]]
 """The run's reward (rewards.scoring): each response's score, and stats summable over batches."""
-Draw = Callable[[Sampling], Drawn]
-"""The next generation batch (new prompts, sampled), the same on every rank."""
+Draw = Callable[..., Drawn]
+"""``(sampling, overlap=None)``: the next generation batch (new prompts, sampled), the same
+on every rank; a draw that generates now tells ``overlap``'s callback of each group as it
+finishes (trainer.overlapped_scoring), one that generated earlier ignores it."""
 
 
 def lockstep_draw(next_prompts: Callable[[], PromptBatch], generate: Generate) -> Draw:
     """Draw new prompts and generate them now (the engines have the current weights)."""
 
-    def draw(sampling: Sampling) -> Drawn:
+    def draw(sampling: Sampling, overlap: Optional[Overlap] = None) -> Drawn:
         prompts = next_prompts()
-        return Drawn(prompts, generate(prompts, sampling))
+        if overlap is None:
+            return Drawn(prompts, generate(prompts, sampling))
+        return Drawn(prompts, generate(prompts, sampling, on_group=overlap(prompts)))
 
     return draw
 
@@ -227,8 +232,11 @@ def collect_rollouts(
     score: Score,
     decode: Callable[[list[int]], str],
     num_groups: int,
+    overlap: Optional[Overlap] = None,
 ) -> RolloutResult:
-    """Generate until ``num_groups`` groups are kept (or max_gen_batches is reached)."""
+    """Generate until ``num_groups`` groups are kept (or max_gen_batches is reached);
+    ``overlap``: the served scorers start on each group as it finishes (``score`` then
+    scores the batch with what they found)."""
     start = time.perf_counter()
     kept: list[Group] = []
     generated = batches = 0
@@ -237,7 +245,7 @@ def collect_rollouts(
     all_samples: list[Sample] = []
     stats_total: dict = {}
     while len(kept) < num_groups and batches < (recipe.max_gen_batches if recipe.dynamic_sampling else 1):
-        drawn = draw(sampling)
+        drawn = draw(sampling) if overlap is None else draw(sampling, overlap)
         prompts, samples = drawn.prompts, drawn.samples
         batches += 1
         if drawn.scores is None:

@@ -28,6 +28,7 @@ from megatron_rl.rollout import Sampling
 from megatron_rl.rollout.partial import spans_versions
 from megatron_rl.rollout.replicas import Continue, Generate
 from megatron_rl.trainer.ahead import AheadGeneration
+from megatron_rl.trainer.overlapped_scoring import Overlap
 from megatron_rl.trainer.rollouts import Group, Score, TrainRows, collect_rollouts, lockstep_draw, windowed_rollouts
 from megatron_rl.trainer.windows import WindowPool, WindowSample
 
@@ -83,15 +84,20 @@ class GroupSource(RolloutSource):
         group_size: int,
         row_multiple: int,
         ahead: Optional[AheadGeneration] = None,
+        overlap: Optional[Overlap] = None,
     ):
         self.recipe, self.score, self.decode, self.ahead = recipe, score, decode, ahead
+        self.overlap = overlap
+        """Served scorers begun on each group as it finishes (trainer.overlapped_scoring)."""
         self.draw = ahead.draw if ahead is not None else lockstep_draw(loader.next_batch, generate)
         self.position = ahead if ahead is not None else loader
         """The data position (what a checkpoint saves): the loader's, or before the batches in flight."""
         self.num_groups, self.group_size, self.row_multiple = num_groups, group_size, row_multiple
 
     def collect(self, sampling: Sampling) -> Rollout:
-        result = collect_rollouts(self.draw, sampling, self.recipe, self.score, self.decode, self.num_groups)
+        result = collect_rollouts(
+            self.draw, sampling, self.recipe, self.score, self.decode, self.num_groups, self.overlap
+        )
         groups = result.groups[: usable_groups(len(result.groups), self.group_size, self.row_multiple)]
         metrics = collection_metrics(result, groups, self.position.prompts_drawn)
         version = None

@@ -77,6 +77,25 @@ def seeded_samples_do_not_depend_on_replica_or_batch(eng, ref):
     return {"replicas": eng.num_replicas, "over_budget_prompts": len(long), "budget": budget}
 
 
+def streamed_groups_arrive_as_they_finish(eng, ref):
+    """``on_group``: each prompt's group is handed over once, before the call returns and
+    as it finishes (a group with a 2-token budget before one with 24), and equals what the
+    call returns and what the same seeded call samples without the callback."""
+    sampling = Sampling(n=3, max_tokens=24, temperature=1.0, stop_token_ids=())
+    prompts, seeds = [[5, 6, 7], [9, 4, 3, 8], [11, 12]], prompt_seeds(99, [0, 0, 0], [1, 2, 3], 3)
+    budgets = [24, 2, 24]
+    heard: list = []
+    streamed = eng.generate(prompts, sampling, seeds, budgets, on_group=lambda i, g: heard.append((i, g)))
+    plain = eng.generate(prompts, sampling, seeds, budgets)
+    ids = lambda group: [s.token_ids for s in group]  # noqa: E731
+    assert sorted(i for i, _ in heard) == [0, 1, 2], [i for i, _ in heard]
+    assert heard[0][0] == 1, [i for i, _ in heard]  # the short budget finished first
+    for i, group in heard:
+        assert ids(group) == ids(streamed[i]) == ids(plain[i])
+        assert [s.logprobs for s in group] == [s.logprobs for s in streamed[i]]
+    return {"order": [i for i, _ in heard]}
+
+
 def greedy_reference(ref, prompt, max_tokens):
     seq = list(prompt)
     for _ in range(max_tokens):
@@ -133,5 +152,6 @@ CASES = {  # in this order: "reload" changes the served weights
     "sampled_logprobs": sampled_logprobs_match_transformers,
     "windows": windows_continue_to_the_one_shot_answer,
     "seeded": seeded_samples_do_not_depend_on_replica_or_batch,
+    "streamed": streamed_groups_arrive_as_they_finish,
     "reload": reloaded_weights_serve_new_logprobs,
 }

@@ -95,7 +95,7 @@ def _rl_with_the_reward_model(tmp_path, base, rm_run_dir):
     actor), the rule verifier kept at weight 0, and a judge at weight 0 (the base itself, in
     vLLM in its own process, asked a question it answers with a digit, read as the verdict):
     every step logs each scorer, the model's and the judge's agreement with the rule, and
-    trains on the model's score alone."""
+    trains on the model's score alone; the judge scores groups as they finish."""
     judge = (
         "{kind: judge, path: base, weight: 0, template: '{question} {response}', verdict_pattern: '([0-9])', "
         "verdict_scores: {}}"
@@ -119,6 +119,8 @@ def _rl_with_the_reward_model(tmp_path, base, rm_run_dir):
         assert r["reward/judge/failures"] < 16, r  # the judge's engine answered, with a digit, at least once
         assert 0.0 <= r["reward/judge/mean"] <= 9.0
         assert r["timing/reward_s"] > 0.0
+        # the judge is served: it scored groups as they finished, part of its time before the batch ended
+        assert 0.0 < r["timing/reward_hidden_s"] and 0.0 < r["timing/reward_hidden_share"] <= 1.0, r
 
 
 def _train(overrides):

@@ -50,7 +50,7 @@ def setup(request, tmp_path_factory):
     return request.param, launch(BODY, world, args=[str(work), str(tp), kind, dtype], timeout_s=1200)
 
 
-ENGINE_CASES = ("sampled_logprobs", "windows", "seeded", "reload")
+ENGINE_CASES = ("sampled_logprobs", "windows", "seeded", "streamed", "reload")
 
 
 @pytest.mark.parametrize("case", ENGINE_CASES)

@@ -30,7 +30,7 @@ class ScriptedEngine:
     def __init__(self):
         self.calls, self.cache_drops = [], 0
 
-    def generate(self, prompts, sampling, seeds=None):
+    def generate(self, prompts, sampling, seeds=None, on_group=None):
         self.calls.append((prompts, sampling, seeds))
         torch.rand(3), random.random()
         return [

@@ -1,6 +1,7 @@
 """Judges for test_judge.py's worker pool: a scripted stand-in for the judge's engine (the
 pool, the timeout, the replacement and the verdicts are what is tested, not vLLM). A
-prompt holding "sleep" hangs the worker, "die" kills it, "garbage" gets no verdict."""
+prompt holding "sleep" hangs the worker, "die" kills it, "garbage" gets no verdict, "slow"
+takes a tenth of a second."""
 
 import os
 import time
@@ -15,6 +16,8 @@ class ScriptedJudge:
         for prompt in prompts:
             if "sleep" in prompt:
                 time.sleep(60)
+            if "slow" in prompt:
+                time.sleep(0.1)
             if "die" in prompt:
                 os._exit(3)
             answers.append("?!" if "garbage" in prompt else "Yes." if self.correct in prompt else "no")

@@ -23,9 +23,12 @@ class ScriptedEngine:
     def __init__(self):
         self.calls = []
 
-    def generate(self, prompts, sampling, seeds=None):
+    def generate(self, prompts, sampling, seeds=None, on_group=None):
         self.calls.append(("generate", [list(p) for p in prompts], seeds))
-        return [[Sample(list(p), [p[0]], [-0.5], "stop") for _ in range(sampling.n)] for p in prompts]
+        groups = [[Sample(list(p), [p[0]], [-0.5], "stop") for _ in range(sampling.n)] for p in prompts]
+        for k in reversed(range(len(groups))) if on_group else ():  # the last finishes first
+            on_group(k, groups[k])
+        return groups
 
     def continue_(self, samples, sampling):
         self.calls.append(("continue_", len(samples)))
@@ -63,6 +66,15 @@ def test_groups_come_back_in_prompt_order_seeded_from_the_prompts(one_rank_group
     groups = Replicas(engine).generate_groups(prompts, Sampling(n=2, prompt_seed=11))
     assert [[s.token_ids for s in g] for g in groups] == [[[5], [5]], [[7], [7]]]
     assert engine.calls == [("generate", [[5, 1], [7]], prompt_seeds(11, [0, 1], [3, 4], 2))]
+
+
+def test_each_finished_group_is_heard_by_its_index_in_the_batch(one_rank_group):
+    heard = []
+    prompts = PromptBatch([[5], [7]], ["", ""], [3, 4], [0, 0], [0, 1])
+    groups = Replicas(ScriptedEngine()).generate_groups(
+        prompts, Sampling(n=2), on_group=lambda i, g: heard.append((i, [s.token_ids for s in g]))
+    )
+    assert heard == [(1, [[7], [7]]), (0, [[5], [5]])] and len(groups) == 2
 
 
 def test_a_continuation_extends_every_sample_on_the_replicas(one_rank_group):

@@ -34,7 +34,7 @@ class ScriptedGeneration:
     def __init__(self):
         self.calls = []
 
-    def generate(self, prompts, sampling, seeds=None):
+    def generate(self, prompts, sampling, seeds=None, on_group=None):
         self.calls.append([p[0] for p in prompts])
         return [
             [
