@@ -25,6 +25,10 @@ MODEL = "model"
 JUDGE = "judge"
 SCORER_KINDS = (RULE, MODEL, JUDGE)
 """Scorer kinds: a rule verifier (rewards.REWARDS), a trained scalar reward model, an LLM judge."""
+MEGATRON = "megatron"
+VLLM = "vllm"
+MODEL_ENGINES = (MEGATRON, VLLM)
+"""Where a model scorer runs: a Megatron forward in the actor's layout, or a vLLM engine of its own."""
 BASE = "base"
 """A judge's ``path`` that names the run's own base model (the policy's starting weights)."""
 DEFAULT_TEMPLATE = (
@@ -42,7 +46,7 @@ class ScorerConfig:
 
     kind: str = ""
     """rule: a verifier by name (``reward``); model: a reward model trained by
-    algorithm.recipe=reward_model (``path``), run as a Megatron forward in the actor's layout."""
+    algorithm.recipe=reward_model (``path``), run where ``engine`` says."""
     weight: float = 1.0
     """Its share of the reward: reward = sum of weight x score over the scorers. 0: scored and
     logged (reward/<name>/mean, and a model's agreement with the rule), never trained on."""
@@ -53,6 +57,12 @@ class ScorerConfig:
     directory itself; judge: the judge's HF directory, or ``base`` for the run's own base."""
     step: Optional[int] = None
     """model only: the checkpoint step to load (null: the newest committed one)."""
+    engine: str = MEGATRON
+    """model only: megatron, a forward in the actor's layout on every rank (colocated, every
+    score on every rank at once); vllm, the reward model exported to HF and served by a
+    vLLM engine in a worker process beside rank 0, which scores each group as it finishes
+    while the rest still generate (timeout_s, batch_size, on_malformed and
+    gpu_memory_utilization then apply)."""
     missing_eos_penalty: float = 0.0
     """model only: subtracted from the model's score of a response that ran out of budget
     before its end of turn. A reward model trained on finished conversations has never seen
@@ -67,18 +77,19 @@ class ScorerConfig:
     verdict_scores: dict = dataclasses.field(default_factory=lambda: {"yes": 1.0, "no": 0.0})
     """judge only: verdict (lower-cased) -> score; empty: the verdict is read as a number."""
     on_malformed: float = 0.0
-    """judge only: the score of a response whose verdict cannot be read, or whose judging
-    failed or ran out of time (each counted in reward/<name>/failures)."""
+    """judge, and model on vllm: the score of a response whose verdict cannot be read (a
+    reward model's: a score that is not a finite number), or whose scoring failed or ran
+    out of time (each counted in reward/<name>/failures)."""
     timeout_s: float = 60.0
-    """judge only: the longest one batch of judge prompts may take (its responses then score
+    """judge, and model on vllm: the longest one batch may take (its responses then score
     on_malformed); start-up does not count."""
     max_new_tokens: int = 8
     """judge only: the judge's answer budget (greedy)."""
     batch_size: int = 64
-    """judge only: judge prompts per request to the judge's engine (a timeout costs a batch)."""
+    """judge, and model on vllm: responses per request to the scorer's engine (a timeout costs a batch)."""
     gpu_memory_utilization: float = 0.15
-    """judge only, GPU: the share of rank 0's GPU the judge's engine takes for its weights and
-    KV cache, beside the policy's colocated engine and training (untested on GPUs)."""
+    """judge, and model on vllm, GPU: the share of rank 0's GPU the scorer's engine takes for
+    its weights and KV cache, beside the policy's colocated engine and training (untested on GPUs)."""
 
     def __post_init__(self) -> None:
         if self.kind not in SCORER_KINDS:
@@ -96,24 +107,31 @@ class ScorerConfig:
             raise ConfigError(f"missing_eos_penalty={self.missing_eos_penalty!r} must be a finite number")
         if self.step is not None and self.step < 1:
             raise ConfigError(f"step={self.step} must be >= 1 (or null: the newest)")
+        if self.kind == MODEL and self.engine not in MODEL_ENGINES:
+            raise ConfigError(f"engine={self.engine!r} is not allowed; choose one of {list(MODEL_ENGINES)}")
         if self.kind == JUDGE:
             _check_judge(self)
+        if self.kind == JUDGE or self.engine == VLLM:
+            _check_served(self)
 
 
+SERVED = {"on_malformed", "timeout_s", "batch_size", "gpu_memory_utilization"}
+"""The fields of a scorer served by an engine in a worker process (a judge, a model on vllm)."""
 _APPLIES = {
     RULE: {"reward"},
-    MODEL: {"path", "step", "missing_eos_penalty"},
-    JUDGE: {"path", "template", "verdict_pattern", "verdict_scores", "on_malformed", "timeout_s", "max_new_tokens",
-            "batch_size", "gpu_memory_utilization"},
+    MODEL: {"path", "step", "engine", "missing_eos_penalty"},
+    JUDGE: {"path", "template", "verdict_pattern", "verdict_scores", "max_new_tokens", *SERVED},
 }  # fmt: skip
-"""The kind-specific fields each kind reads (kind and weight apply to all)."""
+"""The kind-specific fields each kind reads (kind and weight apply to all; a model on vllm
+reads SERVED too)."""
 
 
 def _misplaced(scorer: ScorerConfig) -> list[str]:
     """Fields set away from their defaults that the scorer's kind does not read."""
+    applies = _APPLIES[scorer.kind] | (SERVED if scorer.kind == MODEL and scorer.engine == VLLM else set())
     names = []
     for f in dataclasses.fields(ScorerConfig):
-        if f.name in ("kind", "weight") or f.name in _APPLIES[scorer.kind]:
+        if f.name in ("kind", "weight") or f.name in applies:
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if getattr(scorer, f.name) != default:
@@ -147,6 +165,10 @@ def _check_judge(scorer: ScorerConfig) -> None:
     bad = [k for k, v in scorer.verdict_scores.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
     if bad:
         raise ConfigError(f"verdict_scores[{bad[0]!r}]={scorer.verdict_scores[bad[0]]!r} must be a number")
+
+
+def _check_served(scorer: ScorerConfig) -> None:
+    """The settings of a scorer served in a worker process: its failure score and limits."""
     if not math.isfinite(scorer.on_malformed):
         raise ConfigError(f"on_malformed={scorer.on_malformed!r} must be a finite number")
     if not 0 < scorer.gpu_memory_utilization < 1:

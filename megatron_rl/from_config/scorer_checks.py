@@ -1,11 +1,11 @@
 """The checks of ``reward.scorers`` (config/reward.py) that need more than the section itself.
 
 Before any model is built: every rule names a known verifier, every model scorer names a
-committed reward-model checkpoint whose architecture the actor's layout can hold, and
-(once the policy's base directory exists, :func:`check_scorer_tokenizers`) reads text with
-the policy's own tokenizer and chat template: a model scorer reads the policy's token ids
-as they are, so a reward model of another tokenizer would score other text than the one
-generated. Each problem is one ConfigError line naming the key.
+committed reward-model checkpoint whose architecture the actor's layout can hold (when it
+runs there), and (once the policy's base directory exists, :func:`check_scorer_tokenizers`)
+reads text with the policy's own tokenizer and chat template: a model scorer reads the
+policy's token ids as they are, so a reward model of another tokenizer would score other
+text than the one generated. Each problem is one ConfigError line naming the key.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from megatron_rl.config.reward import BASE, JUDGE, MODEL, RULE, ScorerConfig
+from megatron_rl.config.reward import BASE, JUDGE, MODEL, RULE, VLLM, ScorerConfig
 from megatron_rl.config.schema import MODEL_ROLE, REWARD_MODEL, Config, ConfigError
 from megatron_rl.models.hf_config import ModelArch, arch_from_dict
 from megatron_rl.parallel.config import LayoutError
@@ -100,7 +100,11 @@ def reward_model_arch(where: str, scorer: ScorerConfig) -> ModelArch:
 
 
 def check_model_scorer(where: str, scorer: ScorerConfig, config: Config, world_size: int) -> None:
-    """A committed reward-model checkpoint whose model the actor's layout can hold."""
+    """A committed reward-model checkpoint whose model the actor's layout can hold (on
+    engine megatron; on vllm its own engine holds it whole)."""
+    if scorer.engine == VLLM:
+        reward_model_extra(where, scorer)
+        return
     try:
         config.parallel.validate(world_size, reward_model_arch(where, scorer).shape())
     except LayoutError as err:

@@ -64,3 +64,19 @@ class VllmRewardModel:
     def close(self) -> None:
         """Drop the engine; the process's exit frees what vLLM keeps process-wide."""
         self.llm = None
+
+
+WORKER = "megatron_rl.rewards.vllm_reward_model:RewardModelWorker"
+"""What a served model scorer's pool workers build (rewards.timed_pool, ``module:class``)."""
+
+
+class RewardModelWorker:
+    """A pool worker's reward model: called with a list of token id lists, returns their scores."""
+
+    def __init__(self, hf_dir: str, max_model_len: int, kv_cache_gib: float, gpu_memory: float, seed: int):
+        self.model = VllmRewardModel(
+            hf_dir, kv_cache_gib, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory, seed=seed
+        )
+
+    def __call__(self, token_id_lists: Sequence[Sequence[int]]) -> list[float]:
+        return self.model.score(token_id_lists)

@@ -153,7 +153,15 @@ def build_rollouts(
     loader = PromptLoader(dataset, batch_size=batch_size, seed=cfg.trainer.seed)
     verifier = build_verifier(verifier_name(cfg))
     pad_token_id = tokenizer.pad_token_id or 0
-    reward = build_reward(cfg, verifier, verifier_name(cfg), place.base_dir, cfg.parallel.dp(place.world), pad_token_id)
+    reward = build_reward(
+        cfg,
+        verifier,
+        verifier_name(cfg),
+        base_dir=place.base_dir,
+        run_dir=place.run_dir,
+        dp_size=cfg.parallel.dp(place.world),
+        pad_token_id=pad_token_id,
+    )
     decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
     overlap = None
     if isinstance(reward, WeightedReward) and reward.served:

@@ -54,7 +54,7 @@ def test_train_runs_the_recipe_saves_evaluates_and_resumes(tmp_path, bases):
     cases above; a torchrun launch of two costs this module three times as much), on pairs
     files the task wrote for the session's small dense base: metrics rows with the recipe's
     names, held-out pair accuracy, committed checkpoints, and a resume that continues after
-    the last step; the last step exports as an HF sequence classifier."""
+    the last step; GRPO then scores with the model it trained."""
     train_pairs, held_out = write_task_pairs(BaseModelSettings(family="qwen3", **SMALL), tmp_path / "pairs")
     run_dir = tmp_path / "run"
     overrides = [
@@ -79,28 +79,30 @@ def test_train_runs_the_recipe_saves_evaluates_and_resumes(tmp_path, bases):
     evaluated = [r["step"] for r in rows if "val/held_out/pair_accuracy" in r]
     assert evaluated == [0, 2, 4, 5] and all(0 <= r["val/held_out/loss"] for r in rows if r["step"] in evaluated)
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_4", "step_5"]
-    export = subprocess.run(
-        [sys.executable, "-m", "megatron_rl", "convert", "megatron-to-hf", "--ckpt", str(run_dir / "checkpoints"),
-         "--out", str(tmp_path / "hf")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert export.returncode == 0, export.stderr[-3000:]  # the trainer keeps the head's bias at 0
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert config["architectures"] == ["Qwen3ForSequenceClassification"] and config["num_labels"] == 1
     _rl_with_the_reward_model(tmp_path, bases["qwen3"], run_dir)
+    # the served scorer exported the last step as an HF sequence classifier (the CLI's own
+    # export: tests/unit/bridge/test_reward_model_export.py)
+    config = json.loads((tmp_path / "run-grpo" / "scorers" / "served" / "step-5" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForSequenceClassification"] and config["num_labels"] == 1
 
 
 def _rl_with_the_reward_model(tmp_path, base, rm_run_dir):
     """GRPO rewarded by the reward model just trained (its newest step, loaded beside the
-    actor), the rule verifier kept at weight 0, and a judge at weight 0 (the base itself, in
-    vLLM in its own process, asked a question it answers with a digit, read as the verdict):
-    every step logs each scorer, the model's and the judge's agreement with the rule, and
-    trains on the model's score alone; the judge scores groups as they finish."""
+    actor), the rule verifier kept at weight 0, the same reward model served by vLLM in its
+    own process at weight 0, and a judge at weight 0 (the base itself, in vLLM in its own
+    process, asked a question it answers with a digit, read as the verdict): every step logs
+    each scorer, the models' and the judge's agreement with the rule, and trains on the
+    model's score alone; the served scorers score groups as they finish, the served model
+    as the Megatron forward does."""
     judge = (
         "{kind: judge, path: base, weight: 0, template: '{question} {response}', verdict_pattern: '([0-9])', "
         "verdict_scores: {}}"
     )
-    scorers = f"{{rm: {{kind: model, path: {rm_run_dir}}}, verifier: {{kind: rule, weight: 0}}, judge: {judge}}}"
+    served = f"{{kind: model, path: {rm_run_dir}, engine: vllm, weight: 0, timeout_s: 120}}"
+    scorers = (
+        f"{{rm: {{kind: model, path: {rm_run_dir}}}, verifier: {{kind: rule, weight: 0}}, judge: {judge}, "
+        f"served: {served}}}"
+    )
     rows, _ = train(
         tmp_path,
         1,
@@ -113,7 +115,11 @@ def _rl_with_the_reward_model(tmp_path, base, rm_run_dir):
     for r in rows:
         assert r["reward/mean"] == pytest.approx(r["reward/rm/mean"], abs=1e-12)  # 1 x rm + 0 x the others
         assert 0.0 <= r["reward/verifier/mean"] <= 1.0 and r["reward/rm/failures"] == 0
-        for scorer in ("rm", "judge"):
+        # vLLM's pooling engine and the Megatron forward score the same responses alike (fp32)
+        assert r["reward/served/failures"] == 0 and r["reward/served/mean"] == pytest.approx(
+            r["reward/rm/mean"], abs=1e-5
+        )
+        for scorer in ("rm", "served", "judge"):
             agreement = r[f"reward/{scorer}/agreement"]  # null (nan) in a step where the rule told no pair apart
             assert agreement is None or 0.0 <= agreement <= 1.0
         assert r["reward/judge/failures"] < 16, r  # the judge's engine answered, with a digit, at least once

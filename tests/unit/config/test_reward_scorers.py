@@ -65,6 +65,15 @@ GRPO = str(EXAMPLES / "grpo.yaml")
             "reward.scorers={a: {kind: model, path: x, reward: math}}",
             "reward.scorers.a.reward does not apply to kind: model",
         ),
+        (
+            "reward.scorers={a: {kind: model, path: x, engine: sglang}}",
+            "reward.scorers.a.engine='sglang' is not allowed; choose one of ['megatron', 'vllm']",
+        ),
+        (
+            "reward.scorers={a: {kind: model, path: x, timeout_s: 5}}",
+            "reward.scorers.a.timeout_s does not apply to kind: model",  # only served, on engine vllm
+        ),
+        ("reward.scorers={a: {kind: model, path: x, engine: vllm, batch_size: 0}}", "must be > 0"),
         ("reward.scorers={a: {kind: rule, weight: 0}}", "every weight is 0, so nothing would be trained on"),
         ("reward.scorers={'a b': {kind: rule}}", "reward.scorers name 'a b' must be letters, digits"),
         ("reward.scorers={a: {kind: rule, colour: red}}", "unknown config key 'reward.scorers.a.colour'"),

@@ -11,6 +11,7 @@ from megatron_rl.rewards.scoring import Responses, SingleRule, WeightedReward
 from megatron_rl.trainer.reward_scorers import build_reward
 
 GRPO = str(Path(__file__).resolve().parents[3] / "examples" / "grpo.yaml")
+PLACE = dict(base_dir=Path("."), run_dir=Path("."), dp_size=1, pad_token_id=0)
 
 
 class Counting(DigitChainVerifier):
@@ -35,7 +36,7 @@ def _responses():
 
 def test_without_scorers_the_reward_is_the_verifier():
     verifier = Counting()
-    reward = build_reward(load_config(GRPO, []), verifier, "digit_chain", Path("."), 1, 0)
+    reward = build_reward(load_config(GRPO, []), verifier, "digit_chain", **PLACE)
     assert isinstance(reward, SingleRule)
     assert reward.score_batch(_responses())[0] == [1.0, 0.0, 0.0] and verifier.calls == 1
     reward.close()
@@ -48,7 +49,7 @@ def test_rules_are_weighted_and_the_run_verifier_is_shared():
         " digits: {kind: rule, reward: digits, weight: 0}}"
     )
     verifier = Counting()
-    reward = build_reward(load_config(GRPO, [f"reward.scorers={scorers}"]), verifier, "digit_chain", Path("."), 1, 0)
+    reward = build_reward(load_config(GRPO, [f"reward.scorers={scorers}"]), verifier, "digit_chain", **PLACE)
     assert isinstance(reward, WeightedReward)
     total, stats = reward.score_batch(_responses())
     assert total == [2.5, 0.0, 0.0]  # 2 x chain + 0.5 x the same rule + 0 x digits
