@@ -17,9 +17,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
-from megatron_rl.data.sources import DatasetFormatError, read_rows
+from megatron_rl.data.sources import DatasetFormatError, read_parsed
 
 ROLES = ("system", "user", "assistant", "tool")
 """Message roles a pair may hold: the ones chat templates render."""
@@ -110,29 +110,10 @@ def parse_pair(location: str, row: Any) -> PreferencePair:
     return PreferencePair(chosen, rejected, location)
 
 
-def iter_pairs(path: str | Path) -> Iterator[PreferencePair | DatasetFormatError]:
-    """Each row of ``path`` as a pair, or the error that says why it is not one (a missing
-    file or an unknown suffix raises at once)."""
-    for location, row in read_rows(path):
-        try:
-            yield parse_pair(location, row)
-        except DatasetFormatError as err:
-            yield err
-
-
 def read_pairs(path: str | Path, limit: Optional[int] = None) -> list[PreferencePair]:
     """All pairs of ``path`` (its first ``limit`` rows when given); one DatasetFormatError,
     one line, for a file that has a bad row or none at all."""
-    pairs, problems = [], []
-    for n, item in enumerate(iter_pairs(path)):
-        if limit is not None and n >= limit:
-            break
-        (problems if isinstance(item, DatasetFormatError) else pairs).append(item)
-    if problems:
-        raise DatasetFormatError(f"{len(problems)} malformed pair row(s); the first: {problems[0]}")
-    if not pairs:
-        raise DatasetFormatError(f"{path}: holds no pairs; a row holds {FORMS}")
-    return pairs
+    return read_parsed(path, parse_pair, "pair", FORMS, limit)
 
 
 def write_pairs(path: str | Path, rows: Iterable[dict]) -> int:

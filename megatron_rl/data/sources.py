@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 
@@ -48,3 +48,28 @@ def read_rows(path: str | Path) -> Iterator[tuple[str, Any]]:
     if not path.is_file():
         raise DatasetFormatError(f"{path}: no such dataset file")
     return _jsonl_rows(path) if kind == "jsonl" else _parquet_rows(path)
+
+
+Parsed = TypeVar("Parsed")
+
+
+def read_parsed(
+    path: str | Path, parse: Callable[[str, Any], Parsed], noun: str, form: str, limit: Optional[int] = None
+) -> list[Parsed]:
+    """Every row of ``path`` through ``parse(location, row)`` (the first ``limit`` rows when
+    given); one DatasetFormatError, one line, for a file with bad rows (how many, and the
+    first with its location) or none at all. ``noun``, ``form``: what a row is and holds,
+    for the errors."""
+    items, problems = [], []
+    for n, (location, row) in enumerate(read_rows(path)):
+        if limit is not None and n >= limit:
+            break
+        try:
+            items.append(parse(location, row))
+        except DatasetFormatError as err:
+            problems.append(err)
+    if problems:
+        raise DatasetFormatError(f"{len(problems)} malformed {noun} row(s); the first: {problems[0]}")
+    if not items:
+        raise DatasetFormatError(f"{path}: holds no {noun}s; a row holds {form}")
+    return items
