@@ -53,8 +53,9 @@ def build_parser(own_parsers: dict[str, Subcommand]) -> argparse.ArgumentParser:
         help="train (SPMD under torchrun/srun, world size 1 alone)",
         description="Run training: the RL trainer (trainer.job=rl, the default; the recipe is "
         "algorithm.recipe; algorithm.recipe=reward_model trains a Bradley-Terry reward model on "
-        "data.source=pairs:PATH or pairs:task:<name>) or the model smoke job (trainer.job=smoke: supervised next-token "
-        "training of the tiny actor through Megatron's schedules).",
+        "data.source=pairs:PATH or pairs:task:<name>; algorithm.recipe=sft fine-tunes the policy on chat "
+        "conversations, data.source=PATH of messages rows or task:<name>) or the model smoke job "
+        "(trainer.job=smoke: supervised next-token training of the tiny actor through Megatron's schedules).",
     )
     _add_config_args(train)
     show = sub.add_parser("config", help="print the resolved config as YAML")
@@ -87,14 +88,15 @@ def _world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
 
 
-def _report_reward_model(summary: dict) -> None:
-    """A reward-model run's last lines: its loss and every eval set's pair accuracy."""
+def _report_supervised(summary: dict) -> None:
+    """A supervised run's last lines (a reward model's, SFT's): its loss and every eval set's
+    reported metric."""
     print(
         f"run dir: {summary['run_dir']}  train/loss (mean of first 5 steps of this run) "
         f"{summary['first_loss']:.4f} -> (last 5) {summary['last_loss']:.4f}"
     )
-    for name, ((first_step, first), (last_step, last)) in summary.get("val_pair_accuracy", {}).items():
-        print(f"val/{name}/pair_accuracy {first:.3f} (step {first_step}) -> {last:.3f} (step {last_step})")
+    for key, ((first_step, first), (last_step, last)) in summary.get("val", {}).items():
+        print(f"{key} {first:.3f} (step {first_step}) -> {last:.3f} (step {last_step})")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -146,8 +148,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 return summary["exit_code"]
             if summary.get("error"):
                 print(f"megatron-rl: error: {summary['error']}", file=sys.stderr)
-            elif summary["steps"] and cfg.algorithm.trains_reward_model:
-                _report_reward_model(summary)
+            elif summary["steps"] and cfg.algorithm.supervised:
+                _report_supervised(summary)
             elif summary["steps"] == 0:
                 print(
                     f"run dir: {summary['run_dir']} already holds step {summary['last_step']} of "

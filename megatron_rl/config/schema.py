@@ -28,6 +28,10 @@ PAIRS_PREFIX = "pairs:"
 Parquet, megatron_rl.data.pairs), or ``pairs:task:<name>``: pairs the task writes itself."""
 REWARD_MODEL = "reward_model"
 """``algorithm.recipe`` that trains a reward model (Bradley-Terry) instead of a policy."""
+SFT = "sft"
+"""``algorithm.recipe`` that fine-tunes the policy on chat conversations (supervised, no rollouts)."""
+SUPERVISED = (REWARD_MODEL, SFT)
+"""The recipes that train on data alone: no rollouts, no RL recipe."""
 MODEL_ROLE = "model_role"
 """The checkpoint ``extra`` entry a reward model's steps carry (value: REWARD_MODEL), so that
 tools reading a checkpoint know its last layer is a scalar head, not an LM head."""
@@ -75,7 +79,8 @@ class TrainerConfig:
 
     job: str = "rl"
     """What `train` runs: rl (algorithm.recipe's trainer: the RL loop, or for
-    recipe=reward_model the reward model's training) or smoke (supervised model smoke job)."""
+    recipe=reward_model the reward model's training, for recipe=sft supervised fine-tuning)
+    or smoke (supervised model smoke job)."""
     run_dir: str = "runs/default"
     """Directory for metrics.jsonl, config.yaml and checkpoints."""
     max_steps: int = 20
@@ -86,11 +91,12 @@ class TrainerConfig:
     """Peak learning rate of the actor."""
     micro_batch_size: int = 2
     """Rows per micro-batch of padded rows (RL training uses it only without
-    max_tokens_per_micro_batch; the smoke job always; reward_model: pairs per micro-batch)."""
+    max_tokens_per_micro_batch; the smoke job always; reward_model: pairs per micro-batch;
+    sft: conversations per micro-batch without max_tokens_per_micro_batch)."""
     global_batch_size: int = 8
     """Sequences per optimizer step, over all data-parallel ranks (trainer.job=smoke, and
-    pairs per step for recipe=reward_model: an RL step trains rollout.prompts_per_step x
-    rollout.n_samples rows)."""
+    pairs per step for recipe=reward_model, conversations per step for recipe=sft: an RL step
+    trains rollout.prompts_per_step x rollout.n_samples rows)."""
     seq_length: int = 32
     """Longest training sequence (prompt + response). Padded rows (no token budget) are
     all this long."""
@@ -146,11 +152,13 @@ class TrainerConfig:
 @dataclasses.dataclass(kw_only=True)
 class AlgorithmConfig:
     """The RL algorithm: a recipe of megatron_rl.algorithms (ppo, grpo, dapo, vapo, tppo, hapo),
-    or reward_model (Bradley-Terry training of a scalar reward model on preference pairs)."""
+    or reward_model (Bradley-Terry training of a scalar reward model on preference pairs), or
+    sft (supervised fine-tuning on chat conversations)."""
 
     recipe: str = "dapo"
     """Name of the recipe (see megatron_rl.algorithms.RECIPES), or reward_model (with
-    data.source=pairs:PATH or pairs:task:<name>)."""
+    data.source=pairs:PATH or pairs:task:<name>), or sft (with data.source a JSONL/Parquet
+    file of ``messages`` rows, or task:<name>: the task's solutions as conversations)."""
     overrides: dict = dataclasses.field(default_factory=dict)
     """Recipe fields to change, e.g. {clip_high: 0.3, overlong: {max_len: 64, buffer_len: 16}}."""
     ppo_epochs: int = 1
@@ -179,13 +187,18 @@ class AlgorithmConfig:
         """Whether `train` trains a reward model (trainer.reward_model) rather than a policy."""
         return self.recipe == REWARD_MODEL
 
+    @property
+    def supervised(self) -> bool:
+        """Whether `train` runs a supervised recipe (reward_model, sft): no rollouts, no RL recipe."""
+        return self.recipe in SUPERVISED
+
     def build(self):
         """The AlgorithmRecipe with the overrides applied (an RL recipe's)."""
         from megatron_rl.algorithms.recipes import RECIPES, get_recipe
 
-        _choice("algorithm", "recipe", self.recipe, (*RECIPES, REWARD_MODEL))
-        if self.trains_reward_model:
-            raise ConfigError("algorithm.recipe=reward_model trains no policy: it has no RL recipe to build")
+        _choice("algorithm", "recipe", self.recipe, (*RECIPES, *SUPERVISED))
+        if self.supervised:
+            raise ConfigError(f"algorithm.recipe={self.recipe} is supervised: it has no RL recipe to build")
         try:
             return get_recipe(self.recipe, **self.overrides)
         except (TypeError, ValueError) as err:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from megatron_rl.config.schema import HELD_OUT, Config, ConfigError, EvalSetConfig
+from megatron_rl.config.schema import HELD_OUT, SFT, Config, ConfigError, EvalSetConfig
 from megatron_rl.data import DatasetFormatError, PromptFields, parse_row, read_rows
 from megatron_rl.data.reasoning_gym import SOURCE_PREFIX, GymSpec, check_spec
 from megatron_rl.environments import isolation
@@ -24,6 +24,7 @@ from megatron_rl.from_config.loggers import check_loggers
 from megatron_rl.from_config.pair_checks import check_reward_model, refuse_pairs_for_rl
 from megatron_rl.from_config.rows import check_window_pool, train_row_multiple, usable_groups
 from megatron_rl.from_config.scorer_checks import check_scorers
+from megatron_rl.from_config.sft_checks import check_sft
 from megatron_rl.parallel.config import LayoutError, ModelShape, sequence_multiple
 from megatron_rl.rewards.registry import REWARDS
 from megatron_rl.rollout.seeds import MAX_SAMPLES
@@ -56,6 +57,9 @@ def validate(config: Config, world_size: int) -> Config:
         return config
     if config.algorithm.trains_reward_model:
         check_reward_model(config, world_size)
+        return config
+    if config.algorithm.recipe == SFT:
+        check_sft(config, world_size)
         return config
     _check_prompts(config)
     _check_reward(config)
@@ -273,9 +277,9 @@ def _check_reward(config: Config) -> None:
 
 def check_recipe(config: Config):
     """The recipe builds, and its pieces work together in the trainer (also what
-    ``megatron-rl config`` checks: it needs no world size); None for reward_model, which has
-    no RL recipe."""
-    if config.algorithm.trains_reward_model and config.trainer.job != "smoke":
+    ``megatron-rl config`` checks: it needs no world size); None for the supervised recipes
+    (reward_model, sft), which have no RL recipe."""
+    if config.algorithm.supervised and config.trainer.job != "smoke":
         return None
     recipe = config.algorithm.build()  # unknown recipe, bad override names or values
     if recipe.generation_window is not None and recipe.token_aware:

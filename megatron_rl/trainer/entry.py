@@ -4,7 +4,8 @@
 either), splits a disaggregated launch into training and rollout ranks and runs each
 role: the training ranks an :class:`~megatron_rl.trainer.trainer.RLTrainer`, the rollout
 ranks the rollout server. ``algorithm.recipe=reward_model`` runs the reward model's trainer
-(:mod:`megatron_rl.trainer.reward_model`) on every rank instead. A training rank whose
+(:mod:`megatron_rl.trainer.reward_model`) on every rank instead, ``sft`` supervised
+fine-tuning (:mod:`megatron_rl.trainer.sft`). A training rank whose
 rollout ranks failed leaves at once (:func:`_exit_now`); how a run's exit code is chosen
 is :mod:`megatron_rl.trainer.ending`.
 """
@@ -16,6 +17,7 @@ import sys
 from typing import NoReturn
 
 from megatron_rl.config import Config
+from megatron_rl.config.schema import SFT
 from megatron_rl.environments.served import EpisodeService
 from megatron_rl.launch import exit_codes, startup_gc
 from megatron_rl.launch.exclude import ExcludeWatch
@@ -23,7 +25,8 @@ from megatron_rl.launch.roles import ROLLOUT, RoleWorld, init_roles
 from megatron_rl.launch.signals import StopSignals
 from megatron_rl.rollout.client import RolloutRankError
 from megatron_rl.rollout.server import serve
-from megatron_rl.trainer.reward_model import RewardModelTrainer
+from megatron_rl.trainer.reward_model import reward_model_trainer
+from megatron_rl.trainer.sft import sft_trainer
 from megatron_rl.trainer.trainer import RLTrainer
 
 
@@ -37,7 +40,9 @@ def train(cfg: Config) -> dict:
     training ranks' commands until the run ends (the training ranks decide when to stop)."""
     with StopSignals(exclude=ExcludeWatch.in_job(cfg.trainer.run_dir)) as stop:
         if cfg.algorithm.trains_reward_model:  # no policy, no rollouts: pairs in, a scalar model out
-            return RewardModelTrainer(cfg, stop).run()
+            return reward_model_trainer(cfg, stop).run()
+        if cfg.algorithm.recipe == SFT:  # no rollouts: conversations in, a policy out
+            return sft_trainer(cfg, stop).run()
         if cfg.rollout.placement != "disaggregated":
             return RLTrainer(cfg, stop).run()
         # Training ranks other than 0 wait in a broadcast of the training world for each answer.

@@ -1,9 +1,8 @@
 """Reward-model training (``algorithm.recipe=reward_model``): Bradley-Terry on preference pairs.
 
 The model is the critic's (models.value_head: the GPT backbone with a scalar head), started
-from the base's backbone, in the layout ``parallel`` names. A step reads as the algorithm:
-the step's pairs (a seeded order over epochs, a function of the step alone, so a resumed
-run trains what the uninterrupted one would have) -> one optimizer update on the mean
+from the base's backbone, in the layout ``parallel`` names. A step is the supervised loop's
+(trainer.supervised): the step's pairs -> one optimizer update on the mean
 -log sigmoid(r_chosen - r_rejected) through Megatron's schedules (schedules.preference) ->
 metrics -> held-out pair accuracy when eval is due -> checkpoint. Data comes from
 ``pairs:PATH``, or for ``pairs:task:<name>`` from files the task writes into the run
@@ -14,35 +13,23 @@ is built.
 from __future__ import annotations
 
 import dataclasses
-import math
-import time
 from pathlib import Path
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
-from megatron_rl import platform
 from megatron_rl.algorithms import bradley_terry_loss, pair_correct
-from megatron_rl.checkpoint import Checkpointer
-from megatron_rl.config import Config, ConfigError, dump_yaml, to_dict
+from megatron_rl.config import Config, ConfigError
 from megatron_rl.config.schema import HELD_OUT, MODEL_ROLE, PAIRS_PREFIX, REWARD_MODEL
 from megatron_rl.data.pairs import PreferencePair, encode_conversation, read_pairs
 from megatron_rl.data.sources import DatasetFormatError
-from megatron_rl.from_config import setup, validate
 from megatron_rl.from_config.sources import base_settings, pairs_file
-from megatron_rl.launch import exit_codes, startup_gc
-from megatron_rl.launch.signals import StopSignals, stop_line
-from megatron_rl.launch.slurm_env import SlurmEnv
-from megatron_rl.launch.status import write_status
-from megatron_rl.models.hf_config import arch_from_hf
-from megatron_rl.parallel import initialize
-from megatron_rl.schedules import epoch_order, local_batch, train_step
+from megatron_rl.launch.signals import StopSignals
+from megatron_rl.schedules.batch import TrainBatch
 from megatron_rl.schedules.preference import PAIR, PreferenceLoss, pair_batch, pair_microbatching, sequence_rewards
 from megatron_rl.tasks.pairs import HELD_OUT_PAIRS, TRAIN_PAIRS, write_task_pairs
-from megatron_rl.trainer.loggers import open_loggers
-from megatron_rl.trainer.metrics import MetricsLog
-from megatron_rl.trainer.state import RunCheckpoint, choose_resume_step
+from megatron_rl.trainer.supervised import RunInputs, SupervisedTrainer
 
 PAIRS_DIR = "pairs"
 """Where a ``pairs:task:<name>`` run writes its task's pairs, under the run directory."""
@@ -107,20 +94,7 @@ def load_pair_data(cfg: Config, run_dir: Path, tokenizer, rank: int) -> PairData
     return PairData(train, sets)
 
 
-def step_indices(step: int, pairs_per_step: int, num_pairs: int, seed: int) -> list[int]:
-    """The pairs of ``step`` (1-based): the next ``pairs_per_step`` of a sequence of epochs,
-    each a fresh permutation drawn from (seed, epoch)."""
-    start = (step - 1) * pairs_per_step
-    out, orders = [], {}
-    for position in range(start, start + pairs_per_step):
-        epoch, index = divmod(position, num_pairs)
-        if epoch not in orders:
-            orders[epoch] = epoch_order(num_pairs, seed, 0, epoch)
-        out.append(int(orders[epoch][index]))
-    return out
-
-
-def progress_line(total: int):
+def pair_progress_line(total: int):
     """The progress line of a reward-model run's metrics row."""
 
     def line(r: dict) -> str:
@@ -140,147 +114,52 @@ def progress_line(total: int):
     return line
 
 
-class RewardModelTrainer:
-    """A reward-model run, built once from its config; :meth:`run` trains to trainer.max_steps."""
+class PairRecipe:
+    """Bradley-Terry on preference pairs: a critic (a scalar head) whose head bias stays at
+    0, since the loss reads reward differences only; held-out pair accuracy as ``val/``."""
 
-    def __init__(self, cfg: Config, stop_signals: StopSignals):
-        platform.init_distributed(cfg.trainer.dist_timeout_s)
-        self.world, self.rank = dist.get_world_size(), dist.get_rank()
-        self.cfg = validate(cfg, self.world)
-        self.stop_signals = stop_signals
-        self.run_dir = Path(cfg.trainer.run_dir)
-        if self.rank == 0:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
-        resume_step = choose_resume_step(self.run_dir / "checkpoints", cfg.checkpoint.on_corrupt)
-        torch.manual_seed(cfg.trainer.seed)
-        self.base_dir = setup.base_model_dir(cfg, self.rank)
-        from transformers import AutoTokenizer
+    role, freeze_head_bias = "critic", True
+    checkpoint_extra = {MODEL_ROLE: REWARD_MODEL}
 
-        tokenizer = AutoTokenizer.from_pretrained(str(self.base_dir))
+    def __init__(self, cfg: Config, inputs: RunInputs):
+        self.cfg = cfg
+        tokenizer = inputs.tokenizer
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.data = load_pair_data(cfg, self.run_dir, tokenizer, self.rank)
-        arch = arch_from_hf(self.base_dir)
-        layout = initialize(
-            cfg.parallel, seed=cfg.trainer.seed, model=arch.shape(), timeout_s=cfg.trainer.dist_timeout_s
-        )
-        self.model = setup.build_trainable(  # the head's bias untrained: BT reads reward differences only
-            "critic", arch, layout, setup.build_options(cfg), cfg.trainer.lr, self.base_dir, freeze_head_bias=True
-        )
+        self.data = load_pair_data(cfg, inputs.run_dir, tokenizer, inputs.rank)
         self.micro = pair_microbatching(cfg.trainer.micro_batch_size, cfg.trainer.max_tokens_per_micro_batch)
         self.loss = PreferenceLoss()
-        self.checkpoint = RunCheckpoint(Checkpointer(), self.run_dir / "checkpoints", cfg.checkpoint, self.base_dir)
-        extra = self.checkpoint.resume(self.model, None, resume_step)
-        self.first_step = 1 if extra is None else int(extra["step"]) + 1
-        if extra is not None and self.rank == 0:
-            print(f"resumed from {self.checkpoint.root} step {extra['step']}", flush=True)
-        self.log = MetricsLog(
-            self.run_dir,
-            enabled=self.rank == 0,
-            total_steps=cfg.trainer.max_steps,
-            resume_after=self.first_step - 1,
-            loggers=open_loggers(cfg.trainer.loggers, self.run_dir, cfg.trainer.project, to_dict(cfg))
-            if self.rank == 0
-            else (),
-            line=progress_line(cfg.trainer.max_steps),
-        )
-        self.slurm = SlurmEnv.from_environ()
-        self.history: list[dict] = []
-        self.eval_history: list[dict] = []
-        self.stop_signal = None
 
-    def run(self) -> dict:
-        """Train from the step after the newest checkpoint to trainer.max_steps, or until a stop signal."""
-        startup_gc.resume()
-        step = self.first_step - 1
-        if step == 0 and self.cfg.eval.due(0, self.cfg.trainer.max_steps):  # the starting weights, as step 0
-            self.log.write(self.evaluate(0, {"step": 0}))
-        for step in range(self.first_step, self.cfg.trainer.max_steps + 1):
-            if self.step(step):
-                break
-        return self.close(step)
+    def num_rows(self) -> int:
+        return len(self.data.train)
 
-    def step(self, step: int) -> bool:
-        """One update on the step's pairs; True when a stop signal ends the run after it."""
-        started = time.perf_counter()
-        cfg = self.cfg
-        indices = step_indices(step, cfg.trainer.global_batch_size, len(self.data.train), cfg.trainer.seed)
-        batch = pair_batch([self.data.train[i] for i in indices], cfg.trainer.seq_length, self.pad_token_id)
-        self.model.set_lr(self._lr(step))
-        with self.model.active():
-            metrics = train_step(
-                self.model.chunks,
-                self.model.optimizer,
-                local_batch(self.model.chunks, batch, self.micro),
-                self.loss,
-                self.micro,
-            )
-        metrics = {"step": step, **metrics, "timing/step_s": time.perf_counter() - started}
-        metrics["slurm/restart_count"] = self.slurm.restart_count
-        self.stop_signal = self.stop_signals.agree()
-        stopping = self.stop_signal is not None
-        if not stopping:  # a stop saves first: eval must not delay a preemption
-            self.evaluate(step, metrics)
-        self.history.append(metrics)
-        self.log.write(metrics)
-        if stopping or self.checkpoint.due(step, cfg.trainer.max_steps):
-            self.checkpoint.save(step, self.model, None, {MODEL_ROLE: REWARD_MODEL})
-        if stopping and self.rank == 0:
-            print(stop_line(self.stop_signal, step, self.checkpoint.root), flush=True)
-        return stopping
+    def batch(self, indices: list[int]) -> TrainBatch:
+        return pair_batch([self.data.train[i] for i in indices], self.cfg.trainer.seq_length, self.pad_token_id)
 
-    def evaluate(self, step: int, metrics: dict) -> dict:
-        """val/<set>/loss and val/<set>/pair_accuracy of the weights after ``step``, when due."""
-        if not self.cfg.eval.due(step, self.cfg.trainer.max_steps):
-            return metrics
-        started = time.perf_counter()
+    def evaluate(self, model) -> dict:
+        """val/<set>/loss and val/<set>/pair_accuracy."""
+        metrics = {}
         for name, pairs in self.data.eval_sets.items():
-            chosen, rejected = self.rewards(pairs)
+            chosen, rejected = self.rewards(model, pairs)
             metrics[f"val/{name}/loss"] = float(bradley_terry_loss(chosen, rejected).mean())
             metrics[f"val/{name}/pair_accuracy"] = float(pair_correct(chosen, rejected).mean())
-        metrics["timing/eval_s"] = time.perf_counter() - started
-        self.eval_history.append(metrics)
         return metrics
 
-    def rewards(self, pairs: Encoded) -> tuple[torch.Tensor, torch.Tensor]:
+    def rewards(self, model, pairs: Encoded) -> tuple[torch.Tensor, torch.Tensor]:
         """[P] rewards of the chosen and of the rejected conversations, on every rank."""
-        multiple = self.cfg.parallel.dp(self.world) * self.cfg.trainer.micro_batch_size * PAIR
+        world = dist.get_world_size()
+        multiple = self.cfg.parallel.dp(world) * self.cfg.trainer.micro_batch_size * PAIR
         rows = [ids for pair in pairs for ids in pair]
-        with self.model.active():
-            rewards = sequence_rewards(
-                self.model.chunks, rows, self.cfg.trainer.seq_length, self.pad_token_id, self.micro, multiple
-            )
+        rewards = sequence_rewards(
+            model.chunks, rows, self.cfg.trainer.seq_length, self.pad_token_id, self.micro, multiple
+        )
         return rewards[0::PAIR], rewards[1::PAIR]
 
-    def _lr(self, step: int) -> float:
-        """Linear warm-up over trainer.lr_warmup_steps, then constant."""
-        warm = self.cfg.trainer.lr_warmup_steps
-        return self.cfg.trainer.lr * (min(1.0, step / warm) if warm else 1.0)
+    def progress_line(self, total: int):
+        return pair_progress_line(total)
 
-    def close(self, step: int) -> dict:
-        """Commit the saves in flight, write the run's status; the run's summary."""
-        self.checkpoint.close()
-        code = exit_codes.DONE if step >= self.cfg.trainer.max_steps else exit_codes.STOPPED
-        if self.rank == 0:
-            write_status(
-                self.run_dir, code, step, None if self.stop_signal is None else self.stop_signal.name, self.slurm
-            )
-        self.log.close()
-        return summary(self.run_dir, self.history, self.eval_history, step, code)
+    summary_metric = "pair_accuracy"
 
 
-def summary(run_dir: Path, history: list[dict], eval_history: list[dict], last_step: int, code: int) -> dict:
-    """What ``train`` returns for a reward model: its place and end, the mean training loss
-    of its first and last five steps, and the first and last pair accuracy of every eval set."""
-    out = {"run_dir": str(run_dir), "steps": len(history), "last_step": last_step, "exit_code": code, "error": None}
-    losses = [r["train/loss"] for r in history if math.isfinite(r["train/loss"])]
-    if losses:
-        out.update(first_loss=sum(losses[:5]) / len(losses[:5]), last_loss=sum(losses[-5:]) / len(losses[-5:]))
-    if eval_history:
-        first, last = eval_history[0], eval_history[-1]
-        out["val_pair_accuracy"] = {
-            key.split("/")[1]: ((first["step"], first[key]), (last["step"], last[key]))
-            for key in first
-            if key.startswith("val/") and key.endswith("/pair_accuracy")
-        }
-    return out
+def reward_model_trainer(cfg: Config, stop_signals: StopSignals) -> SupervisedTrainer:
+    """The run of ``algorithm.recipe=reward_model``."""
+    return SupervisedTrainer(cfg, stop_signals, PairRecipe)

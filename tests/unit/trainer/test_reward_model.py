@@ -6,7 +6,8 @@ import pytest
 
 from megatron_rl.config import ConfigError
 from megatron_rl.data.pairs import PreferencePair
-from megatron_rl.trainer.reward_model import encode_pairs, step_indices
+from megatron_rl.trainer.reward_model import encode_pairs
+from megatron_rl.trainer.supervised import step_indices
 
 
 def test_every_pair_once_per_epoch_in_a_fresh_order_each_epoch():
