@@ -21,6 +21,7 @@ BENCHES: dict[str, str] = {
     "checkpoint": "megatron_rl_lab.bench.checkpoint",
     "mismatch": "megatron_rl_lab.bench.mismatch",
     "packing": "megatron_rl_lab.bench.packing",
+    "sft": "megatron_rl_lab.bench.sft",
     "async": "megatron_rl_lab.bench.async_rollouts",
     "cp": "megatron_rl_lab.bench.context_parallel",
     "tools": "megatron_rl_lab.bench.tool_episodes",
