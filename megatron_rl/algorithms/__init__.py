@@ -15,6 +15,7 @@ from megatron_rl.algorithms.advantages import (
     masked_whiten,
     token_level_group_average_advantages,
 )
+from megatron_rl.algorithms.distillation import mean_reverse_kl, reverse_kl_advantages
 from megatron_rl.algorithms.estimators import (
     ADVANTAGE_ESTIMATORS,
     AdvantageInputs,
@@ -89,6 +90,8 @@ __all__ = [
     "get_loss_aggregation",
     "value_loss",
     "positive_example_nll",
+    "mean_reverse_kl",
+    "reverse_kl_advantages",
     "KL_ESTIMATORS",
     "kl_penalty",
     "entropy_from_logits",

@@ -174,6 +174,12 @@ def _token_level_group_average(inputs: AdvantageInputs) -> AdvantageOutputs:
     return AdvantageOutputs(_broadcast(adv, inputs.response_mask), None)
 
 
+def _no_outcome(inputs: AdvantageInputs) -> AdvantageOutputs:
+    """No advantage from the reward: on-policy distillation, whose signal is the teacher's
+    per-token reverse KL alone (AlgorithmRecipe.distill_coef)."""
+    return AdvantageOutputs(torch.zeros_like(inputs.response_mask, dtype=torch.float32), None)
+
+
 AdvantageEstimator = Callable[[AdvantageInputs], AdvantageOutputs]
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
@@ -182,6 +188,7 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "egae": _egae,
     "grpo": _grpo,
     "token_level_group_average": _token_level_group_average,
+    "none": _no_outcome,
 }
 """name -> estimator; all share the signature (AdvantageInputs) -> AdvantageOutputs."""
 

@@ -10,6 +10,7 @@ are validated when the recipe is built (raising, never rewriting):
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -139,6 +140,12 @@ class AlgorithmRecipe:
     """KL penalty against the reference policy; None = no reference model at all."""
     positive_nll_coef: float = 0.0
     """μ of VAPO's positive-example NLL term (0 = off)."""
+    distill_coef: float = 0.0
+    """On-policy distillation: each response token's advantage gains distill_coef x
+    (log π_teacher(y_t) − log π_old(y_t)), the negative of the sampled per-token reverse KL
+    to the teacher (algorithm.teacher); 0 = off, no teacher. With advantage_estimator
+    'none' it is the whole signal (recipe opd); beside another estimator, a term next to
+    the reward's."""
     rollout_correction: RolloutCorrection | None = None
     """Weights of the per-token policy loss for the vLLM/Megatron mismatch (truncated or
     masked importance sampling, token masks); None = off. See rollout_correction.py."""
@@ -216,6 +223,13 @@ class AlgorithmRecipe:
             "None, a KLPenalty or a dict of its fields",
         )
         _check(self.positive_nll_coef >= 0, "positive_nll_coef", self.positive_nll_coef, ">= 0")
+        _check(math.isfinite(self.distill_coef) and self.distill_coef >= 0, "distill_coef", self.distill_coef, ">= 0")
+        _check(
+            self.advantage_estimator != "none" or self.distill_coef > 0,
+            "distill_coef",
+            self.distill_coef,
+            "> 0 with advantage_estimator='none' (else nothing trains)",
+        )
         _check(self.value_clip is None or self.value_clip > 0, "value_clip", self.value_clip, "None or > 0")
         _check(self.critic_lr_multiplier > 0, "critic_lr_multiplier", self.critic_lr_multiplier, "> 0")
         _check(self.value_warmup_steps >= 0, "value_warmup_steps", self.value_warmup_steps, ">= 0")
@@ -346,6 +360,16 @@ RECIPES: dict[str, AlgorithmRecipe] = {
         temperature_tau=0.05,
         entropy_clip_alpha=1.0,
         redistribution_beta=1.0,
+    ),
+    # On-policy distillation (Agarwal et al. GKD; Thinking Machines' OPD): the student samples,
+    # a teacher scores each sampled token, the per-token reverse KL is the advantage.
+    "opd": AlgorithmRecipe(
+        name="opd",
+        advantage_estimator="none",
+        distill_coef=1.0,
+        loss_agg="token-mean",
+        clip_low=0.2,
+        clip_high=0.2,
     ),
 }
 

@@ -150,6 +150,22 @@ class TrainerConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
+class TeacherConfig:
+    """The teacher of on-policy distillation (a recipe with distill_coef > 0, e.g. opd)."""
+
+    path: str = ""
+    """The teacher's HF directory (model and tokenizer: the student's tokenizer and chat
+    template, checked), or ``task``: with task:<name> data the run builds the task's teacher
+    (a dense model about ten times the tiny bases, warmed up on true answers; cached like
+    the base). It runs frozen in the actor's layout beside it, so its shape must fit that
+    layout (a larger teacher: more layers or width, the same vocabulary)."""
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ConfigError("algorithm.teacher.path must name the teacher's HF directory")
+
+
+@dataclasses.dataclass(kw_only=True)
 class AlgorithmConfig:
     """The RL algorithm: a recipe of megatron_rl.algorithms (ppo, grpo, dapo, vapo, tppo, hapo),
     or reward_model (Bradley-Terry training of a scalar reward model on preference pairs), or
@@ -170,6 +186,9 @@ class AlgorithmConfig:
     OpenRLHF's trainers do; false keeps them in rollout order, so that each mini-batch holds
     whole groups of consecutive prompts. The order is drawn from trainer.seed, the step and
     the epoch: the same on every rank and after a resume."""
+    teacher: Optional[TeacherConfig] = None
+    """On-policy distillation's teacher ({path: HF_DIR}); needed by recipes with
+    distill_coef > 0 (opd, or algorithm.overrides={distill_coef: ...} beside any reward)."""
     max_empty_steps: int = 5
     """Steps in a row that keep no trainable group (dynamic sampling dropped them all) before
     the run stops with exit code 2: the actor no longer changes, so generating on is waste."""

@@ -25,6 +25,7 @@ from megatron_rl.from_config.pair_checks import check_reward_model, refuse_pairs
 from megatron_rl.from_config.rows import check_window_pool, train_row_multiple, usable_groups
 from megatron_rl.from_config.scorer_checks import check_scorers
 from megatron_rl.from_config.sft_checks import check_sft
+from megatron_rl.from_config.teacher_checks import check_teacher
 from megatron_rl.parallel.config import LayoutError, ModelShape, sequence_multiple
 from megatron_rl.rewards.registry import REWARDS
 from megatron_rl.rollout.seeds import MAX_SAMPLES
@@ -65,6 +66,7 @@ def validate(config: Config, world_size: int) -> Config:
     _check_reward(config)
     check_scorers(config, world_size)
     recipe = check_recipe(config)
+    check_teacher(config, recipe, world_size)
     _check_staleness(config, recipe)
     _check_rows_per_step(config, world_size, recipe)
     _check_eval(config)

@@ -39,6 +39,7 @@ def check_reward_model(config: Config, world_size: int) -> None:
         (config.critic_parallel is not None, "critic_parallel (the reward model trains in parallel)"),
         (config.trainer.save_rollouts, "trainer.save_rollouts (it has no rollouts)"),
         (config.environment.episodes, f"environment.name={config.environment.name} (it runs no episodes)"),
+        (config.algorithm.teacher is not None, "algorithm.teacher (it samples nothing to distill)"),
     ]
     for refused, what in refusals:
         if refused:

@@ -120,7 +120,7 @@ def check_scorer_tokenizers(config: Config, policy_dir: Path) -> None:
             continue
         where = f"reward.scorers.{name}"
         source = reward_model_extra(where, scorer).get("hf_source_dir")
-        differs = _first_difference(Path(source), policy_dir) if source else "its checkpoint records no base"
+        differs = tokenizer_difference(Path(source), policy_dir) if source else "its checkpoint records no base"
         if differs:
             raise ConfigError(
                 f"{where}: the reward model cannot score the policy's text: {differs}; a model scorer reads the "
@@ -128,7 +128,7 @@ def check_scorer_tokenizers(config: Config, policy_dir: Path) -> None:
             )
 
 
-def _first_difference(rm_dir: Path, policy_dir: Path) -> Optional[str]:
+def tokenizer_difference(rm_dir: Path, policy_dir: Path) -> Optional[str]:
     """Why the two directories' tokenizers differ (the first differing file), or None."""
     for file in TOKENIZER_FILES:
         a, b = _read(rm_dir / file), _read(policy_dir / file)

@@ -18,7 +18,7 @@ from megatron_rl.bridge import load_hf
 from megatron_rl.config import Config
 from megatron_rl.data import PromptDataset, PromptFields
 from megatron_rl.data.reasoning_gym import GymPrompts
-from megatron_rl.from_config.sources import base_settings, gym_spec, prompt_file
+from megatron_rl.from_config.sources import TASK_TEACHER, base_settings, gym_spec, prompt_file, teacher_settings
 from megatron_rl.models.builder import BuildOptions, build_model, wrap_for_training
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.models.value_head import freeze_bias
@@ -48,6 +48,21 @@ def base_model_dir(cfg: Config, rank: int) -> Path:
     settings = base_settings(cfg)
     if settings is None:
         return directory
+    if rank == 0:
+        base_model.make_tiny_base(directory, settings)
+    torch.distributed.barrier()
+    return directory
+
+
+def teacher_model_dir(cfg: Config, rank: int) -> Path:
+    """algorithm.teacher's HF directory; for ``path: task`` the task's teacher, built (rank 0)
+    in the base cache or the run directory first, as the student's base is."""
+    path = cfg.algorithm.teacher.path
+    if path != TASK_TEACHER:
+        return Path(path)
+    settings = teacher_settings(cfg)
+    cache = os.environ.get(BASE_CACHE_ENV)
+    directory = Path(cache) / settings.content_hash() if cache else Path(cfg.trainer.run_dir) / "teacher_model"
     if rank == 0:
         base_model.make_tiny_base(directory, settings)
     torch.distributed.barrier()

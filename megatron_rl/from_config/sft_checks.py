@@ -33,6 +33,7 @@ def check_sft(config: Config, world_size: int) -> None:
         (config.critic_parallel is not None, "critic_parallel (it trains no critic)"),
         (config.trainer.save_rollouts, "trainer.save_rollouts (it has no rollouts)"),
         (config.environment.episodes, f"environment.name={config.environment.name} (it runs no episodes)"),
+        (config.algorithm.teacher is not None, "algorithm.teacher (it samples nothing to distill)"),
         (config.reward.scorers, "reward.scorers (it scores nothing)"),
     ]
     for refused, what in refusals:

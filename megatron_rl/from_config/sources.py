@@ -18,6 +18,7 @@ against is the one the trainer builds:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 from pathlib import Path
@@ -152,6 +153,29 @@ def model_arch(config: Config) -> ModelArch:
     if config.trainer.job != "smoke":
         raise ValueError("the RL task base has no architecture before it is built; use model_shape(config)")
     return PRESETS[config.model.preset]
+
+
+TASK_TEACHER = "task"
+"""``algorithm.teacher.path`` that has the run build its task's teacher (:func:`teacher_settings`)."""
+TEACHER_SHAPE = dict(
+    family="qwen3", hidden_size=256, num_layers=4, num_attention_heads=8, num_key_value_heads=4, intermediate_size=512
+)
+"""The task teacher: a dense model about ten times the tiny bases' size."""
+TEACHER_WARMUP = dict(warmup_correct_fraction=1.0, warmup_steps=300)
+"""The task teacher's warm-up: true answers only, long enough to answer most prompts right."""
+
+
+def teacher_settings(config: Config) -> BaseModelSettings:
+    """The teacher a ``task:<name>`` run builds for ``algorithm.teacher.path=task``: the
+    student's task base settings (the same task, corpus and seed, so the same tokenizer and
+    chat template) at :data:`TEACHER_SHAPE`, warmed up on true answers."""
+    settings = base_settings(config) if config.model.hf_path is None else None
+    if not isinstance(settings, BaseModelSettings):
+        raise ConfigError(
+            f"algorithm.teacher.path={TASK_TEACHER} builds the task's teacher: it needs data.source=task:<name> of a "
+            "digit task without model.hf_path; give the teacher's HF directory otherwise"
+        )
+    return dataclasses.replace(settings, **TEACHER_SHAPE, **TEACHER_WARMUP)
 
 
 def model_shape(config: Config) -> ModelShape:

@@ -69,6 +69,8 @@ class StepBatch:
     is_weights: Optional[Tensor] = None
     """[N, S]: rollout-correction weights of the policy loss (None: off)."""
     ref_logprobs: Optional[Tensor] = None
+    teacher_logprobs: Optional[Tensor] = None
+    """[N, S]: on-policy distillation's teacher's logprobs of the sampled tokens (None: no teacher)."""
     advantages: Optional[Tensor] = None
     returns: Optional[Tensor] = None
     routes: Optional[Tensor] = None

@@ -30,7 +30,7 @@ from megatron_rl.evaluation.sets import eval_rewards, load_sets
 from megatron_rl.from_config import setup, verifier_name
 from megatron_rl.from_config.rows import train_row_multiple
 from megatron_rl.launch.roles import RoleWorld
-from megatron_rl.models.hf_config import ModelArch
+from megatron_rl.models.hf_config import ModelArch, arch_from_hf
 from megatron_rl.models.route_replay import RouteReplay
 from megatron_rl.monitor.online import OnlineMonitor, torch_gather
 from megatron_rl.parallel import initialize, initialize_alongside
@@ -62,6 +62,8 @@ class Models:
     critic: Optional[setup.Trainable]
     reference: Optional[ReferencePolicy]
     """The frozen KL reference (recipes with a KL penalty)."""
+    teacher: Optional[ReferencePolicy]
+    """On-policy distillation's frozen teacher (recipes with distill_coef > 0), in the actor's layout."""
     route_replay: Optional[RouteReplay]
     """MoE: every actor router measures agreement with vLLM's routes, and replays them when
     rollout.router_replay is on (models/route_replay.py)."""
@@ -69,8 +71,11 @@ class Models:
     critic_loss: Optional[CriticLoss]
 
 
-def build_models(cfg: Config, recipe: AlgorithmRecipe, arch: ModelArch, base_dir: Path, rank: int) -> Models:
-    """Actor, critic (recipes with one) and the frozen KL reference, in their layouts."""
+def build_models(
+    cfg: Config, recipe: AlgorithmRecipe, arch: ModelArch, base_dir: Path, rank: int, teacher_dir: Optional[Path] = None
+) -> Models:
+    """Actor, critic (recipes with one), the frozen KL reference and teacher (recipes with
+    them), in their layouts."""
     actor_layout = initialize(
         cfg.parallel, seed=cfg.trainer.seed, model=arch.shape(), timeout_s=cfg.trainer.dist_timeout_s
     )
@@ -87,10 +92,16 @@ def build_models(cfg: Config, recipe: AlgorithmRecipe, arch: ModelArch, base_dir
         actor=actor,
         critic=critic,
         reference=ReferencePolicy(arch, cfg.parallel, options, base_dir) if recipe.kl is not None else None,
+        teacher=_teacher(teacher_dir, cfg, options) if recipe.distill_coef > 0 else None,
         route_replay=RouteReplay(actor.chunks) if arch.is_moe else None,
         actor_loss=ActorLoss(recipe, arch.vocab_size),
         critic_loss=CriticLoss.from_recipe(recipe) if critic is not None else None,
     )
+
+
+def _teacher(teacher_dir: Path, cfg: Config, options) -> ReferencePolicy:
+    """The teacher in ``teacher_dir``, frozen in the actor's layout (its own shape and weights)."""
+    return ReferencePolicy(arch_from_hf(teacher_dir), cfg.parallel, options, teacher_dir)
 
 
 def _critic_layout(cfg: Config, arch: ModelArch, actor_layout: ParallelContext, rank: int) -> ParallelContext:

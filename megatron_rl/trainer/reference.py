@@ -1,9 +1,10 @@
-"""The frozen reference policy of the KL penalty (GRPO's k3 against the initial model).
+"""A frozen policy's token logprobs: the KL penalty's reference, on-policy distillation's teacher.
 
-The reference is the actor's starting point: the same HF weights, loaded into a second
-set of chunks in the actor's layout, never wrapped for training (no gradient buffers, no
-optimizer state: it costs one copy of the weights). It is always rebuilt from the base
-model, so a resumed run penalises against the same policy as the fresh one.
+The reference is the actor's starting point (GRPO's k3 against the initial model): the same
+HF weights, loaded into a second set of chunks in the actor's layout, never wrapped for
+training (no gradient buffers, no optimizer state: it costs one copy of the weights). It is
+always rebuilt from the base model, so a resumed run penalises against the same policy as
+the fresh one. A teacher is the same thing built from its own HF directory and shape.
 """
 
 from __future__ import annotations

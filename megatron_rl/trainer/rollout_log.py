@@ -8,8 +8,8 @@ line has the row's tokens (``prompt_ids``, ``token_ids``: the response), vLLM's 
 (``old_logprobs``), the per-token ``advantages``, ``reward`` (shaped, what the advantages
 come from), ``correct`` (the verifier's score), ``group_index``, ``loss_start`` (the first
 response token in the policy loss), ``loss_mask`` (per response token, 1 = in the policy
-loss), ``finish_reason``, and, where the recipe computes them, ``ref_logprobs``, ``values``
-and ``is_weights``. Every per-token list is as long as ``token_ids``.
+loss), ``finish_reason``, and, where the recipe computes them, ``ref_logprobs``,
+``teacher_logprobs``, ``values`` and ``is_weights``. Every per-token list is as long as ``token_ids``.
 
 A reader can replay the update from these rows alone (``megatron-rl bench grpo-reference``
 does) or read what the policy generated, as verl's ``rollout_data_dir`` dumps are read. A
@@ -26,7 +26,7 @@ from pathlib import Path
 from megatron_rl.trainer.assembly import StepBatch
 
 ROLLOUTS_DIR = "rollouts"
-OPTIONAL_TOKEN_FIELDS = ("ref_logprobs", "values", "is_weights")
+OPTIONAL_TOKEN_FIELDS = ("ref_logprobs", "teacher_logprobs", "values", "is_weights")
 """StepBatch fields written (under their own names) when the step computed them."""
 
 

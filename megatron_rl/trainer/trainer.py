@@ -31,12 +31,13 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl import checkpoint, platform
-from megatron_rl.algorithms import explained_variance, kl_penalty
+from megatron_rl.algorithms import explained_variance, kl_penalty, mean_reverse_kl, reverse_kl_advantages
 from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.algorithms.rollout_correction import CorrectionInputs, correct_rollout
 from megatron_rl.config import Config, ConfigError, dump_yaml, to_dict
 from megatron_rl.from_config import setup, validate
 from megatron_rl.from_config.scorer_checks import check_scorer_tokenizers
+from megatron_rl.from_config.teacher_checks import check_teacher_tokenizer
 from megatron_rl.launch import startup_gc
 from megatron_rl.launch.roles import RoleWorld
 from megatron_rl.launch.signals import StopSignals, stop_line
@@ -94,8 +95,12 @@ class RLTrainer:
         self.base_dir = setup.base_model_dir(cfg, self.rank)
         self.arch = arch_from_hf(self.base_dir)
         check_scorer_tokenizers(self.cfg, self.base_dir)
-        models = build_models(self.cfg, self.recipe, self.arch, self.base_dir, self.rank)
+        teacher_dir = setup.teacher_model_dir(self.cfg, self.rank) if self.cfg.algorithm.teacher else None
+        if teacher_dir is not None:
+            check_teacher_tokenizer(teacher_dir, self.base_dir)
+        models = build_models(self.cfg, self.recipe, self.arch, self.base_dir, self.rank, teacher_dir)
         self.actor, self.critic, self.reference = models.actor, models.critic, models.reference
+        self.teacher = models.teacher
         self.route_replay = models.route_replay
         self.actor_loss, self.critic_loss = models.actor_loss, models.critic_loss
         place = RunPlace(self.base_dir, self.run_dir, self.world, self.rank, roles)
@@ -195,7 +200,9 @@ class RLTrainer:
             self.old_logprobs(batch, metrics)
             self.rollout_correction(batch, metrics)
             self.reference_logprobs(batch)
+            self.teacher_logprobs(batch)
             self.advantages(batch, metrics)
+            self.distill(batch, metrics)
             self.save_rollouts(step, batch)
             if self.has_learning_signal(batch):
                 trained_tokens = self.update(step, batch, metrics)
@@ -313,6 +320,20 @@ class RLTrainer:
         """log π_ref of every token (recipes with a KL penalty)."""
         if self.reference is not None:
             batch.ref_logprobs = self.reference.logprobs(batch.plain(), self.micro)
+
+    def teacher_logprobs(self, batch: StepBatch) -> None:
+        """log π_teacher of every token (recipes that distill), at the sampling temperatures."""
+        if self.teacher is not None:
+            batch.teacher_logprobs = self.teacher.logprobs(batch.plain(), self.micro)
+
+    def distill(self, batch: StepBatch, metrics: dict) -> None:
+        """On-policy distillation: each policy-loss token's advantage gains distill_coef x
+        (log π_T − log π_old), and ``distill/reverse_kl`` is the mean sampled reverse KL."""
+        if batch.teacher_logprobs is None:
+            return
+        teacher, old, mask = batch.teacher_logprobs, batch.old_logprobs, batch.loss_mask
+        batch.advantages = batch.advantages + self.recipe.distill_coef * reverse_kl_advantages(teacher, old, mask)
+        metrics["distill/reverse_kl"] = mean_reverse_kl(teacher, old, mask)
 
     def advantages(self, batch: StepBatch, metrics: dict) -> None:
         """Per-token advantages (and critic targets) by the recipe's estimator; with T-PPO

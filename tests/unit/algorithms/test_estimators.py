@@ -46,13 +46,14 @@ def test_every_estimator_has_the_same_signature():
         truncated=torch.tensor([False, True]),
         length_adaptive_alpha=0.5,
     )
-    assert set(ADVANTAGE_ESTIMATORS) == {"gae", "decoupled_gae", "egae", "grpo", "token_level_group_average"}
+    names = {"gae", "decoupled_gae", "egae", "grpo", "token_level_group_average", "none"}
+    assert set(ADVANTAGE_ESTIMATORS) == names
     for name in ADVANTAGE_ESTIMATORS:
         out = get_advantage_estimator(name)(inputs)
         assert isinstance(out, AdvantageOutputs)
         assert out.advantages.shape == (2, 3)
         assert out.advantages[0, 2] == 0  # masked position
-        assert (out.returns is None) == (name in ("grpo", "token_level_group_average"))
+        assert (out.returns is None) == (name in ("grpo", "token_level_group_average", "none"))  # no critic
 
 
 def test_grpo_estimator_broadcasts_over_real_tokens():
@@ -147,3 +148,14 @@ def test_missing_input_names_the_field(name, field):
 def test_missing_rewards_is_an_error():
     with pytest.raises(ValueError, match="rewards"):
         compute_advantages("grpo", AdvantageInputs(MASK, group_index=torch.tensor([0, 0])))
+
+
+def test_none_gives_no_advantage_and_the_reverse_kl_is_the_teachers_minus_the_students():
+    from megatron_rl.algorithms import mean_reverse_kl, reverse_kl_advantages
+
+    inputs = AdvantageInputs(response_mask=MASK, seq_rewards=t([1.0, 0.0]))
+    assert torch.equal(get_advantage_estimator("none")(inputs).advantages, torch.zeros(2, 3))
+    teacher, old = t([[-0.5, -2.0, -9.0], [-1.0, -0.25, -3.0]]), t([[-1.0, -1.0, -1.0], [-2.0, -0.5, -1.0]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    assert torch.equal(reverse_kl_advantages(teacher, old, mask), t([[0.5, -1.0, 0.0], [1.0, 0.0, 0.0]]))
+    assert mean_reverse_kl(teacher, old, mask) == pytest.approx((-0.5 + 1.0 - 1.0) / 3)  # hand-computed

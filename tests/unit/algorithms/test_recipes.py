@@ -20,7 +20,7 @@ from megatron_rl.algorithms import (
 
 
 def test_recipe_names():
-    assert list(RECIPES) == ["ppo", "grpo", "dapo", "vapo", "tppo", "hapo"]
+    assert list(RECIPES) == ["ppo", "grpo", "dapo", "vapo", "tppo", "hapo", "opd"]
     for name, recipe in RECIPES.items():
         assert recipe.name == name
         assert recipe.advantage_estimator in ADVANTAGE_ESTIMATORS
@@ -35,6 +35,7 @@ TABLE = {
     "vapo": ("decoupled_gae", True, "token-mean", 0.2, 0.28),
     "tppo": ("egae", True, "token-mean", 0.2, 0.28),
     "hapo": ("token_level_group_average", False, "token-mean", 0.2, 0.2),
+    "opd": ("none", False, "token-mean", 0.2, 0.2),
 }
 
 
@@ -58,6 +59,7 @@ def test_recipe_extras():
     hapo = get_recipe("hapo")
     hapo_pieces = (hapo.temperature_tau, hapo.entropy_clip_alpha, hapo.redistribution_beta)
     assert hapo_pieces == (0.05, 1.0, 1.0)
+    assert get_recipe("opd").distill_coef == 1.0 and all(get_recipe(n).distill_coef == 0 for n in TABLE if n != "opd")
     assert hapo.clip_c == 10.0 and hapo.dynamic_sampling and hapo.token_aware
     assert not any(get_recipe(n).token_aware for n in ("ppo", "grpo", "dapo", "vapo", "tppo"))
 

@@ -46,9 +46,16 @@ def test_cluster_variant_fits_qwen3_30b_a3b_on_64_gpus(path, tmp_path):
     ]
     # a judge reads its own HF directory (its config and tokenizer: the checks look for both)
     (tmp_path / "tokenizer_config.json").write_text("{}")
+    # a teacher too: the model's own directory stands in for it (its shape fits the layout)
+    teacher = [f"algorithm.teacher.path={tmp_path}"] if "opd" in path.stem else []
     cfg = load_config(
         str(path),
-        [f"model.hf_path={tmp_path}", f"data.source={data}", *(f"reward.scorers.{j}.path={tmp_path}" for j in judges)],
+        [
+            f"model.hf_path={tmp_path}",
+            f"data.source={data}",
+            *(f"reward.scorers.{j}.path={tmp_path}" for j in judges),
+            *teacher,
+        ],
     )
     validate(cfg, 64)
     recipe = cfg.algorithm.build()
