@@ -119,7 +119,10 @@ class PairRecipe:
     0, since the loss reads reward differences only; held-out pair accuracy as ``val/``."""
 
     role, freeze_head_bias = "critic", True
-    checkpoint_extra = {MODEL_ROLE: REWARD_MODEL}
+
+    def checkpoint_extra(self) -> dict:
+        """Every checkpoint says it holds a reward model (a scalar head, not an LM head)."""
+        return {MODEL_ROLE: REWARD_MODEL}
 
     def __init__(self, cfg: Config, inputs: RunInputs):
         self.cfg = cfg

@@ -74,7 +74,11 @@ class ChatRecipe:
     """The policy trained on the assistant's turns of conversations; ``val/<set>/loss``."""
 
     role, freeze_head_bias = "actor", False
-    checkpoint_extra: dict = {}
+
+    def checkpoint_extra(self) -> dict:
+        """Nothing: an SFT checkpoint is a policy's, as an RL run's."""
+        return {}
+
     summary_metric = "loss"
 
     def __init__(self, cfg: Config, inputs: RunInputs):

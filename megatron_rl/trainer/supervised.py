@@ -42,11 +42,14 @@ class SupervisedRecipe(Protocol):
     role: str
     """The model built: actor (a language model) or critic (a scalar head)."""
     freeze_head_bias: bool
-    checkpoint_extra: dict
-    """Entries every checkpoint's ``extra`` carries (what the model is)."""
     micro: object
     """The placement of a mini-batch (schedules.packing.Microbatching)."""
     loss: object
+    summary_metric: str
+    """The val/<set>/<this> metric whose first and last values ``train`` reports."""
+
+    def checkpoint_extra(self) -> dict:
+        """Entries every checkpoint's ``extra`` carries (what the model is)."""
 
     def num_rows(self) -> int:
         """Training rows the steps draw from."""
@@ -57,10 +60,8 @@ class SupervisedRecipe(Protocol):
     def evaluate(self, model) -> dict:
         """val/<set>/... metrics of ``model`` (a setup.Trainable), on every rank."""
 
-    def progress_line(self, total: int) -> Callable[[dict], str]: ...
-
-    summary_metric: str
-    """The val/<set>/<this> metric whose first and last values ``train`` reports."""
+    def progress_line(self, total: int) -> Callable[[dict], str]:
+        """The progress line of a metrics row."""
 
 
 def step_indices(step: int, rows_per_step: int, num_rows: int, seed: int) -> list[int]:
@@ -177,7 +178,7 @@ class SupervisedTrainer:
         self.history.append(metrics)
         self.log.write(metrics)
         if stopping or self.checkpoint.due(step, cfg.trainer.max_steps):
-            self.checkpoint.save(step, self.model, None, self.recipe.checkpoint_extra)
+            self.checkpoint.save(step, self.model, None, self.recipe.checkpoint_extra())
         if stopping and self.rank == 0:
             print(stop_line(self.stop_signal, step, self.checkpoint.root), flush=True)
         return stopping
