@@ -119,10 +119,7 @@ class PairRecipe:
     0, since the loss reads reward differences only; held-out pair accuracy as ``val/``."""
 
     role, freeze_head_bias = "critic", True
-
-    def checkpoint_extra(self) -> dict:
-        """Every checkpoint says it holds a reward model (a scalar head, not an LM head)."""
-        return {MODEL_ROLE: REWARD_MODEL}
+    summary_metric = "pair_accuracy"
 
     def __init__(self, cfg: Config, inputs: RunInputs):
         self.cfg = cfg
@@ -131,6 +128,10 @@ class PairRecipe:
         self.data = load_pair_data(cfg, inputs.run_dir, tokenizer, inputs.rank)
         self.micro = pair_microbatching(cfg.trainer.micro_batch_size, cfg.trainer.max_tokens_per_micro_batch)
         self.loss = PreferenceLoss()
+
+    def checkpoint_extra(self) -> dict:
+        """Every checkpoint says it holds a reward model (a scalar head, not an LM head)."""
+        return {MODEL_ROLE: REWARD_MODEL}
 
     def num_rows(self) -> int:
         return len(self.data.train)
@@ -159,8 +160,6 @@ class PairRecipe:
 
     def progress_line(self, total: int):
         return pair_progress_line(total)
-
-    summary_metric = "pair_accuracy"
 
 
 def reward_model_trainer(cfg: Config, stop_signals: StopSignals) -> SupervisedTrainer:

@@ -74,11 +74,6 @@ class ChatRecipe:
     """The policy trained on the assistant's turns of conversations; ``val/<set>/loss``."""
 
     role, freeze_head_bias = "actor", False
-
-    def checkpoint_extra(self) -> dict:
-        """Nothing: an SFT checkpoint is a policy's, as an RL run's."""
-        return {}
-
     summary_metric = "loss"
 
     def __init__(self, cfg: Config, inputs: RunInputs):
@@ -93,6 +88,10 @@ class ChatRecipe:
             micro_batch_size=cfg.trainer.micro_batch_size, max_tokens=cfg.trainer.max_tokens_per_micro_batch
         )
         self.loss = TokenNLLLoss(arch_from_hf(inputs.base_dir).vocab_size)
+
+    def checkpoint_extra(self) -> dict:
+        """Nothing: an SFT checkpoint is a policy's, as an RL run's."""
+        return {}
 
     def num_rows(self) -> int:
         return len(self.train)
@@ -121,6 +120,8 @@ class ChatRecipe:
         return total / max(tokens, 1)
 
     def progress_line(self, total: int):
+        """Step, loss and step time, and each eval set's loss when one was measured."""
+
         def line(r: dict) -> str:
             parts = [f"step {r['step']:>4d}/{total}"]
             if "train/loss" in r:
