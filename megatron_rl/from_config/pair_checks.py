@@ -10,6 +10,7 @@ Every problem is one :class:`ConfigError` line; nothing here imports torch.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, Sequence
 
 from megatron_rl.config.schema import HELD_OUT, PAIRS_PREFIX, REWARD_MODEL, TASK_PREFIX, Config, ConfigError
 from megatron_rl.data.pairs import read_pairs
@@ -18,7 +19,7 @@ from megatron_rl.from_config import sources
 from megatron_rl.tasks import get_task
 
 FIRST_ROWS = 8
-"""Rows of a pairs file read by the check (the trainer reads all of them before building a model)."""
+"""Rows of a data file read by the check (the trainer reads all of them before building a model)."""
 
 
 def refuse_pairs_for_rl(config: Config) -> None:
@@ -30,20 +31,27 @@ def refuse_pairs_for_rl(config: Config) -> None:
         )
 
 
-def check_reward_model(config: Config, world_size: int) -> None:
-    """The reward-model run can start on ``world_size`` training ranks (layouts checked before)."""
-    where = f"algorithm.recipe={REWARD_MODEL}"
+def refuse_rl_settings(config: Config, critic_why: str, extra: Sequence[tuple[object, str]] = ()) -> None:
+    """A supervised recipe (reward_model, sft) generates nothing: the RL settings it would
+    ignore are refused, each in one line naming the key (``critic_why``: why critic_parallel
+    does not apply; ``extra``: the recipe's own (set?, what) pairs)."""
     refusals = [
         (config.algorithm.overrides, "algorithm.overrides (they set RL recipe fields)"),
         (config.rollout.placement != "colocated", "rollout.placement=disaggregated (it generates nothing)"),
-        (config.critic_parallel is not None, "critic_parallel (the reward model trains in parallel)"),
+        (config.critic_parallel is not None, f"critic_parallel ({critic_why})"),
         (config.trainer.save_rollouts, "trainer.save_rollouts (it has no rollouts)"),
         (config.environment.episodes, f"environment.name={config.environment.name} (it runs no episodes)"),
         (config.algorithm.teacher is not None, "algorithm.teacher (it samples nothing to distill)"),
+        *extra,
     ]
     for refused, what in refusals:
         if refused:
-            raise ConfigError(f"{where} does not take {what}")
+            raise ConfigError(f"algorithm.recipe={config.algorithm.recipe} does not take {what}")
+
+
+def check_reward_model(config: Config, world_size: int) -> None:
+    """The reward-model run can start on ``world_size`` training ranks (layouts checked before)."""
+    refuse_rl_settings(config, "the reward model trains in parallel")
     _check_batch(config, world_size)
     _check_source(config)
     _check_eval_sets(config)
@@ -86,8 +94,14 @@ def _check_source(config: Config) -> None:
 
 def check_pairs_file(path: Path, where: str) -> None:
     """The file exists and its first rows are pairs (the data module's own reader)."""
+    check_rows_file(path, where, read_pairs)
+
+
+def check_rows_file(path: Path, where: str, read: Callable[..., object]) -> None:
+    """The file exists and its first FIRST_ROWS rows parse with ``read(path, limit=...)``
+    (a data module's own reader); one ConfigError line otherwise."""
     try:
-        read_pairs(path, limit=FIRST_ROWS)
+        read(path, limit=FIRST_ROWS)
     except DatasetFormatError as err:
         raise ConfigError(f"{where}: {err}") from None
     except (ValueError, OSError) as err:  # unreadable, not Parquet after all (pyarrow's ArrowInvalid)

@@ -16,29 +16,14 @@ from pathlib import Path
 from megatron_rl.config.schema import HELD_OUT, PAIRS_PREFIX, SFT, Config, ConfigError
 from megatron_rl.data.chat import read_chats
 from megatron_rl.data.reasoning_gym import SOURCE_PREFIX as GYM_PREFIX
-from megatron_rl.data.sources import DatasetFormatError
 from megatron_rl.from_config import sources
+from megatron_rl.from_config.pair_checks import check_rows_file, refuse_rl_settings
 from megatron_rl.tasks import get_task
-
-FIRST_ROWS = 8
-"""Rows of a conversations file read by the check (the trainer reads all of them before building a model)."""
 
 
 def check_sft(config: Config, world_size: int) -> None:
     """The fine-tuning run can start on ``world_size`` training ranks (layouts checked before)."""
-    where = f"algorithm.recipe={SFT}"
-    refusals = [
-        (config.algorithm.overrides, "algorithm.overrides (they set RL recipe fields)"),
-        (config.rollout.placement != "colocated", "rollout.placement=disaggregated (it generates nothing)"),
-        (config.critic_parallel is not None, "critic_parallel (it trains no critic)"),
-        (config.trainer.save_rollouts, "trainer.save_rollouts (it has no rollouts)"),
-        (config.environment.episodes, f"environment.name={config.environment.name} (it runs no episodes)"),
-        (config.algorithm.teacher is not None, "algorithm.teacher (it samples nothing to distill)"),
-        (config.reward.scorers, "reward.scorers (it scores nothing)"),
-    ]
-    for refused, what in refusals:
-        if refused:
-            raise ConfigError(f"{where} does not take {what}")
+    refuse_rl_settings(config, "it trains no critic", [(config.reward.scorers, "reward.scorers (it scores nothing)")])
     trainer = config.trainer
     dp = config.parallel.dp(world_size)
     if trainer.global_batch_size % (trainer.micro_batch_size * dp):
@@ -69,12 +54,7 @@ def _check_source(config: Config) -> None:
 
 def check_chats_file(path: Path, where: str) -> None:
     """The file exists and its first rows are conversations (the data module's own reader)."""
-    try:
-        read_chats(path, limit=FIRST_ROWS)
-    except DatasetFormatError as err:
-        raise ConfigError(f"{where}: {err}") from None
-    except (ValueError, OSError) as err:  # unreadable, not Parquet after all (pyarrow's ArrowInvalid)
-        raise ConfigError(f"{where}: {path} cannot be read: {err}") from None
+    check_rows_file(path, where, read_chats)
 
 
 def _check_eval_sets(config: Config) -> None:

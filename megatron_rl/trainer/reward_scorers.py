@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from megatron_rl.bridge.convert import megatron_to_hf
 from megatron_rl.checkpoint import Checkpointer
 from megatron_rl.checkpoint import format as fmt
 from megatron_rl.config import Config
@@ -90,17 +91,22 @@ JUDGE_KV_CACHE_GIB = 1.0
 """The judge engine's KV cache on CPU (vLLM's CPU backend takes whole GiB)."""
 
 
+def served_model_len(model_dir: Path) -> int:
+    """A served scorer engine's context: JUDGE_MAX_MODEL_LEN, or the model's own limit when lower."""
+    limit = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", JUDGE_MAX_MODEL_LEN)
+    return min(limit, JUDGE_MAX_MODEL_LEN)
+
+
 def build_judge(scorer: ScorerConfig, base_dir: Path, seed: int) -> JudgeScorer:
     """The judge's worker pool (started now) and its prompt and verdict settings."""
     model_dir = Path(base_dir if scorer.path == BASE else scorer.path)
-    limit = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", JUDGE_MAX_MODEL_LEN)
     pool = TimedWorkerPool(
         judge.TARGET,
         timeout_s=scorer.timeout_s,
         init_args=[
             str(model_dir),
             scorer.max_new_tokens,
-            min(limit, JUDGE_MAX_MODEL_LEN),
+            served_model_len(model_dir),
             JUDGE_KV_CACHE_GIB,
             scorer.gpu_memory_utilization,
             seed,
@@ -119,13 +125,12 @@ def build_served_model(name: str, scorer: ScorerConfig, run_dir: Path, seed: int
     """The reward model exported to HF (once per run and step) and its worker pool (started now)."""
     root = reward_model_root(scorer.path)
     hf_dir = export_reward_model(root, fmt.resolve_step(root, scorer.step), run_dir / SCORERS_DIR / name)
-    limit = json.loads((hf_dir / "config.json").read_text()).get("max_position_embeddings", JUDGE_MAX_MODEL_LEN)
     pool = TimedWorkerPool(
         REWARD_MODEL_WORKER,
         timeout_s=scorer.timeout_s,
         init_args=[
             str(hf_dir),
-            min(limit, JUDGE_MAX_MODEL_LEN),
+            served_model_len(hf_dir),
             JUDGE_KV_CACHE_GIB,
             scorer.gpu_memory_utilization,
             seed,
@@ -139,8 +144,6 @@ def export_reward_model(root: Path, step: int, where: Path) -> Path:
     """``where``/step-<step>: the reward model of checkpoint ``root`` at ``step`` as an HF
     directory, written beside and renamed into place, so a run that stops while exporting
     leaves no half directory for a resumed run to read; a resumed run reuses the export."""
-    from megatron_rl.bridge.convert import megatron_to_hf
-
     out = where / f"step-{step}"
     if out.is_dir():
         return out
