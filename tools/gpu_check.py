@@ -8,17 +8,22 @@ Such a machine has Python 3.12, torch with CUDA, transformers and pytest, and no
 index: Megatron-Core and xxhash travel as wheels (requirements/gpu-kit.txt, fetched for cp312
 manylinux into .whl/, which git ignores). `run` installs the wheels into a temporary
 target, puts it and the repository on PYTHONPATH, and runs each part in its own process
-with its own time limit, so a part that fails or hangs costs only its own minutes:
+with its own time limit, so a part that fails or hangs costs only its own minutes. The
+default parts (no --parts):
 
-    tests            the gpu-marked tests (tests/gpu): schedules, the bridge's export and a
-                     checkpoint round trip on CUDA, each against a CPU reference
     mfu-dense        `megatron-rl bench mfu` of gpu-dense-1b, bf16, SDPA attention, with a
                      profile of one more step (time by op category)
-    mfu-dense-unfused  the same with Megatron's unfused local attention, for the comparison
+    mfu-dense-compiled the same with the elementwise kernels compiled (--fusion compiled)
+    tests            the gpu-marked tests (tests/gpu): schedules, the bridge's export, a
+                     checkpoint round trip and the fast layers on CUDA, each against a reference
     mfu-moe          `megatron-rl bench mfu` of gpu-moe-2b, bf16, SDPA attention, the experts
                      as grouped GEMMs (what `auto` picks for bf16 on Hopper), with a profile
-    mfu-moe-sequential the same with Megatron's SequentialMLP experts, the baseline
-    checkpoint       `megatron-rl bench checkpoint` on CUDA: save stall vs torch DCP
+    mfu-moe-fast     the same with the local dispatcher and the compiled elementwise kernels
+
+and by name: mfu-moe-local (grouped experts and the local dispatcher, uncompiled),
+mfu-moe-sequential (Megatron's SequentialMLP experts), mfu-dense-unfused (Megatron's
+unfused attention), tests-fusions (only tests/gpu/test_cuda_fusions.py), checkpoint
+(`megatron-rl bench checkpoint` on CUDA: save stall against torch DCP).
 
 It writes OUT_DIR/<part>.json for each part, OUT_DIR/summary.json (machine, versions, each
 part's exit code and seconds) and OUT_DIR/gpu_check.log (everything the parts printed).
@@ -54,6 +59,11 @@ PLATFORMS = (
     "manylinux2014_x86_64",
     "manylinux1_x86_64",
 )
+ABSENT_ON_A_BARE_MACHINE = ("vllm", "math_verify", "reasoning_gym", "matplotlib", "tensorboard")
+"""Runtime packages of requirements/base.txt and cpu.txt that a bare CUDA machine lacks and the
+kit does not carry: nothing its parts import may need them (tests/unit/test_gpu_kit.py runs
+the parts' entry points with these hidden). On 2026-12-04 a bench module that imported the
+tasks at module level (and with them math_verify) cost a lent H200 its MFU parts."""
 MFU_SHAPE = [
     "--dtype",
     "bf16",
@@ -73,66 +83,55 @@ MFU_SHAPE = [
 @dataclasses.dataclass(frozen=True)
 class Part:
     """One check: a command run from the repository root, and its time limit. It writes
-    OUT_DIR/<name>.json, or pytest's OUT_DIR/<name>.xml, which the kit turns into that JSON."""
+    OUT_DIR/<name>.json, or pytest's OUT_DIR/<name>.xml, which the kit turns into that JSON.
+    Default parts run when no --parts are named; the others are baselines already measured
+    or a subset, run by name."""
 
     name: str
     argv: tuple[str, ...]
     timeout_s: int
+    default: bool = True
 
     def json_path(self, out: Path) -> Path:
         return out / f"{self.name}.json"
 
 
+FAST_MOE = ("--experts", "grouped", "--dispatcher", "local", "--fusion", "compiled")
+"""The MoE preset as fast as the kit builds it without TE: grouped experts, the sync-free local
+dispatcher, the compiled elementwise kernels."""
+
+
+def _pytest(out: Path, name: str, paths: Sequence[str], limit: int, default: bool) -> Part:
+    argv = (sys.executable, "-m", "pytest", *paths, "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider")
+    return Part(name, (*argv, "--junitxml", str(out / f"{name}.xml")), limit, default)
+
+
 def parts(out: Path) -> list[Part]:
-    """Every part, in the order they run (the headline number first). The time limits add up
-    to 10 minutes, the longest command a lent machine runs. Measured on one H200: mfu-dense
-    50 s and mfu-moe 51 s with their profiles, the sequential MoE 44 s, checkpoint 63 s, the
-    GPU test modules up to 246 s together, so the tests get the largest share."""
+    """Every part, in the order they run (the headline numbers first, each baseline before the
+    part it is compared with). The default parts' limits add up to 10 minutes, the longest
+    command a lent machine runs. Measured on one H200: mfu-dense 50 s and mfu-moe 51 s with
+    their profiles, the sequential MoE 44 s, checkpoint 63 s, the GPU test modules up to 246 s
+    together, so the tests get the largest share; the compiled parts add inductor's compile."""
     # The lab's own entry, not `-m megatron_rl bench`: the kit runs the tree from PYTHONPATH,
     # where no installed entry point names the lab's subcommands.
     bench = (sys.executable, "-m", "megatron_rl_lab.bench.cli")
 
-    def mfu(name: str, model: str, limit: int, *extra: str) -> Part:
+    def mfu(name: str, model: str, limit: int, *extra: str, default: bool = True) -> Part:
         json_path = str(out / f"{name}.json")
-        return Part(name, (*bench, "mfu", "--model", model, *MFU_SHAPE, *extra, "--json", json_path), limit)
+        return Part(name, (*bench, "mfu", "--model", model, *MFU_SHAPE, *extra, "--json", json_path), limit, default)
 
+    checkpoint = (*bench, "checkpoint", "--model", "cpu-dense-85m", "--repeats", "3")
     return [
         mfu("mfu-dense", "gpu-dense-1b", 60, "--profile"),
-        Part(
-            "tests",
-            (
-                sys.executable,
-                "-m",
-                "pytest",
-                "tests/gpu",
-                "-m",
-                "gpu",
-                "-q",
-                "-rs",
-                "-p",
-                "no:cacheprovider",
-                "--junitxml",
-                str(out / "tests.xml"),
-            ),
-            270,
-        ),
+        mfu("mfu-dense-compiled", "gpu-dense-1b", 110, "--fusion", "compiled", "--profile"),
+        _pytest(out, "tests", ["tests/gpu"], 250, default=True),
         mfu("mfu-moe", "gpu-moe-2b", 70, "--experts", "grouped", "--profile"),
-        mfu("mfu-moe-sequential", "gpu-moe-2b", 60, "--experts", "sequential"),
-        mfu("mfu-dense-unfused", "gpu-dense-1b", 60, "--attention", "unfused"),
-        Part(
-            "checkpoint",
-            (
-                *bench,
-                "checkpoint",
-                "--model",
-                "cpu-dense-85m",
-                "--repeats",
-                "3",
-                "--json",
-                str(out / "checkpoint.json"),
-            ),
-            80,
-        ),
+        mfu("mfu-moe-fast", "gpu-moe-2b", 110, *FAST_MOE, "--profile"),
+        mfu("mfu-moe-local", "gpu-moe-2b", 70, "--experts", "grouped", "--dispatcher", "local", default=False),
+        mfu("mfu-moe-sequential", "gpu-moe-2b", 60, "--experts", "sequential", default=False),
+        mfu("mfu-dense-unfused", "gpu-dense-1b", 60, "--attention", "unfused", default=False),
+        _pytest(out, "tests-fusions", ["tests/gpu/test_cuda_fusions.py"], 120, default=False),
+        Part("checkpoint", (*checkpoint, "--json", str(out / "checkpoint.json")), 80, default=False),
     ]
 
 
@@ -260,7 +259,7 @@ def run_part(part: Part, out: Path, env: dict, log) -> dict:
 
 def run(out: Path, names: Optional[Sequence[str]], wheels: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    chosen = [p for p in parts(out) if not names or p.name in names]
+    chosen = [p for p in parts(out) if p.name in names] if names else [p for p in parts(out) if p.default]
     target = Path(tempfile.mkdtemp(prefix="mrl-gpu-kit-"))
     with open(out / "gpu_check.log", "w") as log:
         install_wheels(wheels, target, log)
@@ -287,7 +286,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     r = sub.add_parser("run", help="run the checks on a CUDA machine; results under OUT_DIR")
     r.add_argument("out", type=Path, metavar="OUT_DIR")
     r.add_argument(
-        "--parts", default="", help="comma-separated subset of: " + ", ".join(p.name for p in parts(Path(".")))
+        "--parts",
+        default="",
+        help="comma-separated parts to run instead of the default ones ("
+        + ", ".join(p.name for p in parts(Path(".")) if p.default)
+        + "); all: "
+        + ", ".join(p.name for p in parts(Path("."))),
     )
     r.add_argument("--wheels", type=Path, default=WHEEL_DIR)
     args = parser.parse_args(argv)

@@ -23,6 +23,10 @@ from megatron_rl.utils import dtypes
 Role = Literal["actor", "critic"]
 
 
+DISPATCHERS = ("alltoall", "allgather", "local")
+"""MoE token dispatchers: Megatron's two, and models.local_dispatch's."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BuildOptions:
     """Numerics and MoE knobs that are not part of the HF architecture."""
@@ -30,7 +34,8 @@ class BuildOptions:
     dtype: str = "fp32"
     """Parameter dtype: fp32 | bf16 | fp16."""
     moe_token_dispatcher_type: str = "alltoall"
-    """Megatron MoE dispatcher: alltoall | allgather."""
+    """MoE dispatcher: Megatron's alltoall | allgather, or local (every expert on this rank,
+    no host sync: models.local_dispatch)."""
     moe_aux_loss_coeff: float = 0.0
     """Load-balancing loss weight (0 = off, the usual choice for RL fine-tuning)."""
     vocab_size_divisible_by: int = 1
@@ -43,14 +48,31 @@ class BuildOptions:
     """auto | sdpa | unfused: which attention the layers use (models.layer_spec.ATTENTIONS)."""
     experts: str = "auto"
     """auto | sequential | grouped: how MoE experts are computed (models.layer_spec.EXPERTS)."""
+    fusion: str = "none"
+    """none | compiled: the layers' elementwise work (norms, RoPE, gated SiLU) as shipped or
+    compiled by torch.compile (models.fused_elementwise)."""
 
     def __post_init__(self):
+        from megatron_rl.models.fused_elementwise import FUSIONS
         from megatron_rl.models.layer_spec import ATTENTIONS, EXPERTS
 
         if self.attention not in ATTENTIONS:
             raise ValueError(f"BuildOptions.attention {self.attention!r} is not one of {', '.join(ATTENTIONS)}")
         if self.experts not in EXPERTS:
             raise ValueError(f"BuildOptions.experts {self.experts!r} is not one of {', '.join(EXPERTS)}")
+        if self.moe_token_dispatcher_type not in DISPATCHERS:
+            raise ValueError(
+                f"BuildOptions.moe_token_dispatcher_type {self.moe_token_dispatcher_type!r} is not one of "
+                f"{', '.join(DISPATCHERS)}"
+            )
+        if self.fusion not in FUSIONS:
+            raise ValueError(f"BuildOptions.fusion {self.fusion!r} is not one of {', '.join(FUSIONS)}")
+
+
+def megatron_dispatcher(name: str) -> str:
+    """The dispatcher Megatron's config names: for local, its alltoall, which the layer replaces
+    (models.layer_spec)."""
+    return "alltoall" if name == "local" else name
 
 
 def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 1) -> int:
@@ -62,12 +84,14 @@ def transformer_config(arch: ModelArch, parallel: ParallelConfig, options: Build
     """The Megatron ``TransformerConfig`` for this architecture and layout."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from megatron_rl.models.fused_elementwise import transformer_config_fields
+
     dtype = dtypes.to_torch(options.dtype)
     moe = {}
     if arch.is_moe:
         moe = dict(
             **{name: getattr(arch, name) for name in MOE_FIELDS},
-            moe_token_dispatcher_type=options.moe_token_dispatcher_type,
+            moe_token_dispatcher_type=megatron_dispatcher(options.moe_token_dispatcher_type),
             moe_router_load_balancing_type="aux_loss" if options.moe_aux_loss_coeff else "none",
             moe_aux_loss_coeff=options.moe_aux_loss_coeff,
             moe_grouped_gemm=False,
@@ -104,7 +128,7 @@ def transformer_config(arch: ModelArch, parallel: ParallelConfig, options: Build
             fp16=dtype == torch.float16,
             **moe,
             **recompute,
-            **platform.transformer_config_overrides(),
+            **{**platform.transformer_config_overrides(), **transformer_config_fields(options.fusion)},
         )
 
 
@@ -150,7 +174,7 @@ def _build_chunk(role, arch, parallel, options, config, pre_process, post_proces
     kwargs = {"pg_collection": pg_collection} if pg_collection is not None else {}
     return cls(
         config=config,
-        transformer_layer_spec=block_spec(config, arch, vp_stage, options.attention, options.experts),
+        transformer_layer_spec=block_spec(config, arch, vp_stage, options),
         vocab_size=padded_vocab_size(arch.vocab_size, parallel.tp, options.vocab_size_divisible_by),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=pre_process,

@@ -10,7 +10,8 @@ The module keeps SequentialMLP's parameters (``local_experts.<i>.linear_fc1.weig
 ``linear_fc2.weight``), so checkpoints, the HF bridge and the weight sync see the same model;
 only the forward differs: the experts' weights are stacked per call (a copy of the expert
 weights, small beside the activations) and the activation is MLP's own gated SiLU, scaled by
-each token's routing probability and rounded back to the activation dtype as MLP does.
+each token's routing probability and rounded back to the activation dtype as MLP does
+(compiled when the config asks for the activation fusion, as Megatron's MLP does).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.moe.experts import SequentialMLP
 
+from megatron_rl.models.fused_elementwise import compiled_scaled_gated_silu, scaled_gated_silu
 from megatron_rl.platform.torch_internals import GROUPED_MM_ALIGNMENT, grouped_mm
 
 
@@ -56,7 +58,6 @@ class GroupedGemmExperts(SequentialMLP):
         group_ends = torch.cumsum(tokens_per_expert, 0).to(device=tokens.device, dtype=torch.int32, non_blocking=True)
         fc1 = torch.stack([e.linear_fc1.weight for e in self.local_experts]).transpose(1, 2)
         fc2 = torch.stack([e.linear_fc2.weight for e in self.local_experts]).transpose(1, 2)
-        gate, linear = torch.chunk(grouped_mm(tokens, fc1, group_ends), 2, dim=-1)
-        hidden = F.silu(gate) * linear
-        hidden = (hidden * permuted_probs.unsqueeze(-1)).to(hidden.dtype)
+        activation = compiled_scaled_gated_silu() if self.config.bias_activation_fusion else scaled_gated_silu
+        hidden = activation(grouped_mm(tokens, fc1, group_ends), permuted_probs)
         return grouped_mm(hidden, fc2, group_ends), None

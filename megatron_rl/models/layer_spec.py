@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch
 
+from megatron_rl.models.fused_elementwise import CompiledRMSNorm
 from megatron_rl.models.hf_config import ModelArch
 
 
@@ -22,11 +23,19 @@ class SequenceParallelRMSNorm:
     ``finalize_model_grads`` does for params carrying ``sequence_parallel=True``.
     """
 
+    norm_class = torch.nn.RMSNorm
+
     def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **unused):
-        norm = torch.nn.RMSNorm(hidden_size, eps=eps, dtype=config.params_dtype)
+        norm = cls.norm_class(hidden_size, eps=eps, dtype=config.params_dtype)
         for param in norm.parameters():
             param.sequence_parallel = config.sequence_parallel
         return norm
+
+
+class CompiledSequenceParallelRMSNorm(SequenceParallelRMSNorm):
+    """The same norm computed by one compiled kernel per direction (models.fused_elementwise)."""
+
+    norm_class = CompiledRMSNorm
 
 
 def has_transformer_engine() -> bool:
@@ -73,18 +82,21 @@ def describe_attention(attention: str) -> str:
     return "megatron local, unfused attention" if attention == "unfused" else "megatron local, SDPA attention"
 
 
-def block_spec(config, arch: ModelArch, vp_stage: Optional[int], attention: str = "auto", experts: str = "auto"):
-    """TransformerBlockSubmodules for the layers this rank builds (this VPP chunk)."""
+def block_spec(config, arch: ModelArch, vp_stage: Optional[int], options=None):
+    """TransformerBlockSubmodules for the layers this rank builds (this VPP chunk), from
+    ``options`` (models.builder.BuildOptions: attention, experts, fusion, dispatcher). Fusion
+    compiled picks the compiled norm here; its RoPE and SiLU fusions follow the config's
+    flags (models.fused_elementwise.transformer_config_fields)."""
+    from megatron_rl.models.builder import BuildOptions
+
+    options = options or BuildOptions()
+    attention, experts = options.attention, options.experts
     from megatron.core.models.gpt import gpt_layer_specs as specs
     from megatron.core.transformer.transformer_block import (
         TransformerBlockSubmodules,
         get_num_layers_to_build,
     )
 
-    if attention not in ATTENTIONS:
-        raise ValueError(f"attention {attention!r} is not one of {', '.join(ATTENTIONS)}")
-    if experts not in EXPERTS:
-        raise ValueError(f"experts {experts!r} is not one of {', '.join(EXPERTS)}")
     if attention == "unfused" and config.context_parallel_size > 1:
         raise ValueError(
             f"attention 'unfused' (Megatron's DotProductAttention) has no context parallelism "
@@ -103,12 +115,15 @@ def block_spec(config, arch: ModelArch, vp_stage: Optional[int], attention: str 
             qk_layernorm=arch.qk_layernorm,
             normalization="RMSNorm",
         )
-        _replace_torch_norms(layer)
+        norm = CompiledSequenceParallelRMSNorm if options.fusion == "compiled" else SequenceParallelRMSNorm
+        _replace_torch_norms(layer, norm)
         if attention != "unfused":
             _use_sdpa_attention(layer)
         if num_experts and (experts == "grouped" or (experts == "auto" and grouped_experts_pay(config))):
             _use_grouped_experts(layer)
-        final_norm = SequenceParallelRMSNorm
+        final_norm = norm
+    if num_experts and options.moe_token_dispatcher_type == "local":
+        _use_local_dispatch(layer, config)
     count = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(layer_specs=[layer] * count, layer_norm=final_norm)
 
@@ -128,8 +143,18 @@ def _use_grouped_experts(layer) -> None:
     layer.submodules.mlp.submodules.experts.module = GroupedGemmExperts
 
 
-def _replace_torch_norms(spec) -> None:
-    """Swap every WrappedTorchNorm in a local spec tree for SequenceParallelRMSNorm."""
+def _use_local_dispatch(layer, config) -> None:
+    """Local MoE specs: the sync-free single-rank dispatcher (models.local_dispatch)."""
+    from megatron_rl.models.local_dispatch import LocallyDispatchedMoELayer, local_dispatch_problem
+
+    problem = local_dispatch_problem(config)
+    if problem:
+        raise ValueError(problem)
+    layer.submodules.mlp.module = LocallyDispatchedMoELayer
+
+
+def _replace_torch_norms(spec, norm=SequenceParallelRMSNorm) -> None:
+    """Swap every WrappedTorchNorm in a local spec tree for ``norm`` (a SequenceParallelRMSNorm)."""
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
@@ -138,8 +163,8 @@ def _replace_torch_norms(spec) -> None:
         return
     for name, value in list(vars(sub).items()):
         if value is WrappedTorchNorm:
-            setattr(sub, name, SequenceParallelRMSNorm)
+            setattr(sub, name, norm)
         elif isinstance(value, ModuleSpec):
             if value.module is WrappedTorchNorm:
-                value.module = SequenceParallelRMSNorm
-            _replace_torch_norms(value)
+                value.module = norm
+            _replace_torch_norms(value, norm)

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 from megatron_rl.launch.exit_codes import STOPPED
-from megatron_rl.tasks.base_model import BASE_CACHE_ENV
 from megatron_rl_lab.bench.compare_spec import Spec
 
 MARKER = "done.json"
@@ -126,6 +125,10 @@ def run_env(out: Path, base: Optional[Mapping[str, str]] = None) -> dict[str, st
     session shares them: each run would otherwise compile from cold), no model hub."""
     env = dict(os.environ if base is None else base)
     root = Path(out).resolve()
+    # imported here: the tasks import the rule verifiers (math_verify), which the GPU kit's
+    # bare machine lacks, and the bench's parser imports this module for every subcommand
+    from megatron_rl.tasks.base_model import BASE_CACHE_ENV
+
     env.update({BASE_CACHE_ENV: str(root / "base_cache"), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
     for name, directory in SHARED_CACHES.items():
         env.setdefault(name, str(root / "cache" / directory))

@@ -48,6 +48,7 @@ def run_case(arch: ModelArch, settings: MfuSettings, case: Case, peak_tflops: fl
         recompute_activations=settings.recompute_activations,
         attention=settings.attention,
         experts=settings.experts,
+        fusion=settings.fusion,
     )
     chunks, optimizer = build_trainable(settings.role, arch, case.parallel, options)
     experts = sorted({type(m.experts).__name__ for c in chunks for m in c.modules() if hasattr(m, "router")})
@@ -180,7 +181,7 @@ def run(arch: ModelArch, settings: MfuSettings, cases: list[Case], json_path: Op
     say(
         f"bench mfu: {settings.model} {settings.role} {settings.dtype}, seq {settings.seq_length}, "
         f"global batch {settings.global_batch_size}, world {world} on {report['device']}, "
-        f"{report['torch_threads_per_rank']} thread(s)/rank, {report['layer_spec']}",
+        f"{report['torch_threads_per_rank']} thread(s)/rank, {report['layer_spec']}, fusion {settings.fusion}",
         flush=True,
     )
     peaks = [measure_peak(settings)]

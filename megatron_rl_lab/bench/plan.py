@@ -61,6 +61,8 @@ class MfuSettings:
     """auto | sdpa | unfused (models.layer_spec.ATTENTIONS)."""
     experts: str = "auto"
     """auto | sequential | grouped: how MoE experts are computed (models.layer_spec.EXPERTS)."""
+    fusion: str = "none"
+    """none | compiled: the layers' elementwise work as shipped or compiled (models.fused_elementwise)."""
     profile: bool = False
     """One more step under torch.profiler: where the time went, by op category (.step_profile)."""
     peak_tflops: Optional[float] = None
@@ -145,7 +147,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--sweep-micro-batch-sizes", type=positive_list(int, "1,2,4"), default=[1, 2, 4], metavar="1,2,4")
     p.add_argument("--steps", type=positive, default=5, help="timed steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    p.add_argument("--dispatcher", choices=("alltoall", "allgather"), default="alltoall", help="MoE token dispatcher")
+    p.add_argument(
+        "--dispatcher",
+        choices=("alltoall", "allgather", "local"),
+        default="alltoall",
+        help="MoE token dispatcher: Megatron's alltoall or allgather, or local (every expert on this rank, "
+        "no host sync; EP1·ETP1 only)",
+    )
     p.add_argument("--recompute", action="store_true", help="full activation recomputation")
     p.add_argument(
         "--profile",
@@ -164,6 +172,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default="auto",
         help="MoE experts: auto (grouped GEMMs for bf16 on Hopper, else one expert after another), "
         "sequential (Megatron's SequentialMLP), grouped",
+    )
+    p.add_argument(
+        "--fusion",
+        choices=("none", "compiled"),
+        default="none",
+        help="the layers' norms, RoPE and gated SiLU as Megatron's local spec ships them, or compiled "
+        "by torch.compile (one kernel per direction each)",
     )
     p.add_argument(
         "--peak-tflops",
@@ -230,6 +245,7 @@ def make_plan(args: argparse.Namespace, world: int):
         recompute_activations=args.recompute,
         attention=args.attention,
         experts=args.experts,
+        fusion=args.fusion,
         profile=args.profile,
         peak_tflops=args.peak_tflops,
         peak_matmul_size=args.peak_matmul_size,

@@ -77,8 +77,11 @@ def test_every_bench_part_is_a_command_the_bench_accepts(tmp_path):
     bench_parts = [p for p in kit.parts(tmp_path) if cli.__name__ in p.argv]
     assert {p.name for p in bench_parts} == {
         "mfu-dense",
+        "mfu-dense-compiled",
         "mfu-dense-unfused",
         "mfu-moe",
+        "mfu-moe-fast",
+        "mfu-moe-local",
         "mfu-moe-sequential",
         "checkpoint",
     }
@@ -91,7 +94,42 @@ def test_every_bench_part_is_a_command_the_bench_accepts(tmp_path):
             assert checkpoint.make_plan(checkpoint.options_from_args(args), 1).reshard_layout is None
             json_path = args.json
         assert json_path == part.json_path(tmp_path) == tmp_path / f"{part.name}.json"
-    assert sum(p.timeout_s for p in kit.parts(tmp_path)) <= 600, "a lent GPU machine runs one command <= 10 min"
+    default = [p for p in kit.parts(tmp_path) if p.default]
+    assert sum(p.timeout_s for p in default) <= 600, "a lent GPU machine runs one command <= 10 min"
+    assert [p.name for p in default] == ["mfu-dense", "mfu-dense-compiled", "tests", "mfu-moe", "mfu-moe-fast"]
+
+
+def test_every_part_starts_without_the_packages_a_bare_machine_lacks(tmp_path):
+    """Each part's entry point (the bench's parser for every bench part, pytest's collection
+    of the GPU tests) with vLLM, math_verify and the rest hidden, as on the lent machine."""
+    kit = _kit()
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import sys\n"
+        f"ABSENT = {kit.ABSENT_ON_A_BARE_MACHINE!r}\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ABSENT:\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r} (hidden: a bare GPU machine lacks it)')\n"
+        "sys.meta_path.insert(0, Hide())\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hide), str(ROOT)]))
+    bench = ("megatron_rl_lab.bench.cli",)
+    commands = {p.argv[p.argv.index(bench[0]) + 1] for p in kit.parts(tmp_path) if bench[0] in p.argv}
+    for command in sorted(commands):
+        proc = subprocess.run(
+            [sys.executable, "-m", *bench, command, "--help"], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, f"bench {command}: {proc.stderr[-2000:]}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/gpu", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
 
 
 def test_an_unknown_part_is_one_line_and_exit_2(tmp_path):
@@ -103,7 +141,7 @@ def test_an_unknown_part_is_one_line_and_exit_2(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr == (
-        "gpu_check: unknown part(s) bogus; allowed: mfu-dense, tests, mfu-moe, mfu-moe-sequential, mfu-dense-unfused, "
-        "checkpoint\n"
+        "gpu_check: unknown part(s) bogus; allowed: mfu-dense, mfu-dense-compiled, tests, mfu-moe, mfu-moe-fast, "
+        "mfu-moe-local, mfu-moe-sequential, mfu-dense-unfused, tests-fusions, checkpoint\n"
     )
     assert list(tmp_path.iterdir()) == []

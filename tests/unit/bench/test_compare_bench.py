@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from megatron_rl.tasks.base_model import BASE_CACHE_ENV
 from megatron_rl_lab.bench import compare, compare_plot
 from megatron_rl_lab.bench.cli import main
-from megatron_rl_lab.bench.compare_runs import BASE_CACHE_ENV, MARKER
+from megatron_rl_lab.bench.compare_runs import MARKER
 from megatron_rl_lab.bench.compare_spec import REQUIRED, SpecError, load_spec, parse_spec
 
 STEPS = 3

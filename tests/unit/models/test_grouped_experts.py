@@ -13,10 +13,10 @@ import copy
 import pytest
 import torch
 
-from megatron_rl import platform
 from megatron_rl.models import layer_spec
 from megatron_rl.models.grouped_experts import GroupedGemmExperts
 from megatron_rl.parallel import ParallelConfig
+from megatron_rl_lab.testing.model_grads import assert_equal, logits_and_grads
 
 
 def build(arch, dtype: str, experts: str):
@@ -25,19 +25,6 @@ def build(arch, dtype: str, experts: str):
     torch.manual_seed(7)
     (model,) = build_model("actor", arch, ParallelConfig(), BuildOptions(dtype=dtype, experts=experts))
     return model
-
-
-def logits_and_grads(model, tokens: torch.Tensor):
-    model.zero_grad(set_to_none=True)
-    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
-    with platform.megatron_scope():
-        logits = model(tokens, positions, attention_mask=None)
-        logits.float().sum().backward()  # an expanded gradient, which torch's grouped GEMM refuses
-    return logits.detach().float(), {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
-
-
-def assert_equal(got: torch.Tensor, want: torch.Tensor, what: str):
-    assert torch.equal(got, want), f"{what}: differs by up to {(got - want).abs().max().item():.3g}"
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -66,7 +53,7 @@ def test_auto_keeps_sequential_experts_where_the_grouped_kernel_is_a_loop(world_
 
     config = transformer_config(TINY_QWEN3_MOE, ParallelConfig(), BuildOptions(dtype="bf16"))
     assert not layer_spec.grouped_experts_pay(config)  # no CUDA device here
-    spec = layer_spec.block_spec(config, TINY_QWEN3_MOE, vp_stage=None, attention="sdpa")
+    spec = layer_spec.block_spec(config, TINY_QWEN3_MOE, vp_stage=None, options=BuildOptions(attention="sdpa"))
     assert spec.layer_specs[0].submodules.mlp.submodules.experts.module is not GroupedGemmExperts
     with pytest.raises(ValueError, match="BuildOptions.experts 'fused' is not one of auto, sequential, grouped"):
         BuildOptions(experts="fused")

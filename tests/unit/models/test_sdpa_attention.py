@@ -223,4 +223,4 @@ def test_the_unfused_reference_refuses_context_parallelism():
         transformer_config(TINY_DENSE, ParallelConfig(), BuildOptions()), context_parallel_size=2
     )
     with pytest.raises(ValueError, match="attention 'unfused' .* has no context parallelism .*; use auto or sdpa"):
-        layer_spec.block_spec(config, TINY_DENSE, vp_stage=None, attention="unfused")
+        layer_spec.block_spec(config, TINY_DENSE, vp_stage=None, options=BuildOptions(attention="unfused"))
