@@ -42,6 +42,10 @@ def _choice(section: str, name: str, value, allowed) -> None:
         raise ConfigError(f"{section}.{name}={value!r} is not allowed; choose one of {sorted(allowed)}")
 
 
+MOE_DISPATCHERS = ("alltoall", "allgather", "local")
+"""model.moe_token_dispatcher_type's values (models.builder.DISPATCHERS)."""
+
+
 @dataclasses.dataclass(kw_only=True)
 class ModelConfig:
     """Which model to build and in which numerics."""
@@ -56,7 +60,9 @@ class ModelConfig:
     dtype: str = "fp32"
     """Parameter dtype: fp32 | bf16 | fp16."""
     moe_token_dispatcher_type: str = "alltoall"
-    """Megatron MoE token dispatcher: alltoall | allgather."""
+    """MoE token dispatcher: Megatron's alltoall | allgather, or local: every expert on each
+    rank (expert and expert-tensor parallel size 1), without Megatron's host syncs and copies
+    of every token (models.local_dispatch; the same results bit for bit)."""
     moe_aux_loss_coeff: float = 0.0
     """MoE load-balancing loss weight; 0 turns it off."""
     recompute_activations: bool = False
@@ -68,7 +74,7 @@ class ModelConfig:
         if self.hf_path is None:
             _choice("model", "preset", self.preset, PRESETS)
         _choice("model", "dtype", self.dtype, dtypes.SHORT_NAMES)
-        _choice("model", "moe_token_dispatcher_type", self.moe_token_dispatcher_type, ("alltoall", "allgather"))
+        _choice("model", "moe_token_dispatcher_type", self.moe_token_dispatcher_type, MOE_DISPATCHERS)
         if self.moe_aux_loss_coeff < 0:
             raise ConfigError(f"model.moe_aux_loss_coeff={self.moe_aux_loss_coeff} must be >= 0")
 

@@ -124,6 +124,12 @@ def _check_layouts(config: Config, world_size: int, shape: ModelShape) -> None:
             layout.validate(world_size, shape)
         except LayoutError as err:
             raise ConfigError(f"{section}: {err}") from None
+        if config.model.moe_token_dispatcher_type == "local" and (layout.ep > 1 or layout.etp > 1):
+            raise ConfigError(
+                f"model.moe_token_dispatcher_type=local keeps every expert on each rank, but {section} has "
+                f"expert_model_parallel_size={layout.ep}, expert_tensor_parallel_size={layout.etp}; "
+                "use alltoall or allgather"
+            )
 
 
 def _check_token_budget(config: Config) -> None:

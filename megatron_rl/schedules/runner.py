@@ -218,6 +218,21 @@ def train_step(
     return metrics
 
 
+def model_inputs(model_chunks: list[torch.nn.Module], local: TrainBatch, micro: Micro) -> list[tuple]:
+    """(tokens, position_ids, packed_seq_params) of each micro-batch the schedules run on this
+    rank for its rows ``local``, on the platform's device: the arguments of one forward of the
+    model, for a caller that runs it without the schedules (``megatron-rl bench step``'s floors)."""
+    from megatron.core.utils import get_model_config
+
+    groups = model_groups(model_chunks)
+    microbatches, _ = _microbatches(local, micro, groups, get_model_config(model_chunks[0]))
+    device = platform.current().device
+    return [
+        (mb.tokens, mb.position_ids, _packed_seq_params(mb, model_chunks[0]))
+        for mb in (m.to(device) for m in microbatches)
+    ]
+
+
 # ---------------------------------------------------------------- internals
 
 

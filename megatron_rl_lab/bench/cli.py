@@ -27,6 +27,7 @@ BENCHES: dict[str, str] = {
     "tools": "megatron_rl_lab.bench.tool_episodes",
     "compare": "megatron_rl_lab.bench.compare",
     "grpo-reference": "megatron_rl_lab.bench.grpo_reference",
+    "step": "megatron_rl_lab.bench.step",
 }
 
 

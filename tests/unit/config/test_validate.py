@@ -290,3 +290,17 @@ def test_partial_rollouts_need_rollouts_running_ahead_on_their_own_ranks():
     with pytest.raises(ConfigError, match="rollout.partial_chunk_tokens=0 must be >= 1"):
         load_config(DAPO, [*ahead, "rollout.partial_chunk_tokens=0"])
     validate(load_config(DAPO, ahead), 2)
+
+
+def test_the_local_dispatcher_is_refused_where_experts_span_ranks():
+    validate(load_config(DAPO, ["model.moe_token_dispatcher_type=local"]), 2)  # EP1, DP2
+    with pytest.raises(
+        ConfigError,
+        match="moe_token_dispatcher_type=local keeps every expert on each rank, but parallel has "
+        "expert_model_parallel_size=2, expert_tensor_parallel_size=1; use alltoall or allgather",
+    ):
+        validate(
+            load_config(DAPO, ["model.moe_token_dispatcher_type=local", "parallel.expert_model_parallel_size=2"]), 2
+        )
+    with pytest.raises(ConfigError, match="moe_token_dispatcher_type='flex' is not allowed"):
+        load_config(DAPO, ["model.moe_token_dispatcher_type=flex"])
