@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 TRAINER_PHASES = {
     "critic_values": "critic_values",
@@ -57,6 +57,9 @@ class PhaseClock:
 
     def __init__(self):
         self.steps: list[StepRecord] = []
+        self.active: list[str] = []
+        """The phases running now, outermost first (generation counts inside the rollout only:
+        the eval phase generates too, and its requests are the eval's, not the step's)."""
 
     @property
     def current(self) -> StepRecord:
@@ -70,7 +73,7 @@ class PhaseClock:
         self._wrap(trainer.source, "collect", self._timed("rollout"))
         engine = vllm_engine(trainer)
         if engine is not None:
-            self._wrap(engine, "generate", self._timed("generation"))
+            self._wrap(engine, "generate", self._timed("generation", inside="rollout"))
             self._wrap(engine, "_generate", self._capturing_generate)
 
     @staticmethod
@@ -89,14 +92,19 @@ class PhaseClock:
 
         return timed
 
-    def _timed(self, phase: str):
+    def _timed(self, phase: str, inside: Optional[str] = None):
+        """Calls add their seconds to ``phase`` (only while ``inside`` runs, if given)."""
+
         def make(original):
             def timed(*args, **kwargs):
+                counted = bool(self.steps) and (inside is None or inside in self.active)
                 started = time.perf_counter()
+                self.active.append(phase)
                 try:
                     return original(*args, **kwargs)
                 finally:
-                    if self.steps:
+                    self.active.pop()
+                    if counted:
                         phases = self.current.phases
                         phases[phase] = phases.get(phase, 0.0) + time.perf_counter() - started
 
@@ -113,7 +121,7 @@ class PhaseClock:
 
     def _capturing_generate(self, original):
         def generate(requests, params, on_output=None):
-            if not self.steps:
+            if not self.steps or "rollout" not in self.active:
                 return original(requests, params, on_output)
             self.current.generate_calls.append((list(requests), [p.clone() for p in params]))
             outputs = original(requests, params, on_output)

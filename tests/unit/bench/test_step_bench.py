@@ -71,6 +71,10 @@ class StandInTrainer:
         self.old_logprobs("batch", {})
         self.update(number, "batch", {})
         self.sync_weights(number, [], {})
+        self.evaluate(number, {})
+
+    def evaluate(self, number, metrics):
+        self.engine.generate(["held-out"])  # the eval's requests: not the step's generation
 
     def old_logprobs(self, batch, metrics):
         pass
@@ -95,11 +99,11 @@ def test_the_clock_times_each_phase_per_step_and_keeps_what_the_floors_replay():
     trainer.step(2)
     assert len(clock.steps) == 2
     record = clock.current
-    assert set(record.phases) == {"rollout", "generation", "old_logprobs", "update", "weight_sync"}
+    assert set(record.phases) == {"rollout", "generation", "old_logprobs", "update", "weight_sync", "eval"}
     assert record.step_s >= sum(v for k, v in record.phases.items() if k != "generation") >= 0
     assert record.update_batch == "batch"
     assert record.generate_calls == [(["a", "b"], ["p'"])]  # params cloned before the engine ran
-    assert trainer.engine.seen == [["a", "b"], ["a", "b"]]  # the engine itself still ran
+    assert trainer.engine.seen == [["a", "b"], ["held-out"]] * 2  # the engine itself still ran
 
 
 def _args(*argv: str) -> argparse.Namespace:
