@@ -43,6 +43,7 @@ SHARED_LAUNCH_MODULES = (
     "test_route_replay.py",
     "test_reward_model.py",
     "test_sft.py",
+    "test_lora.py",
 )
 """tests/distributed modules whose cases share one launch per world size (tests/distributed/conftest.py):
 one unit of work, or each worker would start the launches."""

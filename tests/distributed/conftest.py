@@ -29,6 +29,7 @@ SHARED = {  # body -> its test module and the world sizes it runs at, in the lau
     "body_route_replay": ("test_route_replay.py", (4,)),
     "body_reward_model": ("test_reward_model.py", (4,)),
     "body_sft": ("test_sft.py", (4,)),
+    "body_lora": ("test_lora.py", (4,)),
 }
 assert {m for m, _ in SHARED.values()} == set(SHARED_LAUNCH_MODULES), "tests/ci_schedule.py gives one worker these"
 TIMEOUT_S = 3600  # the bodies' own launches had 900-1200 s each

@@ -1,0 +1,29 @@
+"""LoRA adapters under tensor parallelism (with and without sequence parallelism), PP2 on
+packed rows and CP2 (the shared world-4 launch, body_lora.py): every adapter's gradient equals
+plain single-process autograd's, and no base parameter gets one."""
+
+import pytest
+
+from megatron_rl_lab.testing.tiny import TINY_ARCHS
+
+TOL = 1e-6  # fp32, the issue's bound for adapter gradients against a single-rank reference
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def results(shared_launch4):
+    return shared_launch4.results("body_lora")
+
+
+@pytest.mark.parametrize("case", ["tp2-sp", "tp2", "packed-pp2", "cp2"])
+def test_adapter_gradients_equal_the_single_process_reference(results, case):
+    outcome = results[case]
+    assert outcome["ok"], outcome["error"]
+    r = outcome["result"]
+    assert r["base_with_grad"] == [], r
+    assert r["adapters"] == 2 * 4 * TINY_ARCHS["dense"].num_layers, "a and b of four targets in every layer"
+    assert r["params_without_grad"] == [], r
+    assert r["max_grad"] > 1e-3, "reference gradients too small to compare meaningfully"
+    assert r["max_grad_diff"] < TOL, f"{r['worst_key']}: {r['max_grad_diff']}"
+    assert r["loss_diff"] < TOL, r
