@@ -31,6 +31,7 @@ from megatron_rl.bridge.families import PER_EXPERT, canonical
 from megatron_rl.bridge.gather_plan import Bucket, GatherBuffers, GatherPlan, Placed, SharedBucket
 from megatron_rl.bridge.hf_files import write_checkpoint
 from megatron_rl.bridge.mapping import TensorMap
+from megatron_rl.models.adapter_names import is_adapter_name
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.shards import local_shards
 from megatron_rl.utils import dtypes
@@ -133,7 +134,7 @@ class ExportPlans:
             pieces = {
                 (canonical(s.name), tuple(s.offsets)): s.data.detach()
                 for s in local_shards(chunks)
-                if s.is_main_replica
+                if s.is_main_replica and not is_adapter_name(s.name)  # LoRA adapters: merged in, not exported
             }
             entries.local = _LocalPieces(storage, pieces)
         return entries.local.pieces

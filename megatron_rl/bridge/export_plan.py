@@ -17,6 +17,7 @@ from megatron_rl.bridge.families import canonical, rules_for
 from megatron_rl.bridge.hf_files import TensorSpec
 from megatron_rl.bridge.layer_names import megatron_layer_index
 from megatron_rl.bridge.mapping import BridgeError, TensorMap, expand
+from megatron_rl.models.adapter_names import is_adapter_name
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.shards import local_shards
 
@@ -108,7 +109,7 @@ def _gather_metadata(chunks) -> list[list[ShardInfo]]:
             str(s.data.dtype).replace("torch.", ""),
         )
         for s in local_shards(chunks)
-        if s.is_main_replica
+        if s.is_main_replica and not is_adapter_name(s.name)  # LoRA adapters: merged in, not exported
     ]
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return [mine]

@@ -42,6 +42,37 @@ def _choice(section: str, name: str, value, allowed) -> None:
         raise ConfigError(f"{section}.{name}={value!r} is not allowed; choose one of {sorted(allowed)}")
 
 
+LORA_TARGETS = ("qkv", "proj", "fc1", "fc2", "experts")
+"""model.lora.targets' values (models.lora.TARGETS): attention QKV and output, dense MLP FC1 and
+FC2, and FC1 and FC2 of every MoE expert."""
+
+
+@dataclasses.dataclass(kw_only=True)
+class LoraConfig:
+    """LoRA: the actor's base frozen, low-rank adapters trained beside the target linears
+    (models.lora); vLLM gets the base with the adapters merged in at every sync."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    """The adapters' output is scaled by alpha / rank."""
+    dropout: float = 0.0
+    """Dropout on each adapter's input, in training."""
+    targets: list = dataclasses.field(default_factory=lambda: list(LORA_TARGETS))
+    """Which linears get adapters, among qkv, proj, fc1, fc2 (dense MLPs) and experts (FC1 and
+    FC2 of every MoE expert, each its own adapters); targets a model lacks are skipped."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rank, int) or self.rank < 1:
+            raise ConfigError(f"model.lora.rank={self.rank!r} must be an integer >= 1")
+        if not isinstance(self.alpha, (int, float)) or self.alpha <= 0:
+            raise ConfigError(f"model.lora.alpha={self.alpha!r} must be a number > 0")
+        if not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ConfigError(f"model.lora.dropout={self.dropout!r} must be in [0, 1)")
+        unknown = [t for t in self.targets if t not in LORA_TARGETS] if isinstance(self.targets, list) else None
+        if unknown is None or unknown or not self.targets:
+            raise ConfigError(f"model.lora.targets={self.targets!r}: a non-empty list of {', '.join(LORA_TARGETS)}")
+
+
 MOE_DISPATCHERS = ("alltoall", "allgather", "local")
 """model.moe_token_dispatcher_type's values (models.builder.DISPATCHERS)."""
 
@@ -67,6 +98,8 @@ class ModelConfig:
     """MoE load-balancing loss weight; 0 turns it off."""
     recompute_activations: bool = False
     """Recompute each layer's activations in backward (saves memory)."""
+    lora: Optional[LoraConfig] = None
+    """Train LoRA adapters instead of the whole actor (None: full training)."""
 
     def __post_init__(self) -> None:
         if self.hf_path is None and self.preset is None:

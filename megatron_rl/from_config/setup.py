@@ -139,13 +139,31 @@ def build_trainable(
     hf_dir: Optional[Path],
     clip_grad: float = 1.0,
     freeze_head_bias: bool = False,
+    lora=None,
 ) -> Trainable:
     """Build ``role``'s chunks in ``layout``, load the HF weights into them, wrap for training.
     ``freeze_head_bias``: a critic's value-head bias is not trained (a reward model's,
-    models.value_head.freeze_bias)."""
+    models.value_head.freeze_bias). ``lora`` (models.lora.LoraSettings): the loaded weights
+    frozen and adapters added, before the wrap, so DDP and the optimizer hold adapters only."""
     with layout.active():
-        wrapped = _build_wrapped(role, arch, layout.config, options, lr, hf_dir, clip_grad, freeze_head_bias)
+        wrapped = _build_wrapped(role, arch, layout.config, options, lr, hf_dir, clip_grad, freeze_head_bias, lora)
         return Trainable(*wrapped, lr, layout)
+
+
+def lora_settings(cfg: Config):
+    """models.lora.LoraSettings of ``model.lora`` (None: full training)."""
+    if cfg.model.lora is None:
+        return None
+    from megatron_rl.models.lora import LoraSettings
+
+    lora = cfg.model.lora
+    return LoraSettings(
+        rank=lora.rank,
+        alpha=float(lora.alpha),
+        dropout=float(lora.dropout),
+        targets=tuple(lora.targets),
+        seed=cfg.trainer.seed,
+    )
 
 
 def _build_wrapped(
@@ -157,10 +175,15 @@ def _build_wrapped(
     hf_dir: Optional[Path],
     clip_grad: float,
     freeze_head_bias: bool = False,
+    lora=None,
 ):
     chunks = build_model(role, arch, parallel, options)
     if hf_dir is not None:  # the critic starts from the actor's backbone and a fresh value head
         load_hf(chunks, hf_dir, arch, backbone_only=role == "critic")
     if freeze_head_bias:
         freeze_bias(chunks)
+    if lora is not None:
+        from megatron_rl.models.lora import add_adapters
+
+        add_adapters(chunks, lora)
     return wrap_for_training(chunks, dtype=options.dtype, lr=lr, clip_grad=clip_grad)

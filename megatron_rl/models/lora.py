@@ -22,6 +22,9 @@ How A and B split under tensor parallelism (TP ranks ``t``; sequence parallelism
   the weight, ``B`` [out, r] whole. ``A x`` is a partial sum, all-reduced over TP (r
   channels); under SP, ``B A x`` is then cut to this rank's sequence shard (split forward,
   all-gather backward), so ``B``'s gradient is whole on every rank either way.
+* experts under EP or ETP, whose dispatcher exchanges the tokens and sums the ETP ranks'
+  partial outputs itself: the adapter stays partial as the expert's linear does, and only the
+  whole factor's gradient is all-reduced over the expert-TP group (:meth:`LoraAdapter._expert_forward`).
 
 A starts as ``torch.nn.Linear``'s default (Kaiming-uniform, bound 1/sqrt(in), as PEFT does),
 drawn from a generator seeded by the adapter's name, so every layout draws the same full
@@ -32,10 +35,11 @@ the base's. Dropout on the adapter's input uses the default generator on replica
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import zlib
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from megatron.core import tensor_parallel
@@ -43,14 +47,18 @@ from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParall
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
+from megatron_rl.models.adapter_names import ADAPTER_SUFFIX
+
 TARGETS = {
     "qkv": ("self_attention", "linear_qkv"),
     "proj": ("self_attention", "linear_proj"),
     "fc1": ("mlp", "linear_fc1"),
     "fc2": ("mlp", "linear_fc2"),
+    "experts": ("mlp", "experts"),
 }
-"""Target name -> (the layer's submodule, the linear in it). MoE layers' ``mlp`` is the MoE
-layer, whose experts are not targets yet: fc1 and fc2 name dense MLPs only."""
+"""Target name -> (the layer's submodule, the linear in it). fc1 and fc2 name dense MLPs;
+experts: FC1 and FC2 of every expert of a MoE layer, each expert its own adapters (Megatron's
+SequentialMLP experts, whose linears run one per expert; the grouped experts bypass them)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +66,7 @@ class LoraSettings:
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
-    targets: tuple[str, ...] = ("qkv", "proj", "fc1", "fc2")
+    targets: tuple[str, ...] = tuple(TARGETS)
     seed: int = 0
     """Seeds each adapter's A (with its name): the same A in every layout."""
 
@@ -85,7 +93,11 @@ class LoraAdapter(MegatronModule):
         self.gated = gated
         """A gated FC1: each rank's rows are [its gate shard; its up shard], saved as Megatron
         saves the weight (the whole gate, then the whole up)."""
-        self.tp_group, self.sequence_parallel = linear.tp_group, linear.sequence_parallel
+        # An expert's linears under EP or ETP leave the token exchange and the output's reduction
+        # to the dispatcher ("explicit expert communication"); so does its adapter.
+        self.explicit = getattr(linear, "explicit_expert_comm", False)
+        self.tp_group = linear.tp_group
+        self.sequence_parallel = linear.sequence_parallel and not self.explicit
         self.scaling = settings.scaling
         tp, rank = self.tp_group.size(), self.tp_group.rank()
         weight = linear.weight
@@ -100,12 +112,17 @@ class LoraAdapter(MegatronModule):
         # Under SP a column adapter's A sees this rank's tokens only: finalize_model_grads sums it over TP.
         self.a.sequence_parallel = self.column and self.sequence_parallel
         self.b.sequence_parallel = False
+        for param in (self.a, self.b):  # experts' gradients reduce over expert-data-parallel ranks only
+            if hasattr(weight, "allreduce"):
+                param.allreduce = weight.allreduce
         self.dropout = torch.nn.Dropout(settings.dropout) if settings.dropout else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The adapter's ``scaling · B A x`` in the layout of the linear's output."""
         mappings = tensor_parallel.mappings
         x = self._dropped(x)
+        if self.explicit:
+            return self._expert_forward(x)
         h = torch.matmul(x, self.a.t())
         if self.column:
             h = (
@@ -117,6 +134,17 @@ class LoraAdapter(MegatronModule):
         h = mappings.reduce_from_tensor_model_parallel_region(h, group=self.tp_group)
         y = self.scaling * torch.matmul(h, self.b.t())
         return mappings.scatter_to_sequence_parallel_region(y, group=self.tp_group) if self.sequence_parallel else y
+
+    def _expert_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """An expert's adapter under EP or ETP. The dispatcher gives every ETP rank the same
+        tokens and sums their partial outputs and input gradients, so the adapter's must be
+        partial too: no exchange of activations. What each rank then lacks is the rest of the
+        whole factor's gradient (A of a column linear, B of a row one): that factor passes
+        through Megatron's copy-to-TP region (identity forward, all-reduce of its gradient)."""
+        copy = tensor_parallel.mappings.copy_to_tensor_model_parallel_region
+        a = copy(self.a, group=self.tp_group) if self.column else self.a
+        b = self.b if self.column else copy(self.b, group=self.tp_group)
+        return self.scaling * torch.matmul(torch.matmul(x, a.t()), b.t())
 
     def _dropped(self, x: torch.Tensor) -> torch.Tensor:
         if self.dropout is None or not self.training:
@@ -160,6 +188,35 @@ def _add_output(adapter: LoraAdapter):
     return hook
 
 
+def _target_linears(layer, target: str) -> list[tuple[torch.nn.Module, str, str]]:
+    """(owner module, linear attribute, adapter name) of ``target`` in one decoder layer: none
+    where the layer has no such linear (a MoE layer has no dense fc1, a dense one no experts)."""
+    owner_name, linear_name = TARGETS[target]
+    owner = getattr(layer, owner_name, None)
+    if target != "experts":
+        if getattr(owner, linear_name, None) is None or not isinstance(getattr(owner, linear_name), torch.nn.Module):
+            return []
+        if hasattr(owner, "router"):  # a MoE layer's mlp: its experts are the "experts" target
+            return []
+        return [(owner, linear_name, f"layer{layer.layer_number}.{owner_name}.{linear_name}")]
+    experts = getattr(owner, "experts", None)
+    if experts is None or not hasattr(owner, "router"):
+        return []
+    from megatron_rl.models.grouped_experts import GroupedGemmExperts
+
+    if isinstance(experts, GroupedGemmExperts) or not hasattr(experts, "local_experts"):
+        raise ValueError(
+            f"LoRA on experts needs Megatron's SequentialMLP experts (BuildOptions experts=sequential), "
+            f"not {type(experts).__name__}, whose kernels bypass the experts' linears"
+        )
+    found = []
+    for local, expert in enumerate(experts.local_experts):
+        number = owner.local_expert_indices[local]
+        for name in ("linear_fc1", "linear_fc2"):
+            found.append((expert, name, f"layer{layer.layer_number}.expert{number}.{name}"))
+    return found
+
+
 def add_adapters(chunks: list[torch.nn.Module], settings: LoraSettings) -> dict[str, LoraAdapter]:
     """Freeze every parameter of ``chunks`` (unwrapped GPT models, before DDP) and add an
     adapter beside each target linear; {the linear's name: its adapter}."""
@@ -169,17 +226,47 @@ def add_adapters(chunks: list[torch.nn.Module], settings: LoraSettings) -> dict[
             param.requires_grad = False
         for layer in chunk.decoder.layers:
             for target in settings.targets:
-                owner_name, linear_name = TARGETS[target]
-                owner = getattr(layer, owner_name, None)
-                linear = getattr(owner, linear_name, None)
-                if linear is None:
-                    continue  # a MoE layer has no dense fc1/fc2
-                name = f"layer{layer.layer_number}.{owner_name}.{linear_name}"
-                gated = linear_name == "linear_fc1" and linear.config.gated_linear_unit
-                adapter = LoraAdapter(linear, settings, name, gated=gated)
-                owner.add_module(f"{linear_name}_lora", adapter)
-                linear.register_forward_hook(_add_output(adapter))
-                adapters[name] = adapter
+                for owner, linear_name, name in _target_linears(layer, target):
+                    linear = getattr(owner, linear_name)
+                    gated = linear_name == "linear_fc1" and linear.config.gated_linear_unit
+                    adapter = LoraAdapter(linear, settings, name, gated=gated)
+                    owner.add_module(f"{linear_name}{ADAPTER_SUFFIX}", adapter)
+                    linear.register_forward_hook(_add_output(adapter))
+                    adapters[name] = adapter
     if not adapters:
         raise ValueError(f"lora targets {list(settings.targets)} match no linear of this model")
     return adapters
+
+
+def adapted_linears(chunks: list[torch.nn.Module]) -> list[tuple[torch.nn.Module, LoraAdapter]]:
+    """(linear, its adapter) for every adapter in ``chunks`` (wrapped or not), found beside
+    its linear in the module tree."""
+    pairs = []
+    for chunk in chunks:
+        for owner in chunk.modules():
+            for name, child in owner.named_children():
+                if isinstance(child, LoraAdapter):
+                    pairs.append((getattr(owner, name.removesuffix(ADAPTER_SUFFIX)), child))
+    return pairs
+
+
+@contextlib.contextmanager
+def merged_into_weights(chunks: list[torch.nn.Module]) -> Iterator[None]:
+    """Inside: every adapted linear's weight is ``W + scaling · B A`` (in its own shard: B and
+    A are split as the weight is, so no communication), for a reader of the base weights
+    (the weight sync into vLLM, an HF export). After: the exact base again, restored from a
+    copy (adding and subtracting the update would round the frozen base a little each time).
+    The weights keep their storage, so readers that keep views of them stay valid."""
+    pairs = adapted_linears(chunks)
+    saved = []
+    with torch.no_grad():
+        for linear, adapter in pairs:
+            weight = linear.weight
+            saved.append((weight, weight.detach().clone()))
+            weight.add_((adapter.scaling * (adapter.b @ adapter.a)).to(weight.dtype))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for weight, original in saved:
+                weight.copy_(original)

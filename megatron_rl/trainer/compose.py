@@ -83,7 +83,8 @@ def build_models(
     if cfg.critic_parallel is not None and critic_layout is None and rank == 0:
         print(f"critic_parallel is ignored: algorithm.recipe={cfg.algorithm.recipe} trains no critic", flush=True)
     options = setup.build_options(cfg)
-    actor = setup.build_trainable("actor", arch, actor_layout, options, cfg.trainer.lr, base_dir)
+    lora = setup.lora_settings(cfg)
+    actor = setup.build_trainable("actor", arch, actor_layout, options, cfg.trainer.lr, base_dir, lora=lora)
     critic = None
     if critic_layout is not None:
         critic_lr = cfg.trainer.lr * recipe.critic_lr_multiplier

@@ -1,12 +1,13 @@
 """torchrun body (world 4, in the shared launch): LoRA adapters' gradients in every layout
 against plain single-process autograd.
 
-Reference: the single-rank dense actor with adapters on QKV, the attention output, FC1 and
-FC2 (B set to seeded non-zero values, so that every A and B gets a gradient), SFT's token
-loss (body_sft's conversations) by plain autograd. Each case loads the same base and adapter
-weights into a layout (TP2 with and without sequence parallelism, PP2 on packed rows, CP2),
-runs `forward_backward` in Megatron DDP, and gathers the adapters' gradients: each must be the
-reference's, and the base must have none.
+Reference: the single-rank actor with adapters on every target it has (dense: QKV, the
+attention output, FC1 and FC2; MoE: QKV, the output and every expert's FC1 and FC2), B set
+to seeded non-zero values so that every A and B gets a gradient, SFT's token loss (body_sft's
+conversations) by plain autograd. Each case loads the same base and adapter weights into a
+layout (dense: TP2 with and without sequence parallelism, PP2 on packed rows, CP2; MoE: TP2
+with EP2, and EP2 with ETP1 beside TP2), runs `forward_backward` in Megatron DDP, and gathers
+the adapters' gradients: each must be the reference's, and the base must have none.
 """
 
 import zlib
@@ -29,6 +30,7 @@ from megatron_rl_lab.testing.torchrun import run_cases
 
 SETTINGS = LoraSettings(rank=4, alpha=8.0, seed=3)
 REFERENCE = {}
+"""kind -> the reference's weights, batch, loss and adapter gradients."""
 
 
 def set_b(chunks) -> None:
@@ -40,10 +42,10 @@ def set_b(chunks) -> None:
                 param.copy_(torch.randn(param.shape, generator=g) * 0.05)
 
 
-def reference():
-    if REFERENCE:
-        return REFERENCE
-    arch = TINY_ARCHS["dense"]
+def reference(kind):
+    if kind in REFERENCE:
+        return REFERENCE[kind]
+    arch = TINY_ARCHS[kind]
     initialize(ParallelConfig(), seed=42, model=arch.shape())
     chunks = build_model("actor", arch, ParallelConfig(), sched.OPTIONS)
     add_adapters(chunks, SETTINGS)
@@ -59,15 +61,15 @@ def reference():
         grads = gather_full(chunks)
     destroy()
     adapter_grads = {k: g for k, g in grads.items() if "_lora." in k}
-    REFERENCE.update(weights=weights, batch=batch, loss=float(loss), grads=adapter_grads)
-    return REFERENCE
+    REFERENCE[kind] = dict(weights=weights, batch=batch, loss=float(loss), grads=adapter_grads)
+    return REFERENCE[kind]
 
 
-def adapted(layout, weights):
-    """The dense actor in ``layout`` with the reference's base and adapter weights, in DDP."""
+def adapted(kind, layout, weights):
+    """The ``kind`` actor in ``layout`` with the reference's base and adapter weights, in DDP."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
-    arch, parallel = TINY_ARCHS["dense"], ParallelConfig(**layout)
+    arch, parallel = TINY_ARCHS[kind], ParallelConfig(**layout)
     initialize(parallel, seed=42, model=arch.shape())
     chunks = build_model("actor", arch, parallel, sched.OPTIONS)
     add_adapters(chunks, SETTINGS)
@@ -79,10 +81,10 @@ def adapted(layout, weights):
     return chunks
 
 
-def lora_case(layout, micro):
-    ref = reference()
-    chunks = adapted(layout, ref["weights"])
-    loss = TokenNLLLoss(TINY_ARCHS["dense"].vocab_size)
+def lora_case(kind, layout, micro):
+    ref = reference(kind)
+    chunks = adapted(kind, layout, ref["weights"])
+    loss = TokenNLLLoss(TINY_ARCHS[kind].vocab_size)
     metrics = forward_backward(chunks, local_batch(chunks, ref["batch"], micro), loss, micro)
     with params_as(chunks, main_grad):
         grads = gather_full(chunks)
@@ -101,10 +103,12 @@ def cases(world_size: int = 4):
     padded, packed = Microbatching(micro_batch_size=1), Microbatching(micro_batch_size=1, max_tokens=2 * body_sft.SEQ)
     layouts = sched.LAYOUTS
     return {
-        "tp2-sp": partial(lora_case, layouts["tp2"], padded),
-        "tp2": partial(lora_case, dict(tensor_model_parallel_size=2, sequence_parallel=False), padded),
-        "packed-pp2": partial(lora_case, layouts["pp2"], packed),
-        "cp2": partial(lora_case, layouts["cp2"], padded),
+        "tp2-sp": partial(lora_case, "dense", layouts["tp2"], padded),
+        "tp2": partial(lora_case, "dense", dict(tensor_model_parallel_size=2, sequence_parallel=False), padded),
+        "packed-pp2": partial(lora_case, "dense", layouts["pp2"], packed),
+        "cp2": partial(lora_case, "dense", layouts["cp2"], padded),
+        "moe-tp2_ep2": partial(lora_case, "moe", layouts["tp2_ep2"], padded),
+        "moe-tp2_ep2_etp1": partial(lora_case, "moe", layouts["tp2_ep2_etp1"], padded),
     }
 
 

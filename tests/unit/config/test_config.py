@@ -153,3 +153,20 @@ def test_cli_layout_prints_rank_map():
     assert proc.returncode == 0, proc.stderr
     assert "dense TP2·CP1·DP2·PP2 | MoE ETP1·EP4·EDP1·PP2" in proc.stdout
     assert "    7 |  1  0  1  1 |   0  3   0" in proc.stdout
+
+
+def test_the_lora_section_is_checked_in_one_line():
+    cfg = load_config(None, ["model.lora={rank: 4, alpha: 8}"])
+    lora = cfg.model.lora
+    assert (lora.rank, lora.alpha, lora.targets) == (4, 8.0, ["qkv", "proj", "fc1", "fc2", "experts"])
+    assert load_config(None, []).model.lora is None
+    refusals = {
+        "model.lora={rank: 0}": "model.lora.rank=0 must be an integer >= 1",
+        "model.lora={alpha: -1}": "model.lora.alpha=-1.0 must be a number > 0",
+        "model.lora={dropout: 1.5}": r"model.lora.dropout=1.5 must be in \[0, 1\)",
+        "model.lora={targets: [gate]}": r"model.lora.targets=\['gate'\]: a non-empty list of qkv, proj, fc1, fc2, "
+        "experts",
+    }
+    for override, message in refusals.items():
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, [override])

@@ -304,3 +304,11 @@ def test_the_local_dispatcher_is_refused_where_experts_span_ranks():
         )
     with pytest.raises(ConfigError, match="moe_token_dispatcher_type='flex' is not allowed"):
         load_config(DAPO, ["model.moe_token_dispatcher_type=flex"])
+
+
+def test_the_lora_example_is_the_embedded_default_with_adapters():
+    lora, default = load_config(EXAMPLES / "dapo_lora.yaml", []), load_config(DAPO, [])
+    validate(lora, 1)
+    assert (lora.model.lora.rank, lora.model.lora.alpha, lora.trainer.lr) == (8, 16.0, 0.005)
+    lora.model.lora, lora.trainer.lr, lora.trainer.run_dir = None, default.trainer.lr, default.trainer.run_dir
+    assert lora == default

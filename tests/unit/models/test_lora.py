@@ -92,7 +92,63 @@ def test_ddp_and_the_distributed_optimizer_hold_the_adapters_only(world_of_one):
 
 
 def test_bad_settings_are_refused():
-    with pytest.raises(ValueError, match=r"lora targets \['gate'\]: choose from qkv, proj, fc1, fc2"):
+    with pytest.raises(ValueError, match=r"lora targets \['gate'\]: choose from qkv, proj, fc1, fc2, experts"):
         LoraSettings(targets=("qkv", "gate"))
     with pytest.raises(ValueError, match="lora needs rank >= 1"):
         LoraSettings(rank=0)
+
+
+def test_the_sync_sees_the_merged_weights_and_the_base_comes_back_exactly(world_of_one):
+    """The HF export (what the weight sync streams) inside ``merged_into_weights`` is the merged
+    model's, adapter tensors left out; after it the base is bitwise as before, same storage."""
+    from megatron_rl.bridge import iter_hf_tensors
+    from megatron_rl.models.lora import merged_into_weights
+    from megatron_rl_lab.testing.tiny import TINY_DENSE
+
+    model = build(TINY_DENSE)
+    settings = LoraSettings(rank=4, alpha=8)
+    adapters = add_adapters([model], settings)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for adapter in adapters.values():
+            adapter.b.copy_(torch.randn(adapter.b.shape, generator=g) * 0.05)
+    before = {n: (p.detach().clone(), p.data_ptr()) for n, p in model.named_parameters()}
+    base_export = dict(iter_hf_tensors([build(TINY_DENSE)], TINY_DENSE))
+    with merged_into_weights([model]):
+        exported = dict(iter_hf_tensors([model], TINY_DENSE))
+    want = dict(iter_hf_tensors([merged(TINY_DENSE, model, settings.scaling)], TINY_DENSE))
+    assert exported.keys() == want.keys() == base_export.keys()  # no adapter tensor among them
+    assert all(torch.equal(exported[k], want[k]) for k in want)
+    changed = [k for k in want if not torch.equal(want[k], base_export[k])]
+    # q, k, v (QKV), o (proj), gate and up (FC1), down (FC2): every adapted linear moved, nothing else
+    assert len(changed) == 7 * TINY_DENSE.num_layers, changed
+    for name, param in model.named_parameters():
+        value, pointer = before[name]
+        assert torch.equal(param.detach(), value) and param.data_ptr() == pointer, name
+
+
+def test_experts_get_adapters_of_their_own_which_start_at_the_base_and_merge(world_of_one, tokens):
+    from megatron_rl_lab.testing.tiny import TINY_QWEN3_MOE
+
+    model = build(TINY_QWEN3_MOE)
+    want = logits(model, tokens).detach()
+    settings = LoraSettings(rank=4, alpha=8, targets=("qkv", "experts"))
+    adapters = add_adapters([model], settings)
+    per_layer = 1 + 2 * TINY_QWEN3_MOE.num_moe_experts
+    assert len(adapters) == per_layer * TINY_QWEN3_MOE.num_layers
+    assert torch.equal(logits(model, tokens).detach(), want)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for adapter in adapters.values():
+            adapter.b.copy_(torch.randn(adapter.b.shape, generator=g) * 0.05)
+    got, reference = logits(model, tokens).detach(), logits(merged(TINY_QWEN3_MOE, model, settings.scaling), tokens)
+    assert (got - reference.detach()).abs().max().item() <= MERGE_TOL * reference.abs().max().item()
+
+
+def test_grouped_experts_are_refused_as_lora_targets(world_of_one):
+    from megatron_rl.models.builder import BuildOptions, build_model
+    from megatron_rl_lab.testing.tiny import TINY_QWEN3_MOE
+
+    (model,) = build_model("actor", TINY_QWEN3_MOE, ParallelConfig(), BuildOptions(experts="grouped"))
+    with pytest.raises(ValueError, match="LoRA on experts needs Megatron's SequentialMLP experts"):
+        add_adapters([model], LoraSettings(targets=("experts",)))
