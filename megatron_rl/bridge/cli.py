@@ -1,7 +1,7 @@
 """`megatron-rl convert`: HF directory <-> megatron_rl checkpoint.
 
     megatron-rl convert hf-to-megatron --hf DIR --out DIR [--tp N --pp N --ep N --etp N]
-    megatron-rl convert megatron-to-hf --ckpt DIR --out DIR [--step N] [--dtype bf16]
+    megatron-rl convert megatron-to-hf --ckpt DIR --out DIR [--step N] [--dtype bf16] [--merge]
 
 hf-to-megatron runs alone (one process converts for any layout) or under torchrun with
 the layout's world size (each rank then reads only its own slices of the HF files).
@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype", choices=dtypes.SHORT_NAMES, default=None, help="dtype to write (default: the HF config's)"
     )
     to_hf.add_argument(
+        "--merge",
+        action="store_true",
+        help="a LoRA checkpoint: write a full HF model with the adapters folded in (default: a PEFT adapter directory)",
+    )
+    to_hf.add_argument(
         "--expert-style",
         choices=("per_expert", "fused"),
         default=None,
@@ -108,7 +113,13 @@ def _megatron_to_hf(args) -> int:
 
     dtype = dtypes.to_torch(args.dtype) if args.dtype else None
     export = megatron_to_hf(
-        args.ckpt, args.out, step=args.step, dtype=dtype, style=args.expert_style, progress=_progress("megatron -> hf")
+        args.ckpt,
+        args.out,
+        step=args.step,
+        dtype=dtype,
+        style=args.expert_style,
+        progress=_progress("megatron -> hf"),
+        merge=args.merge,
     )
     copied = f" with {', '.join(export.copied)}" if export.copied else ""
     print(f"wrote {export.path}{copied}")

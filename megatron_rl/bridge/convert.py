@@ -26,6 +26,7 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
+from megatron_rl.bridge import lora_export
 from megatron_rl.bridge import sequence_classification as seq_cls
 from megatron_rl.bridge.export import DEFAULT_MAX_FILE_BYTES, assemble_hf, config_dtype, config_with_dtype
 from megatron_rl.bridge.export_plan import HFGroup, hf_groups
@@ -35,6 +36,7 @@ from megatron_rl.bridge.inputs import check_checkpoint, check_hf_model_dir, chec
 from megatron_rl.bridge.load import load_hf
 from megatron_rl.bridge.mapping import BridgeError, expand
 from megatron_rl.config.schema import MODEL_ROLE, REWARD_MODEL
+from megatron_rl.models.adapter_names import is_adapter_name
 from megatron_rl.models.hf_config import ModelArch, arch_from_dict, arch_from_hf
 from megatron_rl.parallel import ParallelConfig
 from megatron_rl.utils import dtypes
@@ -104,11 +106,14 @@ def megatron_to_hf(
     style: Optional[str] = None,
     progress: Progress = None,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    merge: bool = False,
 ) -> HFExport:
     """One process: write the model of a megatron_rl checkpoint as an HF directory, with
     the tokenizer and generation config of the HF directory it came from when known. A
     reward model's checkpoint becomes a one-label ``*ForSequenceClassification``
-    (:mod:`.sequence_classification`; refused when its head bias is not zero).
+    (:mod:`.sequence_classification`; refused when its head bias is not zero). A LoRA
+    checkpoint becomes a PEFT adapter directory, or with ``merge`` a full HF directory with
+    the adapters folded into the base (:mod:`.lora_export`).
 
     Tensors are written in ``dtype``, else the dtype the stored HF config names, else as
     stored; experts in ``style``, else the style of the HF checkpoint it came from.
@@ -130,6 +135,10 @@ def megatron_to_hf(
     arch = arch_from_dict(hf_config)
     style = style or metadata.extra.get("hf_expert_style", PER_EXPERT)
     stored = {canonical(n): n for n in metadata.tensors if not n.startswith("optimizer.")}
+    adapters = {n: stored.pop(n) for n in list(stored) if is_adapter_name(n)}
+    lora = metadata.extra.get("lora")
+    if adapters and not lora:
+        raise BridgeError(f"{root} step {step} holds LoRA adapters but no extra['lora'] (their rank and alpha)")
     vocab_rows = metadata.tensors[stored["embedding.word_embeddings.weight"]].shape[0]
     rules = rules_for(arch.family, style)
     head_bias = stored.pop(seq_cls.HEAD_BIAS, None) if reward_model else None
@@ -138,6 +147,13 @@ def megatron_to_hf(
     groups = hf_groups(tmap)
     dtype = dtype or config_dtype(hf_config)
     source = metadata.extra.get("hf_source_dir")
+    pairs = lora_export.adapter_pairs(adapters)
+    scaling = float(lora["alpha"]) / int(lora["rank"]) if lora else 0.0
+    if adapters and not merge:
+        with Reader(fmt.step_dir(root, step), metadata) as reader:
+            tensors = lora_export.peft_tensors(pairs, tmap, lambda n: reader.full_tensor(adapters[n]))
+        config = lora_export.adapter_config(lora, tensors, source or "")
+        return HFExport(lora_export.write_peft_adapter(out_dir, tensors, config, dtype), [], None)
     copies, no_tokenizer = _source_side_files(source)
     if reward_model:
         hf_config = seq_cls.config(hf_config, seq_cls.pad_token_id(hf_config, None if no_tokenizer else source))
@@ -153,6 +169,9 @@ def megatron_to_hf(
         def stream():
             for group in (progress or iter)(groups):
                 full = {m: reader.full_tensor(stored[m]) for m in group.megatron}
+                for m in sorted(set(full) & set(pairs)):  # (pairs is empty unless merging)
+                    a, b = (reader.full_tensor(adapters[n]) for n in pairs[m])
+                    full[m] = lora_export.merged(full[m], a, b, scaling)
                 for h in group.hf:
                     yield h, assemble_hf(h, tmap, full).to(dtype_of(group))
 

@@ -518,6 +518,8 @@ class RLTrainer:
         extra = self.source.state_dict()
         if self.entropy_stats is not None:
             extra["hapo_entropy_stats"] = dataclasses.asdict(self.entropy_stats)
+        if self.cfg.model.lora is not None:  # what an export of the adapters needs (bridge.lora_export)
+            extra["lora"] = dataclasses.asdict(self.cfg.model.lora)
         self.run_checkpoint.save(step, self.actor, self.critic, extra)
         self.last_save_s = time.perf_counter() - started
 
