@@ -70,12 +70,18 @@ def teacher_model_dir(cfg: Config, rank: int) -> Path:
 
 
 def build_options(cfg: Config) -> BuildOptions:
-    """How the run's models are built (dtype and the MoE and recompute knobs of ``model``)."""
+    """How the run's models are built (dtype and the MoE and recompute knobs of ``model``).
+    LoRA adapts Megatron's local linears (models.lora): with ``model.lora`` the layers are the
+    local spec's even where Transformer Engine is installed, and experts that get adapters
+    run as SequentialMLP (the grouped experts bypass their linears)."""
+    lora = cfg.model.lora
     return BuildOptions(
         dtype=cfg.model.dtype,
         moe_token_dispatcher_type=cfg.model.moe_token_dispatcher_type,
         moe_aux_loss_coeff=cfg.model.moe_aux_loss_coeff,
         recompute_activations=cfg.model.recompute_activations,
+        attention="sdpa" if lora is not None else "auto",
+        experts="sequential" if lora is not None and "experts" in lora.targets else "auto",
     )
 
 

@@ -48,3 +48,14 @@ def test_hf_path_runs_build_nothing(built, tmp_path):
     assert setup.base_model_dir(cfg, rank=0) == tmp_path and built == []
     assert setup.prompt_files(cfg, tmp_path) == [tmp_path / "p.parquet"]
     assert verifier_name(cfg) == "math"
+
+
+def test_lora_builds_the_local_layers_and_sequential_experts_it_adapts():
+    from megatron_rl.from_config.setup import build_options
+
+    plain = build_options(load_config(None, []))
+    assert (plain.attention, plain.experts) == ("auto", "auto")
+    experts = build_options(load_config(None, ["model.lora={targets: [qkv, experts]}"]))
+    assert (experts.attention, experts.experts) == ("sdpa", "sequential")
+    attention = build_options(load_config(None, ["model.lora={targets: [qkv]}"]))
+    assert (attention.attention, attention.experts) == ("sdpa", "auto")
