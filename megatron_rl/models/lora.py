@@ -263,7 +263,9 @@ def merged_into_weights(chunks: list[torch.nn.Module]) -> Iterator[None]:
         for linear, adapter in pairs:
             weight = linear.weight
             saved.append((weight, weight.detach().clone()))
-            weight.add_((adapter.scaling * (adapter.b @ adapter.a)).to(weight.dtype))
+            # in float32, rounded once to the weight's dtype: as the HF export merges (bridge.lora_export)
+            update = adapter.scaling * (adapter.b.float() @ adapter.a.float())
+            weight.copy_((weight.float() + update).to(weight.dtype))
     try:
         yield
     finally:
