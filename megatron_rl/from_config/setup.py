@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from megatron_rl.bridge import load_hf
+from megatron_rl.bridge.load import VALUE_HEAD_PREFIX
 from megatron_rl.config import Config
 from megatron_rl.data import PromptDataset, PromptFields
 from megatron_rl.data.reasoning_gym import GymPrompts
@@ -188,8 +189,8 @@ def _build_wrapped(
         load_hf(chunks, hf_dir, arch, backbone_only=role == "critic")
     if freeze_head_bias:
         freeze_bias(chunks)
-    if lora is not None:
+    if lora is not None:  # a critic's value head is new: it trains in full beside the adapters
         from megatron_rl.models.lora import add_adapters
 
-        add_adapters(chunks, lora)
+        add_adapters(chunks, lora, keep_training=(VALUE_HEAD_PREFIX,) if role == "critic" else ())
     return wrap_for_training(chunks, dtype=options.dtype, lr=lr, clip_grad=clip_grad)

@@ -217,13 +217,16 @@ def _target_linears(layer, target: str) -> list[tuple[torch.nn.Module, str, str]
     return found
 
 
-def add_adapters(chunks: list[torch.nn.Module], settings: LoraSettings) -> dict[str, LoraAdapter]:
-    """Freeze every parameter of ``chunks`` (unwrapped GPT models, before DDP) and add an
-    adapter beside each target linear; {the linear's name: its adapter}."""
+def add_adapters(
+    chunks: list[torch.nn.Module], settings: LoraSettings, keep_training: tuple[str, ...] = ()
+) -> dict[str, LoraAdapter]:
+    """Freeze every parameter of ``chunks`` (unwrapped GPT models, before DDP) but those whose
+    names start with one of ``keep_training`` (a critic's new value head: ``output_layer.``),
+    and add an adapter beside each target linear; {the linear's name: its adapter}."""
     adapters = {}
     for chunk in chunks:
-        for param in chunk.parameters():
-            param.requires_grad = False
+        for name, param in chunk.named_parameters():
+            param.requires_grad = name.startswith(keep_training) if keep_training else False
         for layer in chunk.decoder.layers:
             for target in settings.targets:
                 for owner, linear_name, name in _target_linears(layer, target):

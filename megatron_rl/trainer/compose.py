@@ -88,7 +88,7 @@ def build_models(
     critic = None
     if critic_layout is not None:
         critic_lr = cfg.trainer.lr * recipe.critic_lr_multiplier
-        critic = setup.build_trainable("critic", arch, critic_layout, options, critic_lr, base_dir)
+        critic = setup.build_trainable("critic", arch, critic_layout, options, critic_lr, base_dir, lora=lora)
     return Models(
         actor=actor,
         critic=critic,

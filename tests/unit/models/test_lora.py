@@ -152,3 +152,16 @@ def test_grouped_experts_are_refused_as_lora_targets(world_of_one):
     (model,) = build_model("actor", TINY_QWEN3_MOE, ParallelConfig(), BuildOptions(experts="grouped"))
     with pytest.raises(ValueError, match="LoRA on experts needs Megatron's SequentialMLP experts"):
         add_adapters([model], LoraSettings(targets=("experts",)))
+
+
+def test_a_critics_new_value_head_trains_in_full_beside_its_adapters(world_of_one):
+    from megatron_rl.bridge.load import VALUE_HEAD_PREFIX
+    from megatron_rl.models.builder import BuildOptions, build_model
+    from megatron_rl_lab.testing.tiny import TINY_DENSE
+
+    (critic,) = build_model("critic", TINY_DENSE, ParallelConfig(), BuildOptions())
+    add_adapters([critic], LoraSettings(rank=4, alpha=8), keep_training=(VALUE_HEAD_PREFIX,))
+    trained = {n for n, p in critic.named_parameters() if p.requires_grad}
+    head = {n for n, _ in critic.named_parameters() if n.startswith(VALUE_HEAD_PREFIX)}
+    assert head and head <= trained
+    assert trained - head and all("_lora." in n for n in trained - head)
