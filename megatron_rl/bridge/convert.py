@@ -36,7 +36,7 @@ from megatron_rl.bridge.inputs import check_checkpoint, check_hf_model_dir, chec
 from megatron_rl.bridge.load import load_hf
 from megatron_rl.bridge.mapping import BridgeError, expand
 from megatron_rl.config.schema import MODEL_ROLE, REWARD_MODEL
-from megatron_rl.models.adapter_names import is_adapter_name
+from megatron_rl.models.adapter_names import is_adapter_name, merged_weight
 from megatron_rl.models.hf_config import ModelArch, arch_from_dict, arch_from_hf
 from megatron_rl.parallel import ParallelConfig
 from megatron_rl.utils import dtypes
@@ -171,7 +171,7 @@ def megatron_to_hf(
                 full = {m: reader.full_tensor(stored[m]) for m in group.megatron}
                 for m in sorted(set(full) & set(pairs)):  # (pairs is empty unless merging)
                     a, b = (reader.full_tensor(adapters[n]) for n in pairs[m])
-                    full[m] = lora_export.merged(full[m], a, b, scaling)
+                    full[m] = merged_weight(full[m], a, b, scaling)
                 for h in group.hf:
                     yield h, assemble_hf(h, tmap, full).to(dtype_of(group))
 

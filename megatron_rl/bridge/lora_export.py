@@ -45,11 +45,6 @@ def adapter_pairs(names) -> dict[str, tuple[str, str]]:
     return pairs
 
 
-def merged(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
-    """``W + scaling · B A`` in float32, back in W's dtype (as the weight sync merges)."""
-    return (weight.float() + scaling * (b.float() @ a.float())).to(weight.dtype)
-
-
 def peft_tensors(pairs: dict, tmap: TensorMap, read: Callable[[str], torch.Tensor]) -> dict[str, torch.Tensor]:
     """{PEFT key: tensor} of every adapter; ``read`` gives a full canonical tensor."""
     out = {}

@@ -22,6 +22,7 @@ from megatron_rl.data.reasoning_gym import GymPrompts
 from megatron_rl.from_config.sources import TASK_TEACHER, base_settings, gym_spec, prompt_file, teacher_settings
 from megatron_rl.models.builder import BuildOptions, build_model, wrap_for_training
 from megatron_rl.models.hf_config import ModelArch
+from megatron_rl.models.lora import LoraSettings, add_adapters
 from megatron_rl.models.value_head import freeze_bias
 from megatron_rl.parallel.config import ParallelConfig
 from megatron_rl.parallel.state import ParallelContext
@@ -161,8 +162,6 @@ def lora_settings(cfg: Config):
     """models.lora.LoraSettings of ``model.lora`` (None: full training)."""
     if cfg.model.lora is None:
         return None
-    from megatron_rl.models.lora import LoraSettings
-
     lora = cfg.model.lora
     return LoraSettings(
         rank=lora.rank,
@@ -190,7 +189,5 @@ def _build_wrapped(
     if freeze_head_bias:
         freeze_bias(chunks)
     if lora is not None:  # a critic's value head is new: it trains in full beside the adapters
-        from megatron_rl.models.lora import add_adapters
-
         add_adapters(chunks, lora, keep_training=(VALUE_HEAD_PREFIX,) if role == "critic" else ())
     return wrap_for_training(chunks, dtype=options.dtype, lr=lr, clip_grad=clip_grad)

@@ -30,9 +30,8 @@ FUSIONS = ("none", "compiled")
 
 
 def transformer_config_fields(fusion: str) -> dict:
-    """The TransformerConfig flags that route Megatron's layers through the fused paths."""
-    if fusion not in FUSIONS:
-        raise ValueError(f"fusion {fusion!r} is not one of {', '.join(FUSIONS)}")
+    """The TransformerConfig flags that route Megatron's layers through the fused paths
+    (``fusion`` one of FUSIONS, as BuildOptions checks)."""
     if fusion == "none":
         return {}
     from megatron_rl.platform import megatron_fusions

@@ -82,20 +82,18 @@ def describe_attention(attention: str) -> str:
     return "megatron local, unfused attention" if attention == "unfused" else "megatron local, SDPA attention"
 
 
-def block_spec(config, arch: ModelArch, vp_stage: Optional[int], options=None):
+def block_spec(config, arch: ModelArch, vp_stage: Optional[int], options):
     """TransformerBlockSubmodules for the layers this rank builds (this VPP chunk), from
     ``options`` (models.builder.BuildOptions: attention, experts, fusion, dispatcher). Fusion
     compiled picks the compiled norm here; its RoPE and SiLU fusions follow the config's
     flags (models.fused_elementwise.transformer_config_fields)."""
-    from megatron_rl.models.builder import BuildOptions
-
-    options = options or BuildOptions()
-    attention, experts = options.attention, options.experts
     from megatron.core.models.gpt import gpt_layer_specs as specs
     from megatron.core.transformer.transformer_block import (
         TransformerBlockSubmodules,
         get_num_layers_to_build,
     )
+
+    attention, experts = options.attention, options.experts
 
     if attention == "unfused" and config.context_parallel_size > 1:
         raise ValueError(

@@ -47,7 +47,8 @@ from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParall
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
-from megatron_rl.models.adapter_names import ADAPTER_SUFFIX
+from megatron_rl.models.adapter_names import ADAPTER_SUFFIX, merged_weight
+from megatron_rl.models.grouped_experts import GroupedGemmExperts
 
 TARGETS = {
     "qkv": ("self_attention", "linear_qkv"),
@@ -193,17 +194,14 @@ def _target_linears(layer, target: str) -> list[tuple[torch.nn.Module, str, str]
     where the layer has no such linear (a MoE layer has no dense fc1, a dense one no experts)."""
     owner_name, linear_name = TARGETS[target]
     owner = getattr(layer, owner_name, None)
+    moe = hasattr(owner, "router")  # a MoE layer's mlp: its experts are the "experts" target
     if target != "experts":
-        if getattr(owner, linear_name, None) is None or not isinstance(getattr(owner, linear_name), torch.nn.Module):
-            return []
-        if hasattr(owner, "router"):  # a MoE layer's mlp: its experts are the "experts" target
+        if moe or not isinstance(getattr(owner, linear_name, None), torch.nn.Module):
             return []
         return [(owner, linear_name, f"layer{layer.layer_number}.{owner_name}.{linear_name}")]
-    experts = getattr(owner, "experts", None)
-    if experts is None or not hasattr(owner, "router"):
+    if not moe:
         return []
-    from megatron_rl.models.grouped_experts import GroupedGemmExperts
-
+    experts = owner.experts
     if isinstance(experts, GroupedGemmExperts) or not hasattr(experts, "local_experts"):
         raise ValueError(
             f"LoRA on experts needs Megatron's SequentialMLP experts (BuildOptions experts=sequential), "
@@ -226,7 +224,7 @@ def add_adapters(
     adapters = {}
     for chunk in chunks:
         for name, param in chunk.named_parameters():
-            param.requires_grad = name.startswith(keep_training) if keep_training else False
+            param.requires_grad = name.startswith(keep_training)  # (): every parameter frozen
         for layer in chunk.decoder.layers:
             for target in settings.targets:
                 for owner, linear_name, name in _target_linears(layer, target):
@@ -266,9 +264,7 @@ def merged_into_weights(chunks: list[torch.nn.Module]) -> Iterator[None]:
         for linear, adapter in pairs:
             weight = linear.weight
             saved.append((weight, weight.detach().clone()))
-            # in float32, rounded once to the weight's dtype: as the HF export merges (bridge.lora_export)
-            update = adapter.scaling * (adapter.b.float() @ adapter.a.float())
-            weight.copy_((weight.float() + update).to(weight.dtype))
+            weight.copy_(merged_weight(weight, adapter.a, adapter.b, adapter.scaling))
     try:
         yield
     finally:

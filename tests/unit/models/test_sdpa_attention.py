@@ -189,7 +189,7 @@ def test_local_layer_spec_uses_sdpa_attention(world_of_one, monkeypatch):
 
     monkeypatch.setattr(layer_spec, "has_transformer_engine", lambda: False)
     config = transformer_config(TINY_DENSE, ParallelConfig(), BuildOptions())
-    spec = layer_spec.block_spec(config, TINY_DENSE, vp_stage=None)
+    spec = layer_spec.block_spec(config, TINY_DENSE, vp_stage=None, options=BuildOptions())
     assert all(layer.submodules.self_attention.submodules.core_attention is SdpaAttention for layer in spec.layer_specs)
     (model,) = build_model("actor", TINY_DENSE, ParallelConfig())
     built = [m for m in model.modules() if isinstance(m, SdpaAttention)]
