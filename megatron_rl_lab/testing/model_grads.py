@@ -4,6 +4,8 @@ kernels, one dispatcher against another) parameter by parameter."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from megatron_rl import platform
@@ -24,3 +26,16 @@ def logits_and_grads(model, tokens: torch.Tensor, loss: str = "sum"):
 
 def assert_equal(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     assert torch.equal(got, want), f"{what}: differs by up to {(got - want).abs().max().item():.3g}"
+
+
+def assert_builds_agree(
+    got_model, want_model, tokens: torch.Tensor, compare: Callable = assert_equal, loss: str = "sum"
+) -> None:
+    """Two builds of one model (the same weights) give the logits and every parameter's
+    gradient that ``compare(got, want, what)`` accepts on ``tokens``."""
+    want_logits, want_grads = logits_and_grads(want_model, tokens, loss)
+    got_logits, got_grads = logits_and_grads(got_model, tokens, loss)
+    compare(got_logits, want_logits, "logits")
+    assert got_grads.keys() == want_grads.keys()
+    for name, want in want_grads.items():
+        compare(got_grads[name], want, name)

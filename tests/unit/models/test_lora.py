@@ -39,6 +39,14 @@ def merged(arch, adapted, scaling: float):
     return model
 
 
+def set_b(adapters: dict, seed: int) -> None:
+    """Every adapter's B to seeded non-zero values, so that each moves the logits."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for adapter in adapters.values():
+            adapter.b.copy_(torch.randn(adapter.b.shape, generator=g) * 0.05)
+
+
 @pytest.fixture
 def tokens():
     from megatron_rl_lab.testing.tiny import TINY_DENSE
@@ -62,10 +70,7 @@ def test_trained_adapters_equal_their_merge_into_the_weights(world_of_one, token
     model = build(TINY_DENSE)
     settings = LoraSettings(rank=4, alpha=8)
     adapters = add_adapters([model], settings)
-    g = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for adapter in adapters.values():
-            adapter.b.copy_(torch.randn(adapter.b.shape, generator=g) * 0.05)
+    set_b(adapters, seed=11)
     reference = merged(TINY_DENSE, model, settings.scaling)
     got, want = logits(model, tokens), logits(reference, tokens).detach()
     scale = want.abs().max().item()
@@ -108,10 +113,7 @@ def test_the_sync_sees_the_merged_weights_and_the_base_comes_back_exactly(world_
     model = build(TINY_DENSE)
     settings = LoraSettings(rank=4, alpha=8)
     adapters = add_adapters([model], settings)
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for adapter in adapters.values():
-            adapter.b.copy_(torch.randn(adapter.b.shape, generator=g) * 0.05)
+    set_b(adapters, seed=5)
     before = {n: (p.detach().clone(), p.data_ptr()) for n, p in model.named_parameters()}
     base_export = dict(iter_hf_tensors([build(TINY_DENSE)], TINY_DENSE))
     with merged_into_weights([model]):
@@ -137,10 +139,7 @@ def test_experts_get_adapters_of_their_own_which_start_at_the_base_and_merge(wor
     per_layer = 1 + 2 * TINY_QWEN3_MOE.num_moe_experts
     assert len(adapters) == per_layer * TINY_QWEN3_MOE.num_layers
     assert torch.equal(logits(model, tokens).detach(), want)
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for adapter in adapters.values():
-            adapter.b.copy_(torch.randn(adapter.b.shape, generator=g) * 0.05)
+    set_b(adapters, seed=2)
     got, reference = logits(model, tokens).detach(), logits(merged(TINY_QWEN3_MOE, model, settings.scaling), tokens)
     assert (got - reference.detach()).abs().max().item() <= MERGE_TOL * reference.abs().max().item()
 
