@@ -36,8 +36,9 @@ examples:
   megatron-rl bench step --config examples/grpo.yaml --json step.json
   megatron-rl bench step --config examples/dapo.yaml --model tiny-dense --steps 4 --repeats 5
 """
-NO_GRAD_PHASES = ("old_logprobs", "reference_logprobs", "teacher_logprobs")
-"""Phases that are one forward of the actor's (or a same-shaped model's) micro-batches."""
+NO_GRAD_PHASES = ("old_logprobs", "reference_logprobs")
+"""Phases that are one forward of the actor's micro-batches through the actor's architecture
+(the reference is the actor's base); a teacher is another model, with no floor here."""
 ORDER = (
     "generation",
     "scoring_and_shaping",
