@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from megatron_rl.bridge.mapping import BridgeError, TensorMap
-from megatron_rl.models.adapter_names import ADAPTER_SUFFIX
+from megatron_rl.models.adapter_names import ADAPTER_SUFFIX, TARGET_LINEARS
 
 PEFT_PREFIX = "base_model.model."
 
@@ -43,6 +43,17 @@ def adapter_pairs(names) -> dict[str, tuple[str, str]]:
         if name.endswith(f"{ADAPTER_SUFFIX}.a"):
             pairs[base_weight(name)] = (name, name[:-1] + "b")
     return pairs
+
+
+def hf_modules(tmap: TensorMap, targets) -> tuple[str, ...]:
+    """The last names of the HF modules (``q_proj``, ``down_proj``, ...) that adapters on the
+    LoRA ``targets`` (adapter_names.TARGET_LINEARS) become in a PEFT adapter; experts have none."""
+    linears = [f".{TARGET_LINEARS[t]}.weight" for t in targets if t != "experts"]
+    names = set()
+    for weight, pieces in tmap.pieces_of_megatron.items():
+        if any(weight.endswith(linear) for linear in linears):
+            names |= {piece.hf.removesuffix(".weight").rsplit(".", 1)[-1] for piece in pieces}
+    return tuple(sorted(names))
 
 
 def peft_tensors(pairs: dict, tmap: TensorMap, read: Callable[[str], torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -89,18 +100,25 @@ def adapter_config(lora: dict, tensors: dict, base_model: str) -> dict:
     }
 
 
-def write_peft_adapter(out_dir: str | os.PathLike, tensors: dict, config: dict, dtype=None) -> Path:
-    """``adapter_config.json`` and ``adapter_model.safetensors`` in a new directory, atomically."""
+def write_peft_files(directory: Path, tensors: dict, config: dict, dtype=None) -> Path:
+    """``adapter_config.json`` and ``adapter_model.safetensors`` written into ``directory``
+    (over what it holds); ``directory``."""
     from safetensors.torch import save_file
 
+    save_file(
+        {k: (v.to(dtype) if dtype else v).contiguous() for k, v in tensors.items()},
+        directory / "adapter_model.safetensors",
+    )
+    (directory / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return directory
+
+
+def write_peft_adapter(out_dir: str | os.PathLike, tensors: dict, config: dict, dtype=None) -> Path:
+    """A PEFT adapter directory, new, written beside and renamed (never half-written)."""
     out = Path(out_dir)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        save_file(
-            {k: (v.to(dtype) if dtype else v).contiguous() for k, v in tensors.items()},
-            tmp / "adapter_model.safetensors",
-        )
-        (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        write_peft_files(tmp, tensors, config, dtype)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

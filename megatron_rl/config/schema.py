@@ -45,12 +45,18 @@ def _choice(section: str, name: str, value, allowed) -> None:
 LORA_TARGETS = ("qkv", "proj", "fc1", "fc2", "experts")
 """model.lora.targets' values (models.lora.TARGETS): attention QKV and output, dense MLP FC1 and
 FC2, and FC1 and FC2 of every MoE expert."""
+LORA_SYNC_MODES = ("auto", "adapter", "merged")
+"""model.lora.sync: ``adapter`` syncs the adapters alone into vLLM's LoRA slot
+(rollout.adapter_sync), ``merged`` the base with the adapters folded in, ``auto`` adapter for
+dense models and merged for MoE models: vLLM 0.32 runs every MoE layer of an engine with LoRA
+on its Triton kernels (GPU only; untested here), and has no LoRA for fused experts on CPU."""
 
 
 @dataclasses.dataclass(kw_only=True)
 class LoraConfig:
     """LoRA: the actor's base frozen, low-rank adapters trained beside the target linears
-    (models.lora); vLLM gets the base with the adapters merged in at every sync."""
+    (models.lora); vLLM gets the adapters alone at every sync, or the base with them merged
+    in (``sync``)."""
 
     rank: int = 8
     alpha: float = 16.0
@@ -60,6 +66,15 @@ class LoraConfig:
     targets: list = dataclasses.field(default_factory=lambda: list(LORA_TARGETS))
     """Which linears get adapters, among qkv, proj, fc1, fc2 (dense MLPs) and experts (FC1 and
     FC2 of every MoE expert, each its own adapters); targets a model lacks are skipped."""
+    sync: str = "auto"
+    """How vLLM gets the trained policy (:data:`LORA_SYNC_MODES`)."""
+
+    def sync_mode(self, is_moe: bool) -> str:
+        """``adapter`` or ``merged``: what ``sync`` means for a model with (``is_moe``) or
+        without experts."""
+        if self.sync != "auto":
+            return self.sync
+        return "merged" if is_moe else "adapter"
 
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or self.rank < 1:
@@ -71,6 +86,8 @@ class LoraConfig:
         unknown = [t for t in self.targets if t not in LORA_TARGETS] if isinstance(self.targets, list) else None
         if unknown is None or unknown or not self.targets:
             raise ConfigError(f"model.lora.targets={self.targets!r}: a non-empty list of {', '.join(LORA_TARGETS)}")
+        if self.sync not in LORA_SYNC_MODES:
+            raise ConfigError(f"model.lora.sync={self.sync!r}; allowed: {', '.join(LORA_SYNC_MODES)}")
 
 
 MOE_DISPATCHERS = ("alltoall", "allgather", "local")

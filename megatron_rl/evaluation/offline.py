@@ -59,9 +59,11 @@ def evaluate_target(cfg: Config, target: Target, records: Optional[Path]) -> Eva
     with tempfile.TemporaryDirectory(prefix="megatron-rl-eval-cache-") as cache:
         engine = Replicas(RolloutEngine(target.base_dir, setup.engine_config(cfg, arch, Path(cache))))
         if actor is not None:
+            from megatron_rl.rollout.adapter_sync import PolicySync
             from megatron_rl.rollout.sync import WeightSync
 
-            WeightSync(actor, arch, engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20))).sync()
+            # a LoRA checkpoint's adapters merged in: this engine has no LoRA slot
+            PolicySync(WeightSync(actor, arch, engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20)))).sync()
             del actor
         verifiers = {name: build_verifier(name) for name in eval_rewards(cfg)}
         try:
@@ -89,11 +91,15 @@ def _load_actor(cfg: Config, arch: ModelArch, target: Target) -> list[torch.nn.M
     optimizer: its state is not needed to generate)."""
     from megatron_rl.checkpoint import Checkpointer
     from megatron_rl.models.builder import build_model
+    from megatron_rl.models.lora import add_adapters
     from megatron_rl.parallel import initialize
 
     layout = initialize(cfg.parallel, seed=cfg.trainer.seed, model=arch.shape(), timeout_s=cfg.trainer.dist_timeout_s)
     with layout.active():
         chunks = build_model("actor", arch, cfg.parallel, setup.build_options(cfg))
+        lora = setup.lora_settings(cfg)
+        if lora is not None:  # the run's adapters, loaded with the base
+            add_adapters(chunks, lora)
         with Checkpointer() as checkpointer, warnings.catch_warnings():
             # a step saved in another layout warns that its RNG states are not restored: no
             # eval sample draws from them (each has its own seed)

@@ -46,6 +46,12 @@ def validate(config: Config, world_size: int) -> Config:
     _check_token_budget(config)
     if config.rollout.router_replay and not shape.num_moe_experts:
         raise ConfigError("rollout.router_replay=true needs a MoE model; this model has no experts")
+    lora = config.model.lora
+    if lora is not None and lora.sync == "adapter" and shape.num_moe_experts:
+        raise ConfigError(
+            "model.lora.sync=adapter needs a dense model: vLLM 0.32 builds a MoE model with a LoRA slot "
+            "only on its GPU Triton kernels (untested here); use sync: merged or auto"
+        )
     if vllm_ranks % config.rollout.tensor_parallel_size:
         raise ConfigError(
             f"rollout.tensor_parallel_size={config.rollout.tensor_parallel_size} must divide "

@@ -15,7 +15,10 @@ from typing import Optional
 import torch
 
 from megatron_rl.bridge import load_hf
+from megatron_rl.bridge.families import rules_for
+from megatron_rl.bridge.lora_export import hf_modules
 from megatron_rl.bridge.load import VALUE_HEAD_PREFIX
+from megatron_rl.bridge.mapping import expand
 from megatron_rl.config import Config
 from megatron_rl.data import PromptDataset, PromptFields
 from megatron_rl.data.reasoning_gym import GymPrompts
@@ -87,10 +90,13 @@ def build_options(cfg: Config) -> BuildOptions:
     )
 
 
-def engine_config(cfg: Config, arch: ModelArch, cache_dir: Optional[Path]):
+def engine_config(cfg: Config, arch: ModelArch, cache_dir: Optional[Path], lora_slot: bool = False):
     """The colocated vLLM engines' settings (the trainer's, and `megatron-rl eval`'s, which
-    must sample as the run's eval phase did)."""
+    must sample as the run's eval phase did); ``lora_slot``: with a LoRA slot of
+    ``model.lora.rank`` (the trainer's engines when the adapters sync alone)."""
     return EngineConfig(
+        lora_rank=cfg.model.lora.rank if lora_slot else 0,
+        lora_modules=adapted_hf_modules(cfg, arch) if lora_slot else (),
         tensor_parallel_size=cfg.rollout.tensor_parallel_size,
         dtype=dtypes.long_name(cfg.model.dtype),
         max_model_len=min(arch.max_position_embeddings, cfg.trainer.seq_length),
@@ -156,6 +162,16 @@ def build_trainable(
     with layout.active():
         wrapped = _build_wrapped(role, arch, layout.config, options, lr, hf_dir, clip_grad, freeze_head_bias, lora)
         return Trainable(*wrapped, lr, layout)
+
+
+def syncs_adapters(cfg: Config, arch: ModelArch) -> bool:
+    """Whether the actor's LoRA adapters sync alone into vLLM's LoRA slot (``model.lora.sync``)."""
+    return cfg.model.lora is not None and cfg.model.lora.sync_mode(arch.is_moe) == "adapter"
+
+
+def adapted_hf_modules(cfg: Config, arch: ModelArch) -> tuple[str, ...]:
+    """The HF modules (``q_proj``, ...) the actor's adapters become in vLLM and in a PEFT export."""
+    return hf_modules(expand(rules_for(arch.family), arch, arch.vocab_size), cfg.model.lora.targets)
 
 
 def lora_settings(cfg: Config):

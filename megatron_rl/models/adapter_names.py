@@ -4,6 +4,16 @@ folds into its base weight."""
 
 import torch
 
+TARGET_LINEARS = {
+    "qkv": "self_attention.linear_qkv",
+    "proj": "self_attention.linear_proj",
+    "fc1": "mlp.linear_fc1",
+    "fc2": "mlp.linear_fc2",
+    "experts": "mlp.experts",
+}
+"""LoRA target name -> the Megatron linear it adapts in every decoder layer (its path in the
+layer). fc1 and fc2 name dense MLPs; experts: FC1 and FC2 of every expert of a MoE layer."""
+
 ADAPTER_SUFFIX = "_lora"
 """``linear_qkv``'s adapter is the module ``linear_qkv_lora`` beside it."""
 

@@ -47,19 +47,13 @@ from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParall
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
-from megatron_rl.models.adapter_names import ADAPTER_SUFFIX, merged_weight
+from megatron_rl.models.adapter_names import ADAPTER_SUFFIX, TARGET_LINEARS, merged_weight
 from megatron_rl.models.grouped_experts import GroupedGemmExperts
 
-TARGETS = {
-    "qkv": ("self_attention", "linear_qkv"),
-    "proj": ("self_attention", "linear_proj"),
-    "fc1": ("mlp", "linear_fc1"),
-    "fc2": ("mlp", "linear_fc2"),
-    "experts": ("mlp", "experts"),
-}
-"""Target name -> (the layer's submodule, the linear in it). fc1 and fc2 name dense MLPs;
-experts: FC1 and FC2 of every expert of a MoE layer, each expert its own adapters (Megatron's
-SequentialMLP experts, whose linears run one per expert; the grouped experts bypass them)."""
+TARGETS = {name: tuple(path.split(".")) for name, path in TARGET_LINEARS.items()}
+"""Target name -> (the layer's submodule, the linear in it) (adapter_names.TARGET_LINEARS).
+Experts are Megatron's SequentialMLP experts, whose linears run one per expert; the grouped
+experts bypass them."""
 
 
 @dataclasses.dataclass(frozen=True)

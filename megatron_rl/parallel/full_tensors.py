@@ -21,12 +21,17 @@ import torch.distributed as dist
 from megatron_rl.parallel.shards import local_shards
 
 
-def gather_full(chunks: list[torch.nn.Module], group: Optional[dist.ProcessGroup] = None) -> dict[str, torch.Tensor]:
-    """{canonical name: full tensor} on every rank (main replicas only)."""
+def gather_full(
+    chunks: list[torch.nn.Module],
+    group: Optional[dist.ProcessGroup] = None,
+    only: Optional[Callable[[str], bool]] = None,
+) -> dict[str, torch.Tensor]:
+    """{canonical name: full tensor} on every rank (main replicas only); ``only``: of the
+    names it accepts (the LoRA adapters, say), None: all."""
     local = [
         (s.name, s.global_shape, s.index, s.data.detach().float().cpu().clone())
         for s in local_shards(chunks)
-        if s.is_main_replica
+        if s.is_main_replica and (only is None or only(s.name))
     ]
     world = dist.get_world_size(group)
     gathered: list = [None] * world

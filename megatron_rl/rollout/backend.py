@@ -57,6 +57,11 @@ class RolloutBackend(Protocol):
         """What the engines serve for a loaded bucket, read back and compared with it exactly."""
         ...
 
+    def load_adapter(self, tensors: dict[str, torch.Tensor], peft_config: dict) -> None:
+        """Serve a LoRA adapter (whole tensors by PEFT key, its adapter_config.json) over the
+        base the engines hold, for every request from now on (engines built with a LoRA slot)."""
+        ...
+
     def finish_weight_update(self) -> None:
         """The last bucket is loaded: from now on, generation samples the new weights."""
         ...

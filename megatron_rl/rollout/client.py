@@ -46,6 +46,7 @@ from megatron_rl.rollout.commands import (
     FinishUpdate,
     Generate,
     GenerateEval,
+    LoadAdapter,
     LoadBucket,
     PromptLogprobs,
     Start,
@@ -153,6 +154,11 @@ class RolloutClient:
         the rollout ranks), on every training rank. Waits for the commands before it."""
         return self.result(self.submit(CheckBucket(), list(named_tensors)))
 
+    def load_adapter(self, tensors: dict[str, torch.Tensor], peft_config: dict) -> None:
+        """Send the adapter to every rollout rank, whose engines serve it from the next
+        generation on (training rank 0 sends; the others hold the same). Does not wait."""
+        self.submit(LoadAdapter(peft_config), list(tensors.items()), keep=False)
+
     def finish_weight_update(self) -> None:
         """The update is complete: what is generated from now on samples the new version."""
         self.submit(FinishUpdate(), keep=False)
@@ -176,7 +182,8 @@ class RolloutClient:
         training rank."""
         check_command(command, self.extra_commands)
         if isinstance(command, BUCKET_COMMANDS) != (bucket is not None):
-            raise ValueError(f"{type(command).__name__}: a bucket goes with LoadBucket and CheckBucket only")
+            names = ", ".join(c.__name__ for c in BUCKET_COMMANDS)
+            raise ValueError(f"{type(command).__name__}: a bucket goes with {names} only")
         number, self.sent = self.sent, self.sent + 1
         if keep:
             self._kept.add(number)

@@ -87,6 +87,17 @@ class CheckBucket:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoadAdapter:
+    """Fill the engines' LoRA slot with the adapter sent after this command (PEFT keys, the
+    tensors as a bucket) and serve it from now on (not answered unless it fails)."""
+
+    peft_config: dict
+    """Its adapter_config.json."""
+    specs: tuple[TensorSpec, ...] = ()
+    """As :attr:`LoadBucket.specs`."""
+
+
+@dataclasses.dataclass(frozen=True)
 class FinishUpdate:
     """The weight update is complete: what is generated from now on samples the new version."""
 
@@ -116,11 +127,12 @@ Command = Union[
     PromptLogprobs,
     LoadBucket,
     CheckBucket,
+    LoadAdapter,
     FinishUpdate,
     Stop,
 ]
 COMMANDS: tuple[type, ...] = get_args(Command)
-BUCKET_COMMANDS: tuple[type, ...] = (LoadBucket, CheckBucket)
+BUCKET_COMMANDS: tuple[type, ...] = (LoadBucket, CheckBucket, LoadAdapter)
 """Commands followed on the bridge by their bucket's byte tensor."""
 
 

@@ -15,6 +15,7 @@ temperature (Sampling.entropy_stats) T is the per-token T_t of rollout/adaptive_
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, Union
@@ -24,9 +25,12 @@ import torch
 from megatron_rl.launch import startup_gc
 from megatron_rl.platform import torch_compat, vllm_compat, vllm_shm
 from megatron_rl.rollout import vllm_env
-from megatron_rl.rollout.types import EngineConfig, OnGroup, Sample, Sampling
+from megatron_rl.rollout.types import EngineConfig, OnGroup, Sample, Sampling, lora_slot_rank
 
 Prompt = Union[str, Sequence[int]]
+
+ADAPTER_NAME, ADAPTER_ID = "policy", 1
+"""The one LoRA adapter an engine serves (the policy's), reloaded in place at every sync."""
 
 
 def prefill_waves(tokens: Sequence[int], budget: int) -> list[range]:
@@ -68,6 +72,9 @@ class RolloutEngine:
             vllm_compat.install()  # per-job shm names, the MoE reload repack, plain LM heads
             torch_compat.VEC_ISA_PROBE_MEMO.apply()  # its C++ kernels' ISA probes, once per machine
         kwargs = {}
+        if config.lora_rank:
+            kwargs.update(enable_lora=True, max_lora_rank=lora_slot_rank(config.lora_rank), max_loras=1)
+            kwargs["lora_target_modules"] = list(config.lora_modules) or None
         if dist.is_initialized():
             kwargs["distributed_executor_backend"] = "external_launcher"
             if on_cpu:
@@ -96,6 +103,9 @@ class RolloutEngine:
             )
         self.build_s = time.perf_counter() - start
         self._on_cpu = on_cpu
+        self._adapter = None
+        """The LoRARequest every request goes through once an adapter is loaded (None: the base)."""
+        self._adapter_dir: Optional[tempfile.TemporaryDirectory] = None
 
     # -- generation -------------------------------------------------------------------
 
@@ -175,7 +185,8 @@ class RolloutEngine:
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
-        outputs = self.llm.generate([self._tokens_prompt(list(s)) for s in sequences], params, use_tqdm=False)
+        requests = [self._tokens_prompt(list(s)) for s in sequences]
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._adapter)
         result = []
         for seq, out in zip(sequences, outputs):
             result.append([entry[token].logprob for entry, token in zip(out.prompt_logprobs[1:], seq[1:])])
@@ -199,6 +210,25 @@ class RolloutEngine:
 
         results = self.llm.collective_rpc(weight_check.check_on_worker, args=(list(named_tensors),))
         return weight_check.WeightCheckResult.merge_all(results)
+
+    def load_adapter(self, tensors: dict[str, torch.Tensor], peft_config: dict) -> None:
+        """Fill the engine's LoRA slot with a PEFT adapter (``tensors`` by PEFT key, whole, in
+        the engine's dtype; ``peft_config`` its adapter_config.json) and send every request
+        through it from now on. vLLM reads adapters from a directory: this engine's own,
+        rewritten at each load and read at once (the engine runs in this process); the slot
+        is reloaded in place (one adapter id for the run). Call
+        :meth:`finish_weight_update` after it."""
+        from vllm.lora.request import LoRARequest
+
+        from megatron_rl.bridge.lora_export import write_peft_files
+
+        if not self.config.lora_rank:
+            raise ValueError("load_adapter needs an engine built with a LoRA slot (EngineConfig.lora_rank > 0)")
+        if self._adapter_dir is None:
+            self._adapter_dir = tempfile.TemporaryDirectory(prefix="megatron-rl-adapter-")
+        directory = write_peft_files(Path(self._adapter_dir.name), tensors, peft_config)
+        self.llm.llm_engine.add_lora(LoRARequest(ADAPTER_NAME, ADAPTER_ID, str(directory), load_inplace=True))
+        self._adapter = LoRARequest(ADAPTER_NAME, ADAPTER_ID, str(directory))
 
     def finish_weight_update(self) -> None:
         """Drop cached prefixes (computed with the old weights) after the last bucket."""
@@ -318,8 +348,8 @@ class RolloutEngine:
         path queues the requests (``LLM.enqueue``) and drives vLLM's engine step by step
         itself, as ``LLM.generate`` does inside."""
         if on_output is None:
-            return self.llm.generate(requests, params, use_tqdm=False)
-        queued = self.llm.enqueue(requests, params, use_tqdm=False)
+            return self.llm.generate(requests, params, use_tqdm=False, lora_request=self._adapter)
+        queued = self.llm.enqueue(requests, params, use_tqdm=False, lora_request=self._adapter)
         # enqueue answers vLLM's internal ids (``<id>-<8 random characters>``); the outputs carry <id>.
         position = {rid.rpartition("-")[0] or rid: i for i, rid in enumerate(queued)}
         engine = self.llm.llm_engine

@@ -123,6 +123,9 @@ class Replicas:
     def check_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> WeightCheckResult:
         return self.engine.check_weights(named_tensors)
 
+    def load_adapter(self, tensors: dict[str, torch.Tensor], peft_config: dict) -> None:
+        self.engine.load_adapter(tensors, peft_config)
+
     def finish_weight_update(self) -> None:
         self.engine.finish_weight_update()
 

@@ -39,6 +39,7 @@ from megatron_rl.rollout.commands import (
     Generate,
     GenerateEval,
     Generation,
+    LoadAdapter,
     LoadBucket,
     PromptLogprobs,
     Start,
@@ -54,7 +55,7 @@ CHUNK_PAUSE_ENV = "MRL_ROLLOUT_CHUNK_PAUSE_S"
 rollout side slower than training, made on purpose, for tests and drills of partial
 rollouts (on a small CPU model a batch is often done before the step's weights arrive)."""
 
-BETWEEN_CHUNKS = (LoadBucket, CheckBucket, FinishUpdate, PromptLogprobs)
+BETWEEN_CHUNKS = (LoadBucket, CheckBucket, LoadAdapter, FinishUpdate, PromptLogprobs)
 """Commands a partial generation runs between two of its chunks: they use the engine only
 between its calls (a weight update, its read-back, the parity guard's prompt logprobs)."""
 
@@ -196,6 +197,9 @@ class RolloutServer:
     def _load(self, command: LoadBucket, bucket: list) -> str:
         return self.replicas.load_weights(bucket)
 
+    def _load_adapter(self, command: LoadAdapter, bucket: list) -> None:
+        self.replicas.load_adapter(dict(bucket), command.peft_config)
+
     def _finish(self, command: FinishUpdate, bucket: None) -> None:
         self.replicas.finish_weight_update()
         self.version += 1
@@ -262,6 +266,7 @@ HANDLERS: Mapping[type, Handler] = {
     PromptLogprobs: RolloutServer._prompt_logprobs,
     LoadBucket: RolloutServer._load,
     CheckBucket: RolloutServer._merged_check,
+    LoadAdapter: RolloutServer._load_adapter,
     FinishUpdate: RolloutServer._finish,
 }
 """The rollout side's handler of each of rollout's commands but :class:`Stop` (which ends

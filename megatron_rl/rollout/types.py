@@ -17,6 +17,15 @@ from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.platform import vllm_compat
 from megatron_rl.utils import dtypes
 
+LORA_SLOT_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The LoRA ranks a vLLM 0.32 engine can be built for (``vllm.config.lora.MaxLoRARanks``); a
+slot holds any adapter of that rank or less."""
+
+
+def lora_slot_rank(rank: int) -> int:
+    """The smallest LoRA slot rank vLLM offers that holds an adapter of ``rank``."""
+    return next(slot for slot in LORA_SLOT_RANKS if slot >= rank)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineConfig:
@@ -51,6 +60,14 @@ class EngineConfig:
     decode, but each weight sync re-packs every weight, 5-28x the cost of copying it);
     ``plain`` keeps plain weights used through torch's linear, so a sync is a copy into
     them (decode GEMMs slower at small batches; docs/benchmarks.md has both)."""
+    lora_rank: int = 0
+    """> 0: the engine keeps one LoRA slot of this rank (vLLM's LoRA support, rounded up to a
+    rank vLLM offers), which :meth:`~megatron_rl.rollout.engine.RolloutEngine.load_adapter`
+    fills and every request then goes through; 0: none."""
+    lora_modules: tuple[str, ...] = ()
+    """The HF modules the slot's adapters adapt (``q_proj``, ``down_proj``, ...): vLLM wraps
+    only these with its LoRA layers (empty: every module it can, the LM head included, whose
+    LoRA logits fail on vLLM 0.32's CPU backend for prompt logprobs)."""
 
     def validate(self, world_size: int) -> None:
         if self.tensor_parallel_size < 1 or world_size % self.tensor_parallel_size:
@@ -65,6 +82,8 @@ class EngineConfig:
             raise ValueError(f"rollout dtype={self.dtype!r}; allowed: {', '.join(dtypes.LONG_NAMES)}")
         if self.record_routes and not self.enforce_eager:
             raise ValueError("rollout record_routes needs enforce_eager=True (a CUDA graph skips the route capture)")
+        if not 0 <= self.lora_rank <= LORA_SLOT_RANKS[-1]:
+            raise ValueError(f"rollout lora_rank={self.lora_rank}: vLLM serves LoRA ranks up to {LORA_SLOT_RANKS[-1]}")
         if self.cpu_linear not in vllm_compat.CPU_LINEAR_FORMATS:
             raise ValueError(
                 f"rollout cpu_linear={self.cpu_linear!r}; allowed: {', '.join(vllm_compat.CPU_LINEAR_FORMATS)}"

@@ -37,6 +37,7 @@ from megatron_rl.parallel import initialize, initialize_alongside
 from megatron_rl.parallel.state import ParallelContext
 from megatron_rl.rewards import build_verifier
 from megatron_rl.rewards.scoring import WeightedReward
+from megatron_rl.rollout.adapter_sync import AdapterSync, PolicySync
 from megatron_rl.rollout.backend import RolloutBackend
 from megatron_rl.rollout.client import RolloutClient
 from megatron_rl.rollout.engine import RolloutEngine
@@ -136,7 +137,7 @@ class Rollouts:
     sampling: Sampling
     source: RolloutSource
     evaluator: Optional[Any]
-    weight_sync: Any
+    weight_sync: PolicySync
     pad_token_id: int
 
 
@@ -179,7 +180,8 @@ def build_rollouts(
     if isinstance(reward, WeightedReward) and reward.served:
         reward = OverlappedScoring(reward, functools.partial(responses_of, decode=decode))
         overlap = reward.begin
-    engine_config = setup.engine_config(cfg, arch, place.run_dir / "cache")
+    adapters = setup.syncs_adapters(cfg, arch)
+    engine_config = setup.engine_config(cfg, arch, place.run_dir / "cache", lora_slot=adapters)
     client = _rollout_client(cfg, place, engine_config) if place.roles is not None else None
     engine: RolloutBackend = client if client is not None else Replicas(RolloutEngine(place.base_dir, engine_config))
     source = _source(cfg, recipe, place, engine, client, reward.score_batch, loader, decode, tokenizer, overlap)
@@ -195,8 +197,19 @@ def build_rollouts(
         sampling=_sampling(cfg, recipe, tokenizer.eos_token_id),
         source=source,
         evaluator=evaluator,
-        weight_sync=WeightSync(actor_chunks, arch, engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20))),
+        weight_sync=_policy_sync(cfg, arch, actor_chunks, engine, adapters),
         pad_token_id=pad_token_id,
+    )
+
+
+def _policy_sync(cfg: Config, arch: ModelArch, actor_chunks, engine: RolloutBackend, adapters: bool) -> PolicySync:
+    """The actor's sync into vLLM: whole (LoRA merged in), or the adapters alone."""
+    weights = WeightSync(actor_chunks, arch, engine, bucket_bytes=int(cfg.rollout.bucket_mb * (1 << 20)))
+    if not adapters:
+        return PolicySync(weights)
+    lora = cfg.model.lora
+    return PolicySync(
+        weights, AdapterSync(actor_chunks, arch, engine, dict(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout))
     )
 
 

@@ -44,7 +44,6 @@ from megatron_rl.launch.signals import StopSignals, stop_line
 from megatron_rl.launch.slurm_env import SlurmEnv
 from megatron_rl.launch.status import write_status
 from megatron_rl.models.hf_config import arch_from_hf
-from megatron_rl.models.lora import merged_into_weights
 from megatron_rl.rollout.client import RolloutRankError
 from megatron_rl.schedules import (
     Microbatching,
@@ -153,8 +152,7 @@ class RLTrainer:
             note = self.source.load_state_dict(extra)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        with merged_into_weights(self.actor.chunks):  # LoRA: vLLM serves base + adapters
-            self.weight_sync.sync()
+        self.weight_sync.sync(whole=True)  # vLLM's base may not be the checkpoint's
         if self.rank == 0:
             print(f"resumed from {self.run_checkpoint.root} step {extra['step']}{note}", flush=True)
         stats = extra.get("hapo_entropy_stats")
@@ -452,8 +450,7 @@ class RLTrainer:
         every = self.cfg.rollout.parity_every
         guard = bool(every and step % every == 0 and len(rows))
         if metrics.get("actor/updated"):
-            with merged_into_weights(self.actor.chunks):  # LoRA: vLLM serves base + adapters
-                stats = self.weight_sync.sync(check_weights=guard)
+            stats = self.weight_sync.sync(check_weights=guard)
             metrics["timing/weight_sync_s"] = stats.seconds
             # 1: gloo broadcasts (ranks on several hosts), 0: this host's shared arena or one rank
             metrics["rollout/weight_sync_broadcast"] = float(stats.transport == "broadcast")

@@ -306,6 +306,13 @@ def test_the_local_dispatcher_is_refused_where_experts_span_ranks():
         load_config(DAPO, ["model.moe_token_dispatcher_type=flex"])
 
 
+def test_a_moe_models_adapters_cannot_sync_alone_into_vllm():
+    cfg = load_config(EXAMPLES / "dapo_lora.yaml", ["model.lora.sync=adapter", "model.lora.targets=[qkv, proj]"])
+    with pytest.raises(ConfigError, match="model.lora.sync=adapter needs a dense model"):
+        validate(cfg, 1)
+    validate(load_config(EXAMPLES / "dapo_lora.yaml", ["model.lora.sync=adapter", "model.preset=tiny-dense"]), 1)
+
+
 def test_the_lora_example_is_the_embedded_default_with_adapters():
     lora, default = load_config(EXAMPLES / "dapo_lora.yaml", []), load_config(DAPO, [])
     validate(lora, 1)

@@ -39,6 +39,7 @@ def test_the_protocol_names_what_the_trainer_uses():
             "continue_samples",
             "prompt_logprobs",
             "load_weights",
+            "load_adapter",
             "check_weights",
             "finish_weight_update",
             "close",
@@ -75,6 +76,7 @@ MESSAGES = [
     commands.PromptLogprobs([[1, 2, 3]]),
     commands.LoadBucket((commands.TensorSpec("w", (2, 3), torch.bfloat16),)),
     commands.CheckBucket((commands.TensorSpec("w", (2, 3), torch.float32),)),
+    commands.LoadAdapter({"r": 8, "lora_alpha": 16.0}, (commands.TensorSpec("a", (8, 4), torch.float32),)),
     commands.FinishUpdate(),
     commands.Stop(),
 ]
@@ -117,7 +119,7 @@ def test_an_unknown_message_is_refused_by_name_on_both_sides():
 
 def test_a_bucket_goes_only_with_a_bucket_command():
     client = object.__new__(RolloutClient)
-    with pytest.raises(ValueError, match="FinishUpdate: a bucket goes with LoadBucket and CheckBucket only"):
+    with pytest.raises(ValueError, match="FinishUpdate: a bucket goes with LoadBucket, CheckBucket, LoadAdapter only"):
         client.submit(commands.FinishUpdate(), [("w", torch.zeros(2))])
     with pytest.raises(ValueError, match="LoadBucket"):
         client.submit(commands.LoadBucket())
