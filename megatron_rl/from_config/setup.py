@@ -16,8 +16,8 @@ import torch
 
 from megatron_rl.bridge import load_hf
 from megatron_rl.bridge.families import rules_for
-from megatron_rl.bridge.lora_export import hf_modules
 from megatron_rl.bridge.load import VALUE_HEAD_PREFIX
+from megatron_rl.bridge.lora_export import hf_modules
 from megatron_rl.bridge.mapping import expand
 from megatron_rl.config import Config
 from megatron_rl.data import PromptDataset, PromptFields
