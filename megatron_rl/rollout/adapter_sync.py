@@ -28,7 +28,7 @@ from megatron_rl.bridge.lora_export import adapter_config, adapter_pairs, peft_t
 from megatron_rl.models.adapter_names import is_adapter_name
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.models.lora import merged_into_weights
-from megatron_rl.parallel.full_tensors import gather_full
+from megatron_rl.parallel.full_tensors import PlannedGather
 from megatron_rl.rollout.sync import SyncStats, WeightSync
 from megatron_rl.utils import dtypes
 
@@ -42,11 +42,12 @@ class AdapterSync:
 
     def __init__(self, chunks: Sequence[torch.nn.Module], arch: ModelArch, engine: RolloutBackend, lora: dict):
         self.chunks, self.arch, self.engine, self.lora = list(chunks), arch, engine, dict(lora)
+        self.gather = PlannedGather(self.chunks, only=is_adapter_name)
 
     def sync(self, tmap) -> SyncStats:
         """One sync of every adapter; ``tmap`` the actor's HF tensor map (its export plan's)."""
         start = time.perf_counter()
-        full = {canonical(name): t for name, t in gather_full(self.chunks, only=is_adapter_name).items()}
+        full = {canonical(name): t for name, t in self.gather.gather().items()}
         dtype = dtypes.to_torch(self.engine.config.dtype)
         tensors = {k: v.to(dtype) for k, v in peft_tensors(adapter_pairs(full), tmap, full.__getitem__).items()}
         self.engine.load_adapter(tensors, adapter_config(self.lora, tensors, ""))

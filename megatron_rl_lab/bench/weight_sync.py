@@ -13,6 +13,14 @@ VmHWM reset through /proc/self/clear_refs on CPU, ``max_memory_allocated`` on GP
 gather buffers the sync keeps between syncs on CPU (one bucket plus one receive buffer)
 are reported apart ("kept MB"), as they are already there before the timed syncs.
 
+With ``--lora-rank R`` the actor has LoRA adapters on its dense linears, which the full syncs
+merge in (``model.lora.sync: merged``, an engine without a LoRA slot). With ``--lora-sync
+adapter`` the engine has a LoRA slot and one more row per layout times the adapters alone
+into it (``sync: adapter``). vLLM allows one engine per process, so the two modes are two
+launches, each against the plain copy of the full bytes in its own run; an engine with a
+slot takes vLLM's own reload for a full sync (the in-place loader does not know vLLM's
+LoRA-wrapped layers), so its merged rows are slower than the merged launch's.
+
     torchrun --nproc-per-node=2 tools/bench_weight_sync.py --preset cpu-dense-9m
 """
 
@@ -97,6 +105,12 @@ class Plan:
     kv_cache_gib: int
     cpu_linear: str
     json_path: Path
+    lora_rank: int = 0
+    """> 0: every layout gets LoRA adapters of this rank on its dense linears, which the full
+    syncs merge in."""
+    lora_sync: str = "merged"
+    """With lora_rank: ``adapter`` gives the engine a LoRA slot and adds a row per layout
+    timing the adapters alone into it; ``merged``: no slot, the full syncs only."""
 
 
 # ---- arguments -----------------------------------------------------------------------
@@ -165,6 +179,20 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="vLLM KV cache per rank on CPU (whole GiB: vLLM reads VLLM_CPU_KVCACHE_SPACE as an int)",
     )
     p.add_argument(
+        "--lora-rank",
+        type=positive,
+        default=None,
+        help="LoRA adapters of this rank on QKV, the attention output, FC1 and FC2 (dense models), merged in by "
+        "the full syncs",
+    )
+    p.add_argument(
+        "--lora-sync",
+        choices=("merged", "adapter"),
+        default="merged",
+        help="with --lora-rank: 'adapter' builds the engine with a LoRA slot and adds a row per layout syncing the "
+        "adapters alone into it; 'merged': no slot (as the trainer's merged mode)",
+    )
+    p.add_argument(
         "--work-dir", type=Path, default=Path("runs/bench/weight_sync"), help="generated models and compile caches"
     )
     p.add_argument(
@@ -204,6 +232,11 @@ def make_plan(args: argparse.Namespace, world: int) -> Plan:
         raise BenchArgumentError(f"--vllm-tp {args.vllm_tp} must divide the world size {world}")
     if args.warmup < 0:
         raise BenchArgumentError(f"--warmup {args.warmup} must be >= 0")
+    if args.lora_rank and arch.is_moe:
+        raise BenchArgumentError(
+            f"--lora-rank needs a dense model ({label} is MoE): vLLM 0.32 builds a MoE model with a LoRA slot "
+            "only on GPU"
+        )
     layouts, skipped = [], []
     for name in [n.strip() for n in args.layouts.split(",") if n.strip()]:
         try:
@@ -238,6 +271,8 @@ def make_plan(args: argparse.Namespace, world: int) -> Plan:
         kv_cache_gib=args.kv_cache_gib,
         cpu_linear=args.cpu_linear,
         json_path=json_path,
+        lora_rank=args.lora_rank or 0,
+        lora_sync=args.lora_sync,
     )
 
 
@@ -387,24 +422,43 @@ def _build_layout(plan: Plan, layout: ParallelConfig, hf_dir: Path):
     from megatron_rl.parallel import initialize
 
     initialize(layout, seed=1, model=plan.arch.shape())
-    chunks = build_model("actor", plan.arch, layout, BuildOptions(dtype=dtypes.short_name(plan.dtype)))
+    options = BuildOptions(dtype=dtypes.short_name(plan.dtype), attention="sdpa" if plan.lora_rank else "auto")
+    chunks = build_model("actor", plan.arch, layout, options)
     load_hf(chunks, hf_dir, plan.arch)
+    if plan.lora_rank:
+        _add_trained_adapters(chunks, plan.lora_rank)
     return chunks
+
+
+LORA_TARGETS = ("qkv", "proj", "fc1", "fc2")
+
+
+def _add_trained_adapters(chunks, rank: int) -> None:
+    """Adapters with a non-zero B (as after training: a merge then changes every adapted weight)."""
+    import torch
+
+    from megatron_rl.models.lora import LoraSettings, add_adapters
+
+    with torch.no_grad():
+        for adapter in add_adapters(chunks, LoraSettings(rank=rank, alpha=2.0 * rank, targets=LORA_TARGETS)).values():
+            adapter.b.normal_(0.0, 0.01)
 
 
 def bench_bucket(chunks, arch: ModelArch, engine, plan: Plan, bucket_bytes: int) -> dict:
     """Time sync / gather alone / load alone / plain copy for one bucket size (collective)."""
 
     from megatron_rl.bridge import PER_EXPERT, iter_hf_buckets
+    from megatron_rl.rollout.adapter_sync import PolicySync
     from megatron_rl.rollout.replicas import Replicas
     from megatron_rl.rollout.sync import WeightSync
 
     dtype = dtypes.to_torch(plan.dtype)
     weight_sync = WeightSync(chunks, arch, Replicas(engine), bucket_bytes)
+    merged = PolicySync(weight_sync)  # a LoRA actor's adapters merged in (nothing to merge without)
     stats = []
     for _ in range(plan.warmup):
-        weight_sync.sync()
-    sync = _repeat(lambda: stats.append(weight_sync.sync()), plan.iterations)
+        merged.sync()
+    sync = _repeat(lambda: stats.append(merged.sync()), plan.iterations)
     last = stats[-1]
     kept = sum(t.numel() * t.element_size() for t in weight_sync.plans.buffers(chunks, arch, PER_EXPERT).tensors())
 
@@ -454,6 +508,48 @@ def bench_bucket(chunks, arch: ModelArch, engine, plan: Plan, bucket_bytes: int)
     }
 
 
+def bench_adapters(chunks, plan: Plan, engine, name: str, full: dict) -> dict:
+    """The adapters alone into the engine's LoRA slot (rollout.adapter_sync), against the
+    merged full sync of the same layout (``full``, its largest bucket) and a copy of its bytes."""
+    import torch.distributed as dist
+
+    from megatron_rl.rollout.adapter_sync import AdapterSync
+    from megatron_rl.rollout.replicas import Replicas
+    from megatron_rl.rollout.sync import WeightSync
+
+    lora = dict(rank=plan.lora_rank, alpha=2.0 * plan.lora_rank, dropout=0.0)
+    adapters = AdapterSync(chunks, plan.arch, Replicas(engine), lora)
+    tmap = WeightSync(chunks, plan.arch, Replicas(engine)).plans.export_plan(chunks, plan.arch).tmap
+    stats = []
+    for _ in range(plan.warmup):
+        adapters.sync(tmap)
+    sync = _repeat(lambda: stats.append(adapters.sync(tmap)), plan.iterations)
+    row = {
+        "layout": name,
+        "sync": "adapter",
+        "parallel": full["parallel"],
+        "tensors": stats[-1].tensors,
+        "bytes": stats[-1].bytes,
+        "sync_s": sync.wall,
+        "sync_s_all": sync.wall_s,
+        "sync_cpu_s": sync.cpu,
+        "peak_extra_mb": sync.peak_bytes / _MB,
+        "full_sync_bytes": full["bytes"],
+        "full_sync_s": full["sync_s"],
+        "bytes_share_of_full": stats[-1].bytes / full["bytes"],
+        "seconds_share_of_full": sync.wall / full["sync_s"],
+        "ratio_to_full_copy": sync.wall / full["copy_s"],
+    }
+    if dist.get_rank() == 0:
+        print(
+            f"{name:<14} adapters alone: {row['bytes'] / _MB:.2f} MB/rank ({100 * row['bytes_share_of_full']:.2f} % "
+            f"of the full sync), {row['sync_s']:.4f} s ({100 * row['seconds_share_of_full']:.2f} % of the merged "
+            f"full sync, {row['ratio_to_full_copy']:.2f}x a copy of the full bytes)",
+            flush=True,
+        )
+    return row
+
+
 def bench_layout(plan: Plan, name: str, layout: ParallelConfig, hf_dir: Path, engine) -> list[dict]:
     import torch
     import torch.distributed as dist
@@ -477,6 +573,8 @@ def bench_layout(plan: Plan, name: str, layout: ParallelConfig, hf_dir: Path, en
                 }
             )
             _print_row(rows[-1])
+        if plan.lora_rank and plan.lora_sync == "adapter":
+            rows.append(bench_adapters(chunks, plan, engine, name, rows[-1]))
         return rows
     finally:
         del chunks
@@ -515,6 +613,14 @@ def _transport(world: int) -> str:
     return "shared arena"
 
 
+def _adapted_modules(arch: ModelArch) -> tuple[str, ...]:
+    from megatron_rl.bridge.families import rules_for
+    from megatron_rl.bridge.lora_export import hf_modules
+    from megatron_rl.bridge.mapping import expand
+
+    return hf_modules(expand(rules_for(arch.family), arch, arch.vocab_size), LORA_TARGETS)
+
+
 def _build_engine(plan: Plan, hf_dir: Path):
     from megatron_rl.rollout import EngineConfig, RolloutEngine
 
@@ -526,6 +632,8 @@ def _build_engine(plan: Plan, hf_dir: Path):
         cpu_kv_cache_gib=plan.kv_cache_gib,
         cpu_linear=plan.cpu_linear,
         cache_dir=str(plan.work_dir / "cache"),
+        lora_rank=plan.lora_rank if plan.lora_sync == "adapter" else 0,
+        lora_modules=_adapted_modules(plan.arch) if plan.lora_rank and plan.lora_sync == "adapter" else (),
     )
     return RolloutEngine(hf_dir, config)
 
@@ -580,8 +688,8 @@ def _print_row(row: dict) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    """The printed table (also for the docs)."""
-    return "\n".join([_fmt(_COLUMNS)] + [_fmt(_row_cells(r)) for r in rows])
+    """The printed table of the full syncs (also for the docs)."""
+    return "\n".join([_fmt(_COLUMNS)] + [_fmt(_row_cells(r)) for r in rows if r.get("sync") != "adapter"])
 
 
 def run(plan: Plan) -> dict:
@@ -634,6 +742,8 @@ def run(plan: Plan) -> dict:
         if _cuda()
         else "VmHWM (reset via /proc/self/clear_refs) - VmRSS before, max over ranks",
         "skipped_layouts": list(plan.skipped),
+        "lora_rank": plan.lora_rank,
+        "lora_sync": plan.lora_sync if plan.lora_rank else None,
         "results": rows,
     }
     if rank == 0:

@@ -33,6 +33,10 @@ def test_layouts_that_do_not_fit_are_skipped_and_bad_names_rejected():
         weight_sync.make_plan(_args("--preset", "cpu-dense-9m", "--layouts", "ep2"), world=2)
     with pytest.raises(BenchArgumentError, match="--vllm-tp 4 must divide the world size 2"):
         weight_sync.make_plan(_args("--vllm-tp", "4", "--layouts", "tp2"), world=2)
+    with pytest.raises(BenchArgumentError, match="--lora-rank needs a dense model"):
+        weight_sync.make_plan(_args("--preset", "cpu-moe-14m", "--lora-rank", "8"), world=2)
+    lora = weight_sync.make_plan(_args("--layouts", "tp2", "--lora-rank", "8", "--lora-sync", "adapter"), world=2)
+    assert (lora.lora_rank, lora.lora_sync) == (8, "adapter")
 
 
 def _checkpoint_bytes(hf_dir: Path) -> int:
