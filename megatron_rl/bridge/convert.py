@@ -31,7 +31,14 @@ from megatron_rl.bridge import sequence_classification as seq_cls
 from megatron_rl.bridge.export import DEFAULT_MAX_FILE_BYTES, assemble_hf, config_dtype, config_with_dtype
 from megatron_rl.bridge.export_plan import HFGroup, hf_groups
 from megatron_rl.bridge.families import PER_EXPERT, canonical, rules_for, with_score_head
-from megatron_rl.bridge.hf_files import TensorSpec, side_files, write_checkpoint
+from megatron_rl.bridge.hf_files import (
+    DTYPE_TAGS,
+    HFCheckpoint,
+    TensorSpec,
+    side_files,
+    weights_digest,
+    write_checkpoint,
+)
 from megatron_rl.bridge.inputs import check_checkpoint, check_hf_model_dir, check_new_checkpoint_root, check_new_hf_dir
 from megatron_rl.bridge.load import load_hf
 from megatron_rl.bridge.mapping import BridgeError, expand
@@ -139,6 +146,9 @@ def megatron_to_hf(
     lora = metadata.extra.get("lora")
     if adapters and not lora:
         raise BridgeError(f"{root} step {step} holds LoRA adapters but no extra['lora'] (their rank and alpha)")
+    adapters_only = bool(lora and lora.get("adapters_only"))
+    if adapters_only:  # a LoRA run's checkpoint: its base is the HF directory it records
+        return _adapters_only_export(root, step, metadata, arch, adapters, lora, out_dir, dtype, max_file_bytes, merge)
     vocab_rows = metadata.tensors[stored["embedding.word_embeddings.weight"]].shape[0]
     rules = rules_for(arch.family, style)
     head_bias = stored.pop(seq_cls.HEAD_BIAS, None) if reward_model else None
@@ -178,6 +188,48 @@ def megatron_to_hf(
         out = write_checkpoint(
             out_dir, specs, stream(), config_with_dtype(hf_config, specs[0].dtype), max_file_bytes, copy_files=copies
         )
+    return HFExport(out, [c.name for c in copies], no_tokenizer)
+
+
+def _adapters_only_export(
+    root, step, metadata, arch, adapters, lora, out_dir, dtype, max_file_bytes, merge
+) -> HFExport:
+    """A LoRA run's step (its adapters; the base is the HF directory it records, checked by
+    its weights' digest): a PEFT adapter directory, or with ``merge`` that base with each
+    adapted HF module's weight replaced by ``W + (alpha / rank) · B A`` (per HF module: the
+    PEFT tensors, whose rows of B are cut from Megatron's fused linears)."""
+    from megatron_rl.checkpoint import format as fmt
+    from megatron_rl.checkpoint.reader import Reader
+
+    source = metadata.extra.get("hf_source_dir") or ""
+    tmap = expand(rules_for(arch.family, PER_EXPERT), arch, arch.vocab_size)
+    with Reader(fmt.step_dir(root, step), metadata) as reader:
+        tensors = lora_export.peft_tensors(
+            lora_export.adapter_pairs(adapters), tmap, lambda n: reader.full_tensor(adapters[n])
+        )
+    if not merge:
+        config = lora_export.adapter_config(lora, tensors, source)
+        return HFExport(lora_export.write_peft_adapter(out_dir, tensors, config, dtype), [], None)
+    if not Path(source).is_dir() or weights_digest(source) != lora.get("base_digest"):
+        raise BridgeError(
+            f"{root} step {step} holds LoRA adapters only; --merge needs the base they were trained on, "
+            f"{source or 'which it does not record'}, and that directory is gone or holds other weights"
+        )
+    scaling = float(lora["alpha"]) / int(lora["rank"])
+    merged = lora_export.merged_hf_weights(tensors, scaling)
+    base = HFCheckpoint(source)
+    with base.reader() as read:
+        tags = {tag: torch_dtype for torch_dtype, tag in DTYPE_TAGS.items()}
+        specs = [TensorSpec(n, base.shape(n), dtype or tags[read.slice(n).get_dtype()]) for n in base.names()]
+
+        def stream():
+            for spec in specs:
+                weight = read.slice(spec.name)[:]
+                yield spec.name, (merged[spec.name](weight) if spec.name in merged else weight).to(spec.dtype)
+
+        copies, no_tokenizer = _source_side_files(source)
+        hf_config = config_with_dtype(metadata.extra["hf_config"], specs[0].dtype)
+        out = write_checkpoint(out_dir, specs, stream(), hf_config, max_file_bytes, copy_files=copies)
     return HFExport(out, [c.name for c in copies], no_tokenizer)
 
 

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from megatron_rl.bridge.mapping import BridgeError, TensorMap
-from megatron_rl.models.adapter_names import ADAPTER_SUFFIX, TARGET_LINEARS
+from megatron_rl.models.adapter_names import ADAPTER_SUFFIX, TARGET_LINEARS, merged_weight
 
 PEFT_PREFIX = "base_model.model."
 
@@ -79,6 +79,18 @@ def peft_tensors(pairs: dict, tmap: TensorMap, read: Callable[[str], torch.Tenso
             out[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a.clone()
             out[f"{PEFT_PREFIX}{module}.lora_B.weight"] = lora_b
     return out
+
+
+def merged_hf_weights(tensors: dict, scaling: float) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """{HF weight name: its merge} of a PEFT adapter's ``tensors``: the function that folds the
+    module's ``B A`` into that base weight (adapter_names.merged_weight, one formula)."""
+    merges = {}
+    for key in tensors:
+        if key.endswith(".lora_A.weight"):
+            module = key[len(PEFT_PREFIX) : -len(".lora_A.weight")]
+            a, b = tensors[key], tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"]
+            merges[f"{module}.weight"] = lambda w, a=a, b=b: merged_weight(w, a, b, scaling)
+    return merges
 
 
 def adapter_config(lora: dict, tensors: dict, base_model: str) -> dict:

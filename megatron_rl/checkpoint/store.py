@@ -61,11 +61,25 @@ def layout_of(chunks: Sequence[torch.nn.Module]) -> dict:
     return {"world_size": _world()[1], **{f: getattr(config, f, None) for f in _LAYOUT_FIELDS}}
 
 
-def _collect(chunks, optimizer) -> list[Item]:
+def _collect(chunks, optimizer, trainable_only: bool = False) -> list[Item]:
     items, pieces_of = model_items(model_sharded_state_dict(chunks))
+    if trainable_only:
+        items = trainable_items(chunks, pieces_of)
     if optimizer is not None:
         items = items + optimizer_items(optimizer, pieces_of)
     return dedup_local(items)
+
+
+def trainable_items(chunks, pieces_of: dict) -> list[Item]:
+    """The model's items that view a parameter with ``requires_grad`` (a LoRA run's adapters,
+    and a critic's value head): what a checkpoint of a frozen base's run holds."""
+    return [
+        piece.item
+        for chunk in chunks
+        for param in chunk.parameters()
+        if param.requires_grad
+        for piece in pieces_of.get(id(param), ())
+    ]
 
 
 def _check_snapshot(snapshot: str, async_save: bool, guarded: bool) -> None:
@@ -122,6 +136,7 @@ class Checkpointer:
 
     def __init__(self) -> None:
         self._items = ItemCache()
+        self._trainable_items = ItemCache()
         # Per checkpoint root: a trainer saves actor and critic under two roots, each with its own
         # chunk list, so one shared plan or buffer set would be replaced at every save.
         self._plans: dict[str, PlanCache] = collections.defaultdict(PlanCache)
@@ -155,6 +170,7 @@ class Checkpointer:
         self._gate.release()
         self._group.forget()
         self._items.clear()
+        self._trainable_items.clear()
         self._plans.clear()
         self._buffers.clear()
 
@@ -203,8 +219,10 @@ class Checkpointer:
         async_save: bool = False,
         keep_last: Optional[int] = None,
         snapshot: str = "at_save",
+        trainable_only: bool = False,
     ) -> SaveHandle:
-        """Collective. Save model chunks (+ distributed optimizer, RNG, ``extra``) as ``step``.
+        """Collective. Save model chunks (+ distributed optimizer, RNG, ``extra``) as ``step``;
+        ``trainable_only``: only the parameters that train (a frozen base is not saved).
 
         With ``async_save`` the call returns after the host copy (``snapshot="at_save"``) or at
         once (``"before_update"``: the copy runs in the background and ``optimizer``'s next
@@ -215,7 +233,8 @@ class Checkpointer:
         extra = {} if extra is None else extra
         _check_save_args(step, extra, keep_last)
         _check_snapshot(snapshot, async_save, guarded=optimizer is not None)
-        items = self._items.get(model, optimizer, lambda: _collect(model, optimizer))
+        cache = self._trainable_items if trainable_only else self._items
+        items = cache.get(model, optimizer, lambda: _collect(model, optimizer, trainable_only))
         record = {"rng": rng.capture(), "optimizer": common_state(optimizer) if optimizer is not None else None}
         header = {"extra": extra, "layout": layout_of(model)}
         guard = [sub.optimizer for sub in sub_optimizers(optimizer)] if optimizer is not None else []
@@ -311,11 +330,20 @@ class Checkpointer:
             self._pending.append(handle)
         return handle
 
-    def load(self, root, model, optimizer=None, step: Optional[int] = None, restore_rng: bool = True) -> dict:
+    def load(
+        self,
+        root,
+        model,
+        optimizer=None,
+        step: Optional[int] = None,
+        restore_rng: bool = True,
+        trainable_only: bool = False,
+    ) -> dict:
         """Collective. Load ``step`` (default: newest committed) into ``model`` chunks in any layout
         (and the distributed optimizer, and RNG when the layout is the saving one and
         ``restore_rng``: a run reading another run's model, a reward model, keeps its own
-        random streams); returns ``extra``."""
+        random streams); returns ``extra``. ``trainable_only``: only the parameters that train
+        (the rest, a frozen base, stays as loaded before)."""
         self.wait_pending()
         if _world()[1] > 1:
             dist.barrier()  # every rank's pending save is committed before anyone looks
@@ -324,6 +352,8 @@ class Checkpointer:
         metadata = fmt.read_metadata(root, step)
         directory = fmt.step_dir(root, step)
         items, pieces_of = model_items(model_sharded_state_dict(model))
+        if trainable_only:
+            items = trainable_items(model, pieces_of)
         with Reader(directory, metadata) as reader:
             reader.fill(dedup_local(items))
             if optimizer is not None:

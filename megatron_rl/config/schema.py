@@ -45,11 +45,13 @@ def _choice(section: str, name: str, value, allowed) -> None:
 LORA_TARGETS = ("qkv", "proj", "fc1", "fc2", "experts")
 """model.lora.targets' values (models.lora.TARGETS): attention QKV and output, dense MLP FC1 and
 FC2, and FC1 and FC2 of every MoE expert."""
-LORA_SYNC_MODES = ("auto", "adapter", "merged")
-"""model.lora.sync: ``adapter`` syncs the adapters alone into vLLM's LoRA slot
-(rollout.adapter_sync), ``merged`` the base with the adapters folded in, ``auto`` adapter for
-dense models and merged for MoE models: vLLM 0.32 runs every MoE layer of an engine with LoRA
-on its Triton kernels (GPU only; untested here), and has no LoRA for fused experts on CPU."""
+LORA_SYNC_MODES = ("merged", "adapter")
+"""model.lora.sync: ``merged`` syncs the base with the adapters folded in (every weight);
+``adapter`` the adapters alone into vLLM's LoRA slot (rollout.adapter_sync, dense models:
+vLLM 0.32 runs an engine's MoE layers with LoRA on GPU Triton kernels only). Measured on
+CPU (docs/benchmarks.md): the adapter sync moves 0.74 % of the bytes and takes 1/11 of the
+time, but vLLM's CPU LoRA kernels slow generation 2.9x, so the step is 1.8x slower: merged
+is the default."""
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -66,15 +68,8 @@ class LoraConfig:
     targets: list = dataclasses.field(default_factory=lambda: list(LORA_TARGETS))
     """Which linears get adapters, among qkv, proj, fc1, fc2 (dense MLPs) and experts (FC1 and
     FC2 of every MoE expert, each its own adapters); targets a model lacks are skipped."""
-    sync: str = "auto"
+    sync: str = "merged"
     """How vLLM gets the trained policy (:data:`LORA_SYNC_MODES`)."""
-
-    def sync_mode(self, is_moe: bool) -> str:
-        """``adapter`` or ``merged``: what ``sync`` means for a model with (``is_moe``) or
-        without experts."""
-        if self.sync != "auto":
-            return self.sync
-        return "merged" if is_moe else "adapter"
 
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or self.rank < 1:

@@ -21,11 +21,13 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl import platform
+from megatron_rl.checkpoint.format import resolve_step
 from megatron_rl.config import Config
 from megatron_rl.evaluation.cli import Target
 from megatron_rl.evaluation.phase import Evaluator, eval_sampling
 from megatron_rl.evaluation.sets import eval_rewards, load_sets
 from megatron_rl.from_config import setup
+from megatron_rl.from_config.adapter_checks import check_adapter_base
 from megatron_rl.models.hf_config import ModelArch, arch_from_hf
 
 
@@ -52,6 +54,9 @@ def evaluate_target(cfg: Config, target: Target, records: Optional[Path]) -> Eva
     torch.manual_seed(cfg.trainer.seed)
     rank = dist.get_rank()
     arch = arch_from_hf(target.base_dir)
+    if target.ckpt_root is not None:
+        step = resolve_step(Path(target.ckpt_root), target.step)
+        check_adapter_base(target.ckpt_root, step, cfg.model.lora, target.base_dir)
     actor = _load_actor(cfg, arch, target) if target.ckpt_root is not None else None
     tokenizer = AutoTokenizer.from_pretrained(target.base_dir)
     training = setup.prompt_dataset(cfg, target.base_dir, tokenizer)  # the sets stay apart from it, as in the run
@@ -89,6 +94,7 @@ def evaluate_target(cfg: Config, target: Target, records: Optional[Path]) -> Eva
 def _load_actor(cfg: Config, arch: ModelArch, target: Target) -> list[torch.nn.Module]:
     """The actor's chunks in the config's layout, holding the checkpoint step's weights (no
     optimizer: its state is not needed to generate)."""
+    from megatron_rl.bridge import load_hf
     from megatron_rl.checkpoint import Checkpointer
     from megatron_rl.models.builder import build_model
     from megatron_rl.models.lora import add_adapters
@@ -98,13 +104,14 @@ def _load_actor(cfg: Config, arch: ModelArch, target: Target) -> list[torch.nn.M
     with layout.active():
         chunks = build_model("actor", arch, cfg.parallel, setup.build_options(cfg))
         lora = setup.lora_settings(cfg)
-        if lora is not None:  # the run's adapters, loaded with the base
+        if lora is not None:  # a LoRA run's checkpoint holds its adapters; the base is the run's
+            load_hf(chunks, target.base_dir, arch)
             add_adapters(chunks, lora)
         with Checkpointer() as checkpointer, warnings.catch_warnings():
             # a step saved in another layout warns that its RNG states are not restored: no
             # eval sample draws from them (each has its own seed)
             warnings.filterwarnings("ignore", message="checkpoint layout .* RNG states not restored")
-            checkpointer.load(target.ckpt_root, model=chunks, step=target.step)
+            checkpointer.load(target.ckpt_root, model=chunks, step=target.step, trainable_only=lora is not None)
     for chunk in chunks:
         chunk.eval()
         chunk.requires_grad_(False)

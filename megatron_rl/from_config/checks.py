@@ -50,7 +50,7 @@ def validate(config: Config, world_size: int) -> Config:
     if lora is not None and lora.sync == "adapter" and shape.num_moe_experts:
         raise ConfigError(
             "model.lora.sync=adapter needs a dense model: vLLM 0.32 builds a MoE model with a LoRA slot "
-            "only on its GPU Triton kernels (untested here); use sync: merged or auto"
+            "only on its GPU Triton kernels (untested here); use sync: merged"
         )
     if vllm_ranks % config.rollout.tensor_parallel_size:
         raise ConfigError(

@@ -164,9 +164,9 @@ def build_trainable(
         return Trainable(*wrapped, lr, layout)
 
 
-def syncs_adapters(cfg: Config, arch: ModelArch) -> bool:
+def syncs_adapters(cfg: Config) -> bool:
     """Whether the actor's LoRA adapters sync alone into vLLM's LoRA slot (``model.lora.sync``)."""
-    return cfg.model.lora is not None and cfg.model.lora.sync_mode(arch.is_moe) == "adapter"
+    return cfg.model.lora is not None and cfg.model.lora.sync == "adapter"
 
 
 def adapted_hf_modules(cfg: Config, arch: ModelArch) -> tuple[str, ...]:

@@ -12,7 +12,8 @@ when vLLM's copy of it may differ from the actor's: at a resume.
 
 vLLM 0.32 has LoRA kernels for linear layers on every backend, but for fused MoE experts
 only on GPU, and PEFT has no per-expert modules for transformers' fused experts: adapters on
-experts sync merged (``model.lora.sync``: config.schema.LoraConfig.sync_mode).
+experts sync merged. Which one a run takes is ``model.lora.sync`` (config.schema.LORA_SYNC_MODES,
+with the measurement behind its default).
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ def build_rollouts(
     if isinstance(reward, WeightedReward) and reward.served:
         reward = OverlappedScoring(reward, functools.partial(responses_of, decode=decode))
         overlap = reward.begin
-    adapters = setup.syncs_adapters(cfg, arch)
+    adapters = setup.syncs_adapters(cfg)
     engine_config = setup.engine_config(cfg, arch, place.run_dir / "cache", lora_slot=adapters)
     client = _rollout_client(cfg, place, engine_config) if place.roles is not None else None
     engine: RolloutBackend = client if client is not None else Replicas(RolloutEngine(place.base_dir, engine_config))

@@ -9,6 +9,7 @@ the actor's step is committed the critic's is too, and resume reads the actor's 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -17,10 +18,11 @@ from typing import Optional
 import torch.distributed as dist
 
 from megatron_rl import checkpoint
+from megatron_rl.bridge.hf_files import weights_digest
 from megatron_rl.checkpoint import Checkpointer
 from megatron_rl.checkpoint.recovery import newest_intact_step
 from megatron_rl.config import ConfigError
-from megatron_rl.config.schema import CheckpointConfig
+from megatron_rl.config.schema import CheckpointConfig, LoraConfig
 from megatron_rl.from_config.setup import Trainable
 
 CRITIC_DIR = "critic"
@@ -52,9 +54,20 @@ def choose_resume_step(root: Path, on_corrupt: str) -> Optional[int]:
 
 
 class RunCheckpoint:
-    """The run's checkpoints, written and read through one checkpointer."""
+    """The run's checkpoints, written and read through one checkpointer.
 
-    def __init__(self, checkpointer: Checkpointer, root: Path, config: CheckpointConfig, base_dir: Path):
+    A LoRA run (``lora``) saves what trains only (the actor's adapters, the critic's adapters
+    and value head) and the digest of the base they belong to (:func:`check_adapter_base`);
+    a resume loads them over the base loaded from ``base_dir``."""
+
+    def __init__(
+        self,
+        checkpointer: Checkpointer,
+        root: Path,
+        config: CheckpointConfig,
+        base_dir: Path,
+        lora: Optional[LoraConfig] = None,
+    ):
         self.checkpointer = checkpointer
         self.root = Path(root)
         self.config = config
@@ -62,6 +75,10 @@ class RunCheckpoint:
         # tokenizer and generation config from the HF directory it started from.
         self.hf_config = json.loads((Path(base_dir) / "config.json").read_text())
         self.hf_source_dir = str(Path(base_dir).resolve())
+        self.lora = None
+        """``extra["lora"]`` of a LoRA run's steps (what an export of the adapters needs)."""
+        if lora is not None:
+            self.lora = {**dataclasses.asdict(lora), "adapters_only": True, "base_digest": weights_digest(base_dir)}
 
     def due(self, step: int, last_step: int) -> bool:
         """Every checkpoint.save_interval steps, and at the last step."""
@@ -72,7 +89,10 @@ class RunCheckpoint:
         """Collective: the critic, then the actor with ``extra`` (async as configured)."""
         cfg = self.config
         options = dict(
-            async_save=cfg.async_save, keep_last=cfg.keep_last, snapshot=cfg.snapshot if cfg.async_save else "at_save"
+            async_save=cfg.async_save,
+            keep_last=cfg.keep_last,
+            snapshot=cfg.snapshot if cfg.async_save else "at_save",
+            trainable_only=self.lora is not None,
         )
         if critic is not None:
             with critic.active():
@@ -91,6 +111,8 @@ class RunCheckpoint:
             "hf_expert_style": "per_expert",
             "hf_source_dir": self.hf_source_dir,
         }
+        if self.lora is not None:
+            extra["lora"] = self.lora
         self.checkpointer.save(self.root, step, model=actor.chunks, optimizer=actor.optimizer, extra=extra, **options)
 
     def resume(self, actor: Trainable, critic: Optional[Trainable], step: Optional[int]) -> Optional[dict]:
@@ -107,9 +129,15 @@ class RunCheckpoint:
                 )
             with critic.active():
                 self.checkpointer.load(
-                    self.root / CRITIC_DIR, model=critic.chunks, optimizer=critic.optimizer, step=step
+                    self.root / CRITIC_DIR,
+                    model=critic.chunks,
+                    optimizer=critic.optimizer,
+                    step=step,
+                    trainable_only=self.lora is not None,
                 )
-        return self.checkpointer.load(self.root, model=actor.chunks, optimizer=actor.optimizer, step=step)
+        return self.checkpointer.load(
+            self.root, model=actor.chunks, optimizer=actor.optimizer, step=step, trainable_only=self.lora is not None
+        )
 
     def close(self) -> None:
         """Commit every save in flight (before the process exits) and stop the writer."""

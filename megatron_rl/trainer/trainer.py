@@ -36,6 +36,7 @@ from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.algorithms.rollout_correction import CorrectionInputs, correct_rollout
 from megatron_rl.config import Config, ConfigError, dump_yaml, to_dict
 from megatron_rl.from_config import setup, validate
+from megatron_rl.from_config.adapter_checks import check_adapter_base
 from megatron_rl.from_config.scorer_checks import check_scorer_tokenizers
 from megatron_rl.from_config.teacher_checks import check_teacher_tokenizer
 from megatron_rl.launch import startup_gc
@@ -94,6 +95,7 @@ class RLTrainer:
         # The actor's weights come from an HF directory (for task data: the task's tiny base).
         self.base_dir = setup.base_model_dir(cfg, self.rank)
         self.arch = arch_from_hf(self.base_dir)
+        check_adapter_base(self.run_dir / "checkpoints", self.resume_step, cfg.model.lora, self.base_dir)
         check_scorer_tokenizers(self.cfg, self.base_dir)
         teacher_dir = setup.teacher_model_dir(self.cfg, self.rank) if self.cfg.algorithm.teacher else None
         if teacher_dir is not None:
@@ -111,7 +113,7 @@ class RLTrainer:
         self.reward = parts.reward
         self.checkpointer = checkpoint.Checkpointer()
         self.run_checkpoint = RunCheckpoint(
-            self.checkpointer, self.run_dir / "checkpoints", cfg.checkpoint, self.base_dir
+            self.checkpointer, self.run_dir / "checkpoints", cfg.checkpoint, self.base_dir, lora=cfg.model.lora
         )
         self.entropy_stats: Optional[EntropyStats] = None
         """HAPO: the last step's entropy statistics (None: the next rollout samples at plain T)."""
@@ -515,8 +517,6 @@ class RLTrainer:
         extra = self.source.state_dict()
         if self.entropy_stats is not None:
             extra["hapo_entropy_stats"] = dataclasses.asdict(self.entropy_stats)
-        if self.cfg.model.lora is not None:  # what an export of the adapters needs (bridge.lora_export)
-            extra["lora"] = dataclasses.asdict(self.cfg.model.lora)
         self.run_checkpoint.save(step, self.actor, self.critic, extra)
         self.last_save_s = time.perf_counter() - started
 

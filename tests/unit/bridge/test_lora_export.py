@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from megatron_rl.bridge.cli import main
+from megatron_rl.bridge.hf_files import weights_digest
 from megatron_rl.bridge.parity import make_tiny_hf
 
 RELATIVE_TOL = 1e-5
@@ -45,9 +46,15 @@ def lora_run(world_of_one, tmp_path_factory):
     with platform.megatron_scope():
         logits = model(tokens, torch.arange(10).expand_as(tokens), None)[..., : arch.vocab_size].detach()
     extra = {"hf_config": json.loads((base / "config.json").read_text()), "hf_source_dir": str(base), "lora": LORA}
+    adapters_only = {**LORA, "adapters_only": True, "base_digest": weights_digest(base)}  # as a LoRA run saves
     with checkpoint.Checkpointer() as ckpt:
         ckpt.save(work / "ckpt", 1, model=[model], extra=extra).wait()
-    return dict(work=work, base=base, tokens=tokens, logits=logits)
+        ckpt.save(work / "adapters", 1, model=[model], extra={**extra, "lora": adapters_only}, trainable_only=True)
+        # the same adapters recording a base directory that now holds other weights
+        other = make_tiny_hf("qwen3", work / "other", seed=5)
+        elsewhere = {**extra, "lora": adapters_only, "hf_source_dir": str(other)}
+        ckpt.save(work / "adapters_elsewhere", 1, model=[model], extra=elsewhere, trainable_only=True)
+    return dict(work=work, base=base, other=other, tokens=tokens, logits=logits)
 
 
 def assert_close(got, want, what):
@@ -85,3 +92,48 @@ def test_the_merged_export_computes_the_same_logits(lora_run):
     with torch.no_grad():
         logits = hf_model(out)(input_ids=lora_run["tokens"]).logits
     assert_close(logits, lora_run["logits"], "merged HF model")
+
+
+def test_a_lora_runs_checkpoint_holds_the_adapters_only(lora_run):
+    from megatron_rl.checkpoint.format import read_metadata
+    from megatron_rl.models.adapter_names import is_adapter_name
+
+    names = [n for n in read_metadata(lora_run["work"] / "adapters", 1).tensors if not n.startswith("optimizer.")]
+    full = [n for n in read_metadata(lora_run["work"] / "ckpt", 1).tensors if not n.startswith("optimizer.")]
+    assert names and all(is_adapter_name(n) for n in names)
+    assert sorted(names) == sorted(n for n in full if is_adapter_name(n))
+
+
+@pytest.mark.parametrize("merge", [False, True], ids=["peft", "merged"])
+def test_an_adapters_only_checkpoint_exports_as_the_full_one(lora_run, merge):
+    from peft import PeftModel
+
+    out = lora_run["work"] / f"from_adapters_{merge}"
+    argv = ["megatron-to-hf", "--ckpt", str(lora_run["work"] / "adapters"), "--out", str(out)]
+    assert main(argv + (["--merge"] if merge else [])) == 0
+    with torch.no_grad():
+        if merge:  # the base from the HF directory the run recorded, the adapters folded in
+            logits = hf_model(out)(input_ids=lora_run["tokens"]).logits
+        else:
+            adapted = PeftModel.from_pretrained(hf_model(lora_run["base"]), out).eval()
+            logits = adapted(input_ids=lora_run["tokens"]).logits
+    assert_close(logits, lora_run["logits"], "export of the adapters-only checkpoint")
+
+
+def test_adapters_only_merge_and_resume_refuse_another_base_in_one_line(lora_run, tmp_path, capsys):
+    from megatron_rl.config import ConfigError
+    from megatron_rl.config.schema import LoraConfig
+    from megatron_rl.from_config.adapter_checks import check_adapter_base
+
+    other = lora_run["other"]  # the same architecture, other weights
+    root = lora_run["work"] / "adapters"
+    lora = LoraConfig(rank=4, alpha=8.0, targets=list(LORA["targets"]))
+    check_adapter_base(root, 1, lora, lora_run["base"])  # its own base: nothing to say
+    with pytest.raises(ConfigError, match="holds LoRA adapters of another base .*: resume with the base they"):
+        check_adapter_base(root, 1, lora, other)
+    with pytest.raises(ConfigError, match="holds LoRA adapters only .*: resume it with its model.lora section"):
+        check_adapter_base(root, 1, None, lora_run["base"])
+    elsewhere = lora_run["work"] / "adapters_elsewhere"
+    assert main(["megatron-to-hf", "--ckpt", str(elsewhere), "--out", str(tmp_path / "out"), "--merge"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--merge needs the base they were trained on" in err[0], err

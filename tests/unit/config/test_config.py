@@ -160,16 +160,14 @@ def test_the_lora_section_is_checked_in_one_line():
     lora = cfg.model.lora
     assert (lora.rank, lora.alpha, lora.targets) == (4, 8.0, ["qkv", "proj", "fc1", "fc2", "experts"])
     assert load_config(None, []).model.lora is None
-    # auto: the adapters alone on dense models, merged on MoE ones (vLLM's CPU engine has no MoE with LoRA)
-    assert (lora.sync_mode(is_moe=False), lora.sync_mode(is_moe=True)) == ("adapter", "merged")
-    assert load_config(None, ["model.lora={sync: merged}"]).model.lora.sync_mode(is_moe=False) == "merged"
+    assert lora.sync == "merged" and load_config(None, ["model.lora={sync: adapter}"]).model.lora.sync == "adapter"
     refusals = {
         "model.lora={rank: 0}": "model.lora.rank=0 must be an integer >= 1",
         "model.lora={alpha: -1}": "model.lora.alpha=-1.0 must be a number > 0",
         "model.lora={dropout: 1.5}": r"model.lora.dropout=1.5 must be in \[0, 1\)",
         "model.lora={targets: [gate]}": r"model.lora.targets=\['gate'\]: a non-empty list of qkv, proj, fc1, fc2, "
         "experts",
-        "model.lora={sync: delta}": "model.lora.sync='delta'; allowed: auto, adapter, merged",
+        "model.lora={sync: delta}": "model.lora.sync='delta'; allowed: merged, adapter",
     }
     for override, message in refusals.items():
         with pytest.raises(ConfigError, match=message):

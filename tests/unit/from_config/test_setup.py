@@ -62,12 +62,12 @@ def test_lora_builds_the_local_layers_and_sequential_experts_it_adapts():
 
 
 def test_a_dense_lora_actors_engines_get_a_slot_for_the_hf_modules_it_adapts():
-    from megatron_rl_lab.testing.tiny import TINY_DENSE, TINY_MOE
+    from megatron_rl_lab.testing.tiny import TINY_DENSE
 
-    cfg = load_config(None, ["model.lora={rank: 4, targets: [qkv, fc2, experts]}"])
-    assert setup.syncs_adapters(cfg, TINY_DENSE) and not setup.syncs_adapters(cfg, TINY_MOE)
+    cfg = load_config(None, ["model.lora={rank: 4, targets: [qkv, fc2, experts], sync: adapter}"])
+    assert setup.syncs_adapters(cfg) and not setup.syncs_adapters(load_config(None, ["model.lora={rank: 4}"]))
     engine = setup.engine_config(cfg, TINY_DENSE, None, lora_slot=True)
     # QKV is q, k and v in HF (and in vLLM's packed qkv_proj); FC2 is down_proj; experts: none here
     assert (engine.lora_rank, engine.lora_modules) == (4, ("down_proj", "k_proj", "q_proj", "v_proj"))
     assert setup.engine_config(cfg, TINY_DENSE, None).lora_rank == 0
-    assert not setup.syncs_adapters(load_config(None, []), TINY_DENSE)
+    assert not setup.syncs_adapters(load_config(None, []))
