@@ -137,3 +137,22 @@ def test_adapters_only_merge_and_resume_refuse_another_base_in_one_line(lora_run
     assert main(["megatron-to-hf", "--ckpt", str(elsewhere), "--out", str(tmp_path / "out"), "--merge"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--merge needs the base they were trained on" in err[0], err
+
+
+def test_the_merged_model_generates_the_greedy_tokens_of_the_peft_adapter(lora_run):
+    from peft import PeftModel
+
+    peft_dir, merged_dir = lora_run["work"] / "peft_greedy", lora_run["work"] / "merged_greedy"
+    ckpt = str(lora_run["work"] / "adapters")
+    assert main(["megatron-to-hf", "--ckpt", ckpt, "--out", str(peft_dir)]) == 0
+    assert main(["megatron-to-hf", "--ckpt", ckpt, "--out", str(merged_dir), "--merge"]) == 0
+    adapted = PeftModel.from_pretrained(hf_model(lora_run["base"]), peft_dir).eval()
+    merged, base = hf_model(merged_dir), hf_model(lora_run["base"])
+    moved = False
+    prompts = torch.randint(0, 64, (16, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        for prompt in prompts:
+            want = adapted.generate(prompt[None], max_new_tokens=16, do_sample=False)
+            assert merged.generate(prompt[None], max_new_tokens=16, do_sample=False).tolist() == want.tolist()
+            moved |= base.generate(prompt[None], max_new_tokens=16, do_sample=False).tolist() != want.tolist()
+    assert moved, "the adapters change no greedy token: the comparison could not fail"
