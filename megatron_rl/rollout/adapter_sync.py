@@ -10,10 +10,10 @@ fused linear's B that go to each HF module) and hands them to the engines'
 :meth:`~megatron_rl.rollout.backend.RolloutBackend.load_adapter`. The base goes whole only
 when vLLM's copy of it may differ from the actor's: at a resume.
 
-vLLM 0.32 has LoRA kernels for linear layers on every backend, but for fused MoE experts
-only on GPU, and PEFT has no per-expert modules for transformers' fused experts: adapters on
-experts sync merged. Which one a run takes is ``model.lora.sync`` (config.schema.LORA_SYNC_MODES,
-with the measurement behind its default).
+vLLM 0.32 has LoRA kernels for linear layers on every backend, but an engine with a LoRA
+slot runs every MoE layer on its Triton kernels (GPU only), and PEFT has no per-expert
+modules for transformers' fused experts: MoE models sync merged. Which way a run takes is
+``model.lora.sync`` (config.schema.LORA_SYNC_MODES, with the measurement behind its default).
 """
 
 from __future__ import annotations
