@@ -106,6 +106,7 @@ def cases(world_size: int = 4):
         "tp2-sp": partial(lora_case, "dense", layouts["tp2"], padded),
         "tp2": partial(lora_case, "dense", dict(tensor_model_parallel_size=2, sequence_parallel=False), padded),
         "packed-pp2": partial(lora_case, "dense", layouts["pp2"], packed),
+        "pp2-vpp2": partial(lora_case, "dense", layouts["pp2_vpp2"], padded),
         "cp2": partial(lora_case, "dense", layouts["cp2"], padded),
         "moe-tp2_ep2": partial(lora_case, "moe", layouts["tp2_ep2"], padded),
         "moe-tp2_ep2_etp1": partial(lora_case, "moe", layouts["tp2_ep2_etp1"], padded),

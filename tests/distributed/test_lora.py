@@ -1,5 +1,5 @@
 """LoRA adapters under tensor parallelism (with and without sequence parallelism), PP2 on
-packed rows and CP2, and on MoE experts under TP2·EP2 and TP2·EP2·ETP1 (the shared world-4
+packed rows, PP2 with two virtual stages each, and CP2, and on MoE experts under TP2·EP2 and TP2·EP2·ETP1 (the shared world-4
 launch, body_lora.py): every adapter's gradient equals plain single-process autograd's, and
 no base parameter gets one."""
 
@@ -17,7 +17,7 @@ def results(shared_launch4):
     return shared_launch4.results("body_lora")
 
 
-@pytest.mark.parametrize("case", ["tp2-sp", "tp2", "packed-pp2", "cp2", "moe-tp2_ep2", "moe-tp2_ep2_etp1"])
+@pytest.mark.parametrize("case", ["tp2-sp", "tp2", "packed-pp2", "pp2-vpp2", "cp2", "moe-tp2_ep2", "moe-tp2_ep2_etp1"])
 def test_adapter_gradients_equal_the_single_process_reference(results, case):
     outcome = results[case]
     assert outcome["ok"], outcome["error"]
