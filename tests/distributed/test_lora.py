@@ -1,7 +1,7 @@
 """LoRA adapters under tensor parallelism (with and without sequence parallelism), PP2 on
-packed rows, PP2 with two virtual stages each, and CP2, and on MoE experts under TP2·EP2 and TP2·EP2·ETP1 (the shared world-4
-launch, body_lora.py): every adapter's gradient equals plain single-process autograd's, and
-no base parameter gets one."""
+packed rows, PP2 with two virtual stages each, CP2, and on MoE experts under TP2·EP2 and
+TP2·EP2·ETP1 (the shared world-4 launch, body_lora.py): every adapter's gradient equals
+plain single-process autograd's, and no base parameter gets one."""
 
 import pytest
 
