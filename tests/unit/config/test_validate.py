@@ -316,6 +316,6 @@ def test_a_moe_models_adapters_cannot_sync_alone_into_vllm():
 def test_the_lora_example_is_the_embedded_default_with_adapters():
     lora, default = load_config(EXAMPLES / "dapo_lora.yaml", []), load_config(DAPO, [])
     validate(lora, 1)
-    assert (lora.model.lora.rank, lora.model.lora.alpha, lora.trainer.lr) == (8, 16.0, 0.005)
+    assert (lora.model.lora.rank, lora.model.lora.alpha, lora.trainer.lr) == (8, 64.0, 0.002)
     lora.model.lora, lora.trainer.lr, lora.trainer.run_dir = None, default.trainer.lr, default.trainer.run_dir
     assert lora == default
