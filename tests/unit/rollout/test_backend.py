@@ -220,3 +220,39 @@ def test_an_extension_cannot_take_over_a_rollout_command():
 
     with pytest.raises(ValueError, match="cannot serve rollout's own commands: Generate"):
         command_handlers(Hijack())
+
+
+class _AdapterReplicas(_EvalReplicas):
+    """Keeps the adapters it is given, with the version they arrived under."""
+
+    def __init__(self):
+        super().__init__()
+        self.adapters = []
+
+    def load_adapter(self, tensors, peft_config):
+        self.adapters.append(({k: v.clone() for k, v in tensors.items()}, peft_config, self.updates))
+
+
+def test_an_adapter_travels_to_the_rollout_ranks_whole_and_is_served_from_the_update_it_ends():
+    """A LoRA sync to rollout ranks of their own: the client packs the PEFT tensors as a bucket
+    beside a LoadAdapter command; the server unpacks them for its replicas, which serve them
+    from the FinishUpdate that follows (policy version 1)."""
+    from megatron_rl.rollout.buckets import pack_bucket, unpack_bucket
+
+    tensors = {
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.randn(8, 16),
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.randn(32, 8, dtype=torch.bfloat16),
+    }
+    peft_config = {"peft_type": "LORA", "r": 8, "lora_alpha": 16.0}
+    specs, flat = pack_bucket(list(tensors.items()))  # what RolloutClient.submit sends
+    command = commands.LoadAdapter(peft_config, tuple(specs))
+    server = queued_server([])
+    server.replicas = _AdapterReplicas()
+    server.inbox.put((command, unpack_bucket(command.specs, flat.clone())))
+    server.inbox.put((commands.FinishUpdate(), None))
+    server.inbox.put((commands.Stop(), None))
+    assert server.serve() == 2
+    ((got, config, updates_before),) = server.replicas.adapters
+    assert config == peft_config and updates_before == 0 and server.version == 1
+    assert sorted(got) == sorted(tensors)
+    assert all(got[k].dtype == v.dtype and torch.equal(got[k], v) for k, v in tensors.items())
