@@ -16,7 +16,7 @@ import shutil
 import threading
 import warnings
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -338,12 +338,14 @@ class Checkpointer:
         step: Optional[int] = None,
         restore_rng: bool = True,
         trainable_only: bool = False,
+        only: Optional[Callable[[str], bool]] = None,
     ) -> dict:
         """Collective. Load ``step`` (default: newest committed) into ``model`` chunks in any layout
         (and the distributed optimizer, and RNG when the layout is the saving one and
         ``restore_rng``: a run reading another run's model, a reward model, keeps its own
         random streams); returns ``extra``. ``trainable_only``: only the parameters that train
-        (the rest, a frozen base, stays as loaded before)."""
+        (the rest, a frozen base, stays as loaded before); ``only``: only the tensors whose
+        canonical names it accepts (a critic's backbone from a policy's checkpoint)."""
         self.wait_pending()
         if _world()[1] > 1:
             dist.barrier()  # every rank's pending save is committed before anyone looks
@@ -354,6 +356,8 @@ class Checkpointer:
         items, pieces_of = model_items(model_sharded_state_dict(model))
         if trainable_only:
             items = trainable_items(model, pieces_of)
+        if only is not None:
+            items = [i for i in items if only(i.name)]
         with Reader(directory, metadata) as reader:
             reader.fill(dedup_local(items))
             if optimizer is not None:

@@ -112,6 +112,12 @@ class ModelConfig:
     """Recompute each layer's activations in backward (saves memory)."""
     lora: Optional[LoraConfig] = None
     """Train LoRA adapters instead of the whole actor (None: full training)."""
+    ckpt: Optional[str] = None
+    """RL from a megatron_rl checkpoint (an SFT run's, another RL run's ``checkpoints/``, any
+    layout): the actor, the critic's backbone and the KL reference start from its newest
+    step's weights instead of the HF directory's (hf_path, or the task's base), which still
+    gives the architecture, the tokenizer and vLLM's first build (the weights are then
+    synced in). None: the HF directory's weights."""
 
     def __post_init__(self) -> None:
         if self.hf_path is None and self.preset is None:

@@ -154,14 +154,29 @@ def build_trainable(
     clip_grad: float = 1.0,
     freeze_head_bias: bool = False,
     lora=None,
+    start=None,
 ) -> Trainable:
     """Build ``role``'s chunks in ``layout``, load the HF weights into them, wrap for training.
     ``freeze_head_bias``: a critic's value-head bias is not trained (a reward model's,
     models.value_head.freeze_bias). ``lora`` (models.lora.LoraSettings): the loaded weights
-    frozen and adapters added, before the wrap, so DDP and the optimizer hold adapters only."""
+    frozen and adapters added, before the wrap, so DDP and the optimizer hold adapters only.
+    ``start`` (from_config.start_checks.StartCheckpoint): then that checkpoint's weights
+    (a critic's backbone), also before the wrap, whose optimizer copies them."""
     with layout.active():
-        wrapped = _build_wrapped(role, arch, layout.config, options, lr, hf_dir, clip_grad, freeze_head_bias, lora)
+        wrapped = _build_wrapped(
+            role, arch, layout.config, options, lr, hf_dir, clip_grad, freeze_head_bias, lora, start
+        )
         return Trainable(*wrapped, lr, layout)
+
+
+def load_start_weights(chunks, start, role: str = "actor") -> None:
+    """``start``'s model weights into ``chunks`` (any saved layout; no optimizer state, no RNG);
+    a critic takes the backbone: its value head has no counterpart in a policy's checkpoint."""
+    from megatron_rl.checkpoint import Checkpointer
+
+    backbone = (lambda name: not name.startswith(VALUE_HEAD_PREFIX)) if role == "critic" else None
+    with Checkpointer() as checkpointer:
+        checkpointer.load(start.root, model=chunks, step=start.step, restore_rng=False, only=backbone)
 
 
 def syncs_adapters(cfg: Config) -> bool:
@@ -198,10 +213,13 @@ def _build_wrapped(
     clip_grad: float,
     freeze_head_bias: bool = False,
     lora=None,
+    start=None,
 ):
     chunks = build_model(role, arch, parallel, options)
     if hf_dir is not None:  # the critic starts from the actor's backbone and a fresh value head
         load_hf(chunks, hf_dir, arch, backbone_only=role == "critic")
+    if start is not None:
+        load_start_weights(chunks, start, role)
     if freeze_head_bias:
         freeze_bias(chunks)
     if lora is not None:  # a critic's value head is new: it trains in full beside the adapters

@@ -73,10 +73,17 @@ class Models:
 
 
 def build_models(
-    cfg: Config, recipe: AlgorithmRecipe, arch: ModelArch, base_dir: Path, rank: int, teacher_dir: Optional[Path] = None
+    cfg: Config,
+    recipe: AlgorithmRecipe,
+    arch: ModelArch,
+    base_dir: Path,
+    rank: int,
+    teacher_dir: Optional[Path] = None,
+    start=None,
 ) -> Models:
     """Actor, critic (recipes with one), the frozen KL reference and teacher (recipes with
-    them), in their layouts."""
+    them), in their layouts; ``start`` (model.ckpt's step): where actor, critic backbone and
+    reference get their weights after the HF directory's."""
     actor_layout = initialize(
         cfg.parallel, seed=cfg.trainer.seed, model=arch.shape(), timeout_s=cfg.trainer.dist_timeout_s
     )
@@ -85,15 +92,19 @@ def build_models(
         print(f"critic_parallel is ignored: algorithm.recipe={cfg.algorithm.recipe} trains no critic", flush=True)
     options = setup.build_options(cfg)
     lora = setup.lora_settings(cfg)
-    actor = setup.build_trainable("actor", arch, actor_layout, options, cfg.trainer.lr, base_dir, lora=lora)
+    actor = setup.build_trainable(
+        "actor", arch, actor_layout, options, cfg.trainer.lr, base_dir, lora=lora, start=start
+    )
     critic = None
     if critic_layout is not None:
         critic_lr = cfg.trainer.lr * recipe.critic_lr_multiplier
-        critic = setup.build_trainable("critic", arch, critic_layout, options, critic_lr, base_dir, lora=lora)
+        critic = setup.build_trainable(
+            "critic", arch, critic_layout, options, critic_lr, base_dir, lora=lora, start=start
+        )
     return Models(
         actor=actor,
         critic=critic,
-        reference=ReferencePolicy(arch, cfg.parallel, options, base_dir) if recipe.kl is not None else None,
+        reference=ReferencePolicy(arch, cfg.parallel, options, base_dir, start) if recipe.kl is not None else None,
         teacher=_teacher(teacher_dir, cfg, options) if recipe.distill_coef > 0 else None,
         route_replay=RouteReplay(actor.chunks) if arch.is_moe else None,
         actor_loss=ActorLoss(recipe, arch.vocab_size),

@@ -21,12 +21,16 @@ from megatron_rl.parallel.config import ParallelConfig
 class ReferencePolicy:
     """π_ref's token logprobs on a packed batch, on every rank (like the old logprobs)."""
 
-    def __init__(self, arch: ModelArch, parallel: ParallelConfig, options: BuildOptions, hf_dir: Path):
+    def __init__(self, arch: ModelArch, parallel: ParallelConfig, options: BuildOptions, hf_dir: Path, start=None):
+        """``start`` (model.ckpt's step): its weights after the HF directory's, as the actor's."""
         from megatron_rl.bridge import load_hf
+        from megatron_rl.from_config.setup import load_start_weights
 
         self.vocab_size = arch.vocab_size
         self.chunks = build_model("actor", arch, parallel, options)
         load_hf(self.chunks, hf_dir, arch)
+        if start is not None:
+            load_start_weights(self.chunks, start)
         for chunk in self.chunks:
             chunk.eval()
             chunk.requires_grad_(False)

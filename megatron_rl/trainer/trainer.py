@@ -38,6 +38,7 @@ from megatron_rl.config import Config, ConfigError, dump_yaml, to_dict
 from megatron_rl.from_config import setup, validate
 from megatron_rl.from_config.adapter_checks import check_adapter_base
 from megatron_rl.from_config.scorer_checks import check_scorer_tokenizers
+from megatron_rl.from_config.start_checks import start_checkpoint
 from megatron_rl.from_config.teacher_checks import check_teacher_tokenizer
 from megatron_rl.launch import startup_gc
 from megatron_rl.launch.roles import RoleWorld
@@ -96,11 +97,13 @@ class RLTrainer:
         self.base_dir = setup.base_model_dir(cfg, self.rank)
         self.arch = arch_from_hf(self.base_dir)
         check_adapter_base(self.run_dir / "checkpoints", self.resume_step, cfg.model.lora, self.base_dir)
+        self.start = start_checkpoint(self.cfg, self.base_dir)
+        """model.ckpt's step the weights start from (None: the HF directory's)."""
         check_scorer_tokenizers(self.cfg, self.base_dir)
         teacher_dir = setup.teacher_model_dir(self.cfg, self.rank) if self.cfg.algorithm.teacher else None
         if teacher_dir is not None:
             check_teacher_tokenizer(teacher_dir, self.base_dir)
-        models = build_models(self.cfg, self.recipe, self.arch, self.base_dir, self.rank, teacher_dir)
+        models = build_models(self.cfg, self.recipe, self.arch, self.base_dir, self.rank, teacher_dir, self.start)
         self.actor, self.critic, self.reference = models.actor, models.critic, models.reference
         self.teacher = models.teacher
         self.route_replay = models.route_replay
@@ -148,6 +151,10 @@ class RLTrainer:
         """Load the step chosen at start (the newest intact one, any saved layout) and push its
         weights into vLLM; that step, or 0 for a fresh run."""
         extra = self.run_checkpoint.resume(self.actor, self.critic, self.resume_step)
+        if extra is None and self.start is not None:  # vLLM was built from the HF directory
+            self.weight_sync.sync(whole=True)
+            if self.rank == 0:
+                print(f"started from model.ckpt={self.start.root} step {self.start.step}", flush=True)
         if extra is None:
             return 0
         try:

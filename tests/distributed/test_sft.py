@@ -2,7 +2,8 @@
 launch, body_sft.py) in DP4, TP2, packed PP2 and CP2 equals plain single-process autograd on
 the whole batch, loss and every gradient; `train` runs the recipe on a file of multi-turn
 and tool conversations, saves, resumes, and its val/<set>/loss is transformers' loss of the
-exported checkpoint on the same conversations."""
+exported checkpoint on the same conversations; GRPO then starts from its checkpoint
+(model.ckpt) in DP2 with vLLM serving the checkpoint's weights."""
 
 import json
 import os
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from megatron_rl.data.chat import ChatExample, encode_chat
+from tests.distributed.trainer_runs import FP32_PARITY_MAX, train
 
 TOL = 1e-6  # fp32
 VAL_TOL = 1e-5  # fp32, Megatron's eval forward against transformers' on the exported weights
@@ -123,3 +125,9 @@ def test_train_runs_the_recipe_on_chat_files_resumes_and_evaluates_as_transforme
     )  # fmt: skip
     assert export.returncode == 0, export.stderr[-3000:]
     assert abs(_transformers_loss(tmp_path / "hf", held_out_rows) - evaluated[5]) < VAL_TOL
+    # RL from that checkpoint (model.ckpt), in another layout (DP2): vLLM, built from the HF base,
+    # gets the checkpoint's weights before the first rollout, so its logprobs are Megatron's.
+    rl_rows, out = train(tmp_path, 2, bases["qwen3"], "grpo", f"model.ckpt={run_dir / 'checkpoints'}", steps=1)
+    assert f"started from model.ckpt={run_dir / 'checkpoints'} step 5" in out
+    assert rl_rows[0]["rollout/logprob_abs_diff"] < 1e-3, rl_rows[0]
+    assert rl_rows[0]["rollout/parity_max_abs_diff"] < FP32_PARITY_MAX, rl_rows[0]
