@@ -202,7 +202,7 @@ def _adapters_only_export(
     from megatron_rl.checkpoint.reader import Reader
 
     source = metadata.extra.get("hf_source_dir") or ""
-    tmap = expand(rules_for(arch.family, PER_EXPERT), arch, arch.vocab_size)
+    tmap = lora_export.linear_map(arch)
     with Reader(fmt.step_dir(root, step), metadata) as reader:
         tensors = lora_export.peft_tensors(
             lora_export.adapter_pairs(adapters), tmap, lambda n: reader.full_tensor(adapters[n])

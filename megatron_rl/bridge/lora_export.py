@@ -24,8 +24,10 @@ from typing import Callable
 
 import torch
 
-from megatron_rl.bridge.mapping import BridgeError, TensorMap
+from megatron_rl.bridge.families import PER_EXPERT, rules_for
+from megatron_rl.bridge.mapping import BridgeError, TensorMap, expand
 from megatron_rl.models.adapter_names import ADAPTER_SUFFIX, TARGET_LINEARS, merged_weight
+from megatron_rl.models.hf_config import ModelArch
 
 PEFT_PREFIX = "base_model.model."
 
@@ -45,12 +47,19 @@ def adapter_pairs(names) -> dict[str, tuple[str, str]]:
     return pairs
 
 
-def hf_modules(tmap: TensorMap, targets) -> tuple[str, ...]:
+def linear_map(arch: ModelArch) -> TensorMap:
+    """``arch``'s Megatron <-> HF tensor map as far as its linears go: what cuts adapters into
+    PEFT modules needs (the vocabulary padding, which only shapes the embedding, is left out)."""
+    return expand(rules_for(arch.family, PER_EXPERT), arch, arch.vocab_size)
+
+
+def hf_modules(arch: ModelArch, targets) -> tuple[str, ...]:
     """The last names of the HF modules (``q_proj``, ``down_proj``, ...) that adapters on the
-    LoRA ``targets`` (adapter_names.TARGET_LINEARS) become in a PEFT adapter; experts have none."""
+    LoRA ``targets`` (adapter_names.TARGET_LINEARS) become in a PEFT adapter (and in vLLM's
+    LoRA slot); experts have none."""
     linears = [f".{TARGET_LINEARS[t]}.weight" for t in targets if t != "experts"]
     names = set()
-    for weight, pieces in tmap.pieces_of_megatron.items():
+    for weight, pieces in linear_map(arch).pieces_of_megatron.items():
         if any(weight.endswith(linear) for linear in linears):
             names |= {piece.hf.removesuffix(".weight").rsplit(".", 1)[-1] for piece in pieces}
     return tuple(sorted(names))

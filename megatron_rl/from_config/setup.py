@@ -15,10 +15,8 @@ from typing import Optional
 import torch
 
 from megatron_rl.bridge import load_hf
-from megatron_rl.bridge.families import rules_for
 from megatron_rl.bridge.load import VALUE_HEAD_PREFIX
 from megatron_rl.bridge.lora_export import hf_modules
-from megatron_rl.bridge.mapping import expand
 from megatron_rl.config import Config
 from megatron_rl.data import PromptDataset, PromptFields
 from megatron_rl.data.reasoning_gym import GymPrompts
@@ -96,7 +94,7 @@ def engine_config(cfg: Config, arch: ModelArch, cache_dir: Optional[Path], lora_
     ``model.lora.rank`` (the trainer's engines when the adapters sync alone)."""
     return EngineConfig(
         lora_rank=cfg.model.lora.rank if lora_slot else 0,
-        lora_modules=adapted_hf_modules(cfg, arch) if lora_slot else (),
+        lora_modules=hf_modules(arch, cfg.model.lora.targets) if lora_slot else (),
         tensor_parallel_size=cfg.rollout.tensor_parallel_size,
         dtype=dtypes.long_name(cfg.model.dtype),
         max_model_len=min(arch.max_position_embeddings, cfg.trainer.seq_length),
@@ -182,11 +180,6 @@ def load_start_weights(chunks, start, role: str = "actor") -> None:
 def syncs_adapters(cfg: Config) -> bool:
     """Whether the actor's LoRA adapters sync alone into vLLM's LoRA slot (``model.lora.sync``)."""
     return cfg.model.lora is not None and cfg.model.lora.sync == "adapter"
-
-
-def adapted_hf_modules(cfg: Config, arch: ModelArch) -> tuple[str, ...]:
-    """The HF modules (``q_proj``, ...) the actor's adapters become in vLLM and in a PEFT export."""
-    return hf_modules(expand(rules_for(arch.family), arch, arch.vocab_size), cfg.model.lora.targets)
 
 
 def lora_settings(cfg: Config):

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.bridge.families import canonical
-from megatron_rl.bridge.lora_export import adapter_config, adapter_pairs, peft_tensors
+from megatron_rl.bridge.lora_export import adapter_config, adapter_pairs, linear_map, peft_tensors
 from megatron_rl.models.adapter_names import is_adapter_name
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.models.lora import merged_into_weights
@@ -44,13 +44,15 @@ class AdapterSync:
     def __init__(self, chunks: Sequence[torch.nn.Module], arch: ModelArch, engine: RolloutBackend, lora: dict):
         self.chunks, self.arch, self.engine, self.lora = list(chunks), arch, engine, dict(lora)
         self.gather = PlannedGather(self.chunks, only=is_adapter_name)
+        self.tmap = linear_map(arch)
+        """Which rows of each fused linear go to which HF module."""
 
-    def sync(self, tmap) -> SyncStats:
-        """One sync of every adapter; ``tmap`` the actor's HF tensor map (its export plan's)."""
+    def sync(self) -> SyncStats:
+        """One sync of every adapter."""
         start = time.perf_counter()
         full = {canonical(name): t for name, t in self.gather.gather().items()}
         dtype = dtypes.to_torch(self.engine.config.dtype)
-        tensors = {k: v.to(dtype) for k, v in peft_tensors(adapter_pairs(full), tmap, full.__getitem__).items()}
+        tensors = {k: v.to(dtype) for k, v in peft_tensors(adapter_pairs(full), self.tmap, full.__getitem__).items()}
         self.engine.load_adapter(tensors, adapter_config(self.lora, tensors, ""))
         self.engine.finish_weight_update()
         size = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -79,7 +81,7 @@ class PolicySync:
             with merged_into_weights(self.weights.chunks):  # LoRA: vLLM serves base + adapters
                 return self.weights.sync(check_weights=check_weights)
         base = self.weights.sync(check_weights=check_weights) if whole else None
-        stats = self.adapters.sync(self.weights.plans.export_plan(self.weights.chunks, self.weights.arch).tmap)
+        stats = self.adapters.sync()
         if base is None:
             return stats
         return SyncStats(

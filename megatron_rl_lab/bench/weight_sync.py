@@ -515,15 +515,13 @@ def bench_adapters(chunks, plan: Plan, engine, name: str, full: dict) -> dict:
 
     from megatron_rl.rollout.adapter_sync import AdapterSync
     from megatron_rl.rollout.replicas import Replicas
-    from megatron_rl.rollout.sync import WeightSync
 
     lora = dict(rank=plan.lora_rank, alpha=2.0 * plan.lora_rank, dropout=0.0)
     adapters = AdapterSync(chunks, plan.arch, Replicas(engine), lora)
-    tmap = WeightSync(chunks, plan.arch, Replicas(engine)).plans.export_plan(chunks, plan.arch).tmap
     stats = []
     for _ in range(plan.warmup):
-        adapters.sync(tmap)
-    sync = _repeat(lambda: stats.append(adapters.sync(tmap)), plan.iterations)
+        adapters.sync()
+    sync = _repeat(lambda: stats.append(adapters.sync()), plan.iterations)
     row = {
         "layout": name,
         "sync": "adapter",
@@ -613,15 +611,8 @@ def _transport(world: int) -> str:
     return "shared arena"
 
 
-def _adapted_modules(arch: ModelArch) -> tuple[str, ...]:
-    from megatron_rl.bridge.families import rules_for
-    from megatron_rl.bridge.lora_export import hf_modules
-    from megatron_rl.bridge.mapping import expand
-
-    return hf_modules(expand(rules_for(arch.family), arch, arch.vocab_size), LORA_TARGETS)
-
-
 def _build_engine(plan: Plan, hf_dir: Path):
+    from megatron_rl.bridge.lora_export import hf_modules
     from megatron_rl.rollout import EngineConfig, RolloutEngine
 
     config = EngineConfig(
@@ -633,7 +624,7 @@ def _build_engine(plan: Plan, hf_dir: Path):
         cpu_linear=plan.cpu_linear,
         cache_dir=str(plan.work_dir / "cache"),
         lora_rank=plan.lora_rank if plan.lora_sync == "adapter" else 0,
-        lora_modules=_adapted_modules(plan.arch) if plan.lora_rank and plan.lora_sync == "adapter" else (),
+        lora_modules=hf_modules(plan.arch, LORA_TARGETS) if plan.lora_rank and plan.lora_sync == "adapter" else (),
     )
     return RolloutEngine(hf_dir, config)
 

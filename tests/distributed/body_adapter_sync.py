@@ -143,7 +143,7 @@ def greedy_case():
     prompts = sequences(4)
     groups = s["engine"].engine.generate(prompts, Sampling(n=1, max_tokens=12, temperature=0.0))
     full = {canonical(k): v for k, v in gather_full(s["chunks"], only=is_adapter_name).items()}
-    tmap = s["sync"].weights.plans.export_plan(s["chunks"], s["arch"]).tmap
+    tmap = s["sync"].adapters.tmap
     tensors = peft_tensors(adapter_pairs(full), tmap, full.__getitem__)
     out, base = WORK / "peft", WORK / "served_base"  # the perturbed base vLLM serves
     save_hf(s["chunks"], s["arch"], base, json.loads((s["dir"] / "config.json").read_text()))
