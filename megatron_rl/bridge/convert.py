@@ -42,6 +42,8 @@ from megatron_rl.bridge.hf_files import (
 from megatron_rl.bridge.inputs import check_checkpoint, check_hf_model_dir, check_new_checkpoint_root, check_new_hf_dir
 from megatron_rl.bridge.load import load_hf
 from megatron_rl.bridge.mapping import BridgeError, expand
+from megatron_rl.checkpoint import format as fmt
+from megatron_rl.checkpoint.reader import Reader
 from megatron_rl.config.schema import MODEL_ROLE, REWARD_MODEL
 from megatron_rl.models.adapter_names import is_adapter_name, merged_weight
 from megatron_rl.models.hf_config import ModelArch, arch_from_dict, arch_from_hf
@@ -125,9 +127,6 @@ def megatron_to_hf(
     Tensors are written in ``dtype``, else the dtype the stored HF config names, else as
     stored; experts in ``style``, else the style of the HF checkpoint it came from.
     """
-    from megatron_rl.checkpoint import format as fmt
-    from megatron_rl.checkpoint.reader import Reader
-
     root = Path(ckpt_root)
     step = check_checkpoint(root, step)
     check_new_hf_dir(out_dir)
@@ -146,24 +145,22 @@ def megatron_to_hf(
     lora = metadata.extra.get("lora")
     if adapters and not lora:
         raise BridgeError(f"{root} step {step} holds LoRA adapters but no extra['lora'] (their rank and alpha)")
-    adapters_only = bool(lora and lora.get("adapters_only"))
-    if adapters_only:  # a LoRA run's checkpoint: its base is the HF directory it records
-        return _adapters_only_export(root, step, metadata, arch, adapters, lora, out_dir, dtype, max_file_bytes, merge)
+    dtype = dtype or config_dtype(hf_config)
+    source = metadata.extra.get("hf_source_dir")
+    if lora and lora.get("adapters_only"):  # a LoRA run's checkpoint: its base is the HF directory it records
+        if merge:
+            return _merged_onto_source(root, step, metadata, arch, adapters, lora, out_dir, dtype, max_file_bytes)
+        return _peft_export(root, step, metadata, arch, adapters, lora, out_dir, dtype)
     vocab_rows = metadata.tensors[stored["embedding.word_embeddings.weight"]].shape[0]
     rules = rules_for(arch.family, style)
     head_bias = stored.pop(seq_cls.HEAD_BIAS, None) if reward_model else None
     tmap = expand(with_score_head(rules) if reward_model else rules, arch, vocab_rows)
     _check_stored(stored, metadata, tmap, arch)
     groups = hf_groups(tmap)
-    dtype = dtype or config_dtype(hf_config)
-    source = metadata.extra.get("hf_source_dir")
+    if adapters and not merge:
+        return _peft_export(root, step, metadata, arch, adapters, lora, out_dir, dtype)
     pairs = lora_export.adapter_pairs(adapters)
     scaling = float(lora["alpha"]) / int(lora["rank"]) if lora else 0.0
-    if adapters and not merge:
-        with Reader(fmt.step_dir(root, step), metadata) as reader:
-            tensors = lora_export.peft_tensors(pairs, tmap, lambda n: reader.full_tensor(adapters[n]))
-        config = lora_export.adapter_config(lora, tensors, source or "")
-        return HFExport(lora_export.write_peft_adapter(out_dir, tensors, config, dtype), [], None)
     copies, no_tokenizer = _source_side_files(source)
     if reward_model:
         hf_config = seq_cls.config(hf_config, seq_cls.pad_token_id(hf_config, None if no_tokenizer else source))
@@ -191,32 +188,33 @@ def megatron_to_hf(
     return HFExport(out, [c.name for c in copies], no_tokenizer)
 
 
-def _adapters_only_export(
-    root, step, metadata, arch, adapters, lora, out_dir, dtype, max_file_bytes, merge
-) -> HFExport:
-    """A LoRA run's step (its adapters; the base is the HF directory it records, checked by
-    its weights' digest): a PEFT adapter directory, or with ``merge`` that base with each
-    adapted HF module's weight replaced by ``W + (alpha / rank) · B A`` (per HF module: the
-    PEFT tensors, whose rows of B are cut from Megatron's fused linears)."""
-    from megatron_rl.checkpoint import format as fmt
-    from megatron_rl.checkpoint.reader import Reader
-
-    source = metadata.extra.get("hf_source_dir") or ""
-    tmap = lora_export.linear_map(arch)
+def _peft_tensors(root, step, metadata, arch: ModelArch, adapters: dict) -> dict[str, torch.Tensor]:
+    """The PEFT adapter tensors of a LoRA checkpoint's ``adapters`` {canonical name: stored name}."""
+    pairs = lora_export.adapter_pairs(adapters)
     with Reader(fmt.step_dir(root, step), metadata) as reader:
-        tensors = lora_export.peft_tensors(
-            lora_export.adapter_pairs(adapters), tmap, lambda n: reader.full_tensor(adapters[n])
-        )
-    if not merge:
-        config = lora_export.adapter_config(lora, tensors, source)
-        return HFExport(lora_export.write_peft_adapter(out_dir, tensors, config, dtype), [], None)
+        return lora_export.peft_tensors(pairs, lora_export.linear_map(arch), lambda n: reader.full_tensor(adapters[n]))
+
+
+def _peft_export(root, step, metadata, arch, adapters, lora, out_dir, dtype) -> HFExport:
+    """A LoRA checkpoint's adapters as a PEFT adapter directory for the base it records."""
+    tensors = _peft_tensors(root, step, metadata, arch, adapters)
+    config = lora_export.adapter_config(lora, tensors, metadata.extra.get("hf_source_dir") or "")
+    return HFExport(lora_export.write_peft_adapter(out_dir, tensors, config, dtype), [], None)
+
+
+def _merged_onto_source(root, step, metadata, arch, adapters, lora, out_dir, dtype, max_file_bytes) -> HFExport:
+    """A LoRA run's step (its adapters; the base is the HF directory it records, checked by
+    its weights' digest) as that base with each adapted HF module's weight replaced by
+    ``W + (alpha / rank) · B A`` (per HF module: the PEFT tensors, whose rows of B are cut
+    from Megatron's fused linears)."""
+    source = metadata.extra.get("hf_source_dir") or ""
     if not Path(source).is_dir() or weights_digest(source) != lora.get("base_digest"):
         raise BridgeError(
             f"{root} step {step} holds LoRA adapters only; --merge needs the base they were trained on, "
             f"{source or 'which it does not record'}, and that directory is gone or holds other weights"
         )
     scaling = float(lora["alpha"]) / int(lora["rank"])
-    merged = lora_export.merged_hf_weights(tensors, scaling)
+    merged = lora_export.merged_hf_weights(_peft_tensors(root, step, metadata, arch, adapters), scaling)
     base = HFCheckpoint(source)
     with base.reader() as read:
         tags = {tag: torch_dtype for torch_dtype, tag in DTYPE_TAGS.items()}
