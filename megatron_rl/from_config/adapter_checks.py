@@ -24,9 +24,12 @@ def check_adapter_base(root: Path, step: Optional[int], lora: Optional[LoraConfi
     if saved.get("adapters_only") and lora is None:
         raise ConfigError(f"{where} holds LoRA adapters only (no base weights): resume it with its model.lora section")
     digest = saved.get("base_digest")
-    if lora is not None and digest and digest != weights_digest(base_dir):
+    if lora is None or not digest:
+        return
+    found = weights_digest(base_dir)
+    if digest != found:
         raise ConfigError(
             f"{where} holds LoRA adapters of another base (weights digest {digest[:12]}); this run's base "
-            f"{base_dir} has digest {weights_digest(base_dir)[:12]}: resume with the base they were trained on "
+            f"{base_dir} has digest {found[:12]}: resume with the base they were trained on "
             "(model.hf_path), or use a new trainer.run_dir"
         )

@@ -17,6 +17,7 @@ import torch
 from megatron_rl.bridge import load_hf
 from megatron_rl.bridge.load import VALUE_HEAD_PREFIX
 from megatron_rl.bridge.lora_export import hf_modules
+from megatron_rl.checkpoint import Checkpointer
 from megatron_rl.config import Config
 from megatron_rl.data import PromptDataset, PromptFields
 from megatron_rl.data.reasoning_gym import GymPrompts
@@ -170,8 +171,6 @@ def build_trainable(
 def load_start_weights(chunks, start, role: str = "actor") -> None:
     """``start``'s model weights into ``chunks`` (any saved layout; no optimizer state, no RNG);
     a critic takes the backbone: its value head has no counterpart in a policy's checkpoint."""
-    from megatron_rl.checkpoint import Checkpointer
-
     backbone = (lambda name: not name.startswith(VALUE_HEAD_PREFIX)) if role == "critic" else None
     with Checkpointer() as checkpointer:
         checkpointer.load(start.root, model=chunks, step=start.step, restore_rng=False, only=backbone)

@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Optional, Sequence, Union
 
 import torch
 
+from megatron_rl.bridge.lora_export import write_peft_files
 from megatron_rl.launch import startup_gc
 from megatron_rl.platform import torch_compat, vllm_compat, vllm_shm
 from megatron_rl.rollout import vllm_env
@@ -219,8 +220,6 @@ class RolloutEngine:
         is reloaded in place (one adapter id for the run). Call
         :meth:`finish_weight_update` after it."""
         from vllm.lora.request import LoRARequest
-
-        from megatron_rl.bridge.lora_export import write_peft_files
 
         if not self.config.lora_rank:
             raise ValueError("load_adapter needs an engine built with a LoRA slot (EngineConfig.lora_rank > 0)")

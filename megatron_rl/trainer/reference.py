@@ -1,10 +1,11 @@
 """A frozen policy's token logprobs: the KL penalty's reference, on-policy distillation's teacher.
 
 The reference is the actor's starting point (GRPO's k3 against the initial model): the same
-HF weights, loaded into a second set of chunks in the actor's layout, never wrapped for
-training (no gradient buffers, no optimizer state: it costs one copy of the weights). It is
-always rebuilt from the base model, so a resumed run penalises against the same policy as
-the fresh one. A teacher is the same thing built from its own HF directory and shape.
+weights (the HF directory's, then ``model.ckpt``'s when set), loaded into a second set of
+chunks in the actor's layout, never wrapped for training (no gradient buffers, no optimizer
+state: it costs one copy of the weights). It is always rebuilt from the base model, so a
+resumed run penalises against the same policy as the fresh one. A teacher is the same thing
+built from its own HF directory and shape.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from megatron_rl.bridge import load_hf
+from megatron_rl.from_config.setup import load_start_weights
 from megatron_rl.models.builder import BuildOptions, build_model
 from megatron_rl.models.hf_config import ModelArch
 from megatron_rl.parallel.config import ParallelConfig
@@ -23,9 +26,6 @@ class ReferencePolicy:
 
     def __init__(self, arch: ModelArch, parallel: ParallelConfig, options: BuildOptions, hf_dir: Path, start=None):
         """``start`` (model.ckpt's step): its weights after the HF directory's, as the actor's."""
-        from megatron_rl.bridge import load_hf
-        from megatron_rl.from_config.setup import load_start_weights
-
         self.vocab_size = arch.vocab_size
         self.chunks = build_model("actor", arch, parallel, options)
         load_hf(self.chunks, hf_dir, arch)
