@@ -587,17 +587,11 @@ def bench_layout(plan: Plan, name: str, layout: ParallelConfig, hf_dir: Path, en
 
 def _prepare_model(plan: Plan) -> Path:
     """The HF directory every rank loads: ``--hf`` or the preset, written once by rank 0."""
-    import torch.distributed as dist
-
-    from megatron_rl_lab.testing.hf_models import save_tiny_model
+    from megatron_rl_lab.testing.hf_models import save_tiny_model_on_rank0
 
     if plan.hf_dir is not None:
         return plan.hf_dir
-    path = plan.work_dir / "models" / plan.model_label
-    if dist.get_rank() == 0:
-        save_tiny_model(plan.arch, path, seed=0)
-    dist.barrier()
-    return path
+    return save_tiny_model_on_rank0(plan.arch, plan.work_dir / "models" / plan.model_label, seed=0)
 
 
 def _transport(world: int) -> str:

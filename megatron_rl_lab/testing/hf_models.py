@@ -69,6 +69,17 @@ def save_tiny_model(arch: ModelArch, path: Path, seed: int = 0, std: float = 0.1
     return path
 
 
+def save_tiny_model_on_rank0(arch: ModelArch, path: Path, seed: int = 0) -> Path:
+    """Collective over the default group: rank 0 writes :func:`save_tiny_model`'s model, and
+    every rank returns once it is there (ranks of one host share the directory)."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        save_tiny_model(arch, path, seed=seed)
+    dist.barrier()
+    return Path(path)
+
+
 def load_reference(path: Path):
     """The transformers model of ``path`` in fp32, eval mode."""
     from transformers import AutoModelForCausalLM

@@ -32,7 +32,7 @@ from megatron_rl.rollout.adapter_sync import AdapterSync, PolicySync
 from megatron_rl.rollout.replicas import Replicas
 from megatron_rl.rollout.sync import WeightSync, check_parity
 from megatron_rl.rollout.types import Sampling
-from megatron_rl_lab.testing.hf_models import save_tiny_model
+from megatron_rl_lab.testing.hf_models import save_tiny_model_on_rank0
 from megatron_rl_lab.testing.tiny import TINY_DENSE
 from megatron_rl_lab.testing.torchrun import run_cases
 
@@ -45,10 +45,7 @@ STATE = {}
 
 def setup():
     if not STATE:
-        path = WORK / "dense"
-        if dist.get_rank() == 0:
-            save_tiny_model(TINY_DENSE, path, seed=5)
-        dist.barrier()
+        path = save_tiny_model_on_rank0(TINY_DENSE, WORK / "dense", seed=5)
         arch = arch_from_hf(path)
         layout = ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True)
         initialize(layout, seed=1, model=arch.shape())

@@ -12,11 +12,10 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from megatron_rl.algorithms.hapo import EntropyStats
 from megatron_rl.rollout import EngineConfig, RolloutEngine, Sampling
-from megatron_rl_lab.testing.hf_models import load_reference, save_tiny_model
+from megatron_rl_lab.testing.hf_models import load_reference, save_tiny_model_on_rank0
 from megatron_rl_lab.testing.tiny import TINY_DENSE
 from megatron_rl_lab.testing.torchrun import run_cases
 
@@ -28,10 +27,7 @@ STATE = {}
 
 def setup():
     if not STATE:
-        path = WORK / "dense"
-        if dist.get_rank() == 0:
-            save_tiny_model(TINY_DENSE, path, seed=3)
-        dist.barrier()
+        path = save_tiny_model_on_rank0(TINY_DENSE, WORK / "dense", seed=3)
         STATE["dir"] = path
         STATE["engine"] = RolloutEngine(
             path, EngineConfig(max_model_len=128, seed=11, load_tokenizer=False, cache_dir=str(WORK / "cache"))

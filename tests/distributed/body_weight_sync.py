@@ -37,7 +37,7 @@ from megatron_rl.rollout.parity import ParityError
 from megatron_rl.rollout.replicas import Replicas
 from megatron_rl.rollout.sync import WeightSync, check_parity
 from megatron_rl.utils import dtypes
-from megatron_rl_lab.testing.hf_models import load_reference, save_tiny_model
+from megatron_rl_lab.testing.hf_models import load_reference, save_tiny_model_on_rank0
 from megatron_rl_lab.testing.tiny import TINY_DENSE, TINY_QWEN3_MOE
 from megatron_rl_lab.testing.torchrun import run_cases
 
@@ -50,10 +50,7 @@ STATE = {}
 
 def setup():
     if not STATE:
-        path = WORK / KIND
-        if dist.get_rank() == 0:
-            save_tiny_model(TINY_DENSE if KIND == "dense" else TINY_QWEN3_MOE, path, seed=5)
-        dist.barrier()
+        path = save_tiny_model_on_rank0(TINY_DENSE if KIND == "dense" else TINY_QWEN3_MOE, WORK / KIND, seed=5)
         STATE["dir"] = path
         STATE["arch"] = arch_from_hf(path)
         STATE["engine"] = RolloutEngine(
